@@ -1,0 +1,1 @@
+"""Alembic tree of the control schema (shipped inside the package)."""

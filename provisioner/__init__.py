@@ -1,0 +1,8 @@
+"""Resumable tenant provisioning for schema-per-tenant PostgreSQL."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("provisioner")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0"

@@ -1,0 +1,5 @@
+"""`python -m provisioner` runs the CLI."""
+
+from provisioner.cli import main
+
+main()

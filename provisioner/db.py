@@ -1,0 +1,155 @@
+"""Connections for the two roles, transactions, and the one place psycopg errors are translated.
+
+Nothing above this module catches ``psycopg.Error`` or SQLAlchemy's errors: they leave here as
+:class:`DatabaseUnavailable` (the server or the connection went away; retry later) or as
+:class:`DatabaseError` (the statement itself failed), with any password removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.rows import dict_row
+from sqlalchemy.engine import make_url
+
+from provisioner.errors import DatabaseUnavailable, ProvisionerError
+from provisioner.settings import redact
+
+CONNECT_TIMEOUT_SECONDS = 5
+
+
+class DatabaseError(ProvisionerError):
+    """A statement failed for a reason other than connectivity (retried with backoff)."""
+
+
+def libpq_url(url: str) -> str:
+    """The URL psycopg accepts: no SQLAlchemy driver suffix."""
+    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url[len(prefix):]
+    return url
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The URL SQLAlchemy needs to pick the psycopg 3 driver."""
+    return "postgresql+psycopg://" + libpq_url(url)[len("postgresql://"):]
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password hidden, for messages."""
+    try:
+        return make_url(sqlalchemy_url(url)).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a URL we cannot parse is shown fully redacted
+        return redact(url)
+
+
+def _is_connectivity(exc: BaseException) -> bool:
+    if isinstance(exc, psycopg.OperationalError):
+        return True
+    if isinstance(exc, sa.exc.DBAPIError):
+        return bool(exc.connection_invalidated) or isinstance(exc.orig, psycopg.OperationalError)
+    return isinstance(exc, sa.exc.OperationalError)
+
+
+def translate(exc: BaseException) -> ProvisionerError:
+    """Map a driver error to the package's tree, message redacted and on one line."""
+    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
+    message = " ".join(redact(str(orig)).split()) or type(orig).__name__
+    if _is_connectivity(exc):
+        return DatabaseUnavailable(f"database unavailable: {message}")
+    return DatabaseError(f"database error: {message}")
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Run a block, re-raising driver errors as package errors."""
+    try:
+        yield
+    except (psycopg.Error, sa.exc.SQLAlchemyError) as exc:
+        raise translate(exc) from exc
+
+
+def connect(
+    url: str,
+    *,
+    application_name: str = "provisioner",
+    autocommit: bool = False,
+    options: dict[str, Any] | None = None,
+) -> psycopg.Connection[dict[str, Any]]:
+    """A new psycopg connection returning dict rows; close it (``with``) when done."""
+    with translated():
+        return psycopg.connect(
+            libpq_url(url),
+            autocommit=autocommit,
+            row_factory=dict_row,
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            application_name=application_name[:63],
+            options=_options(options),
+        )
+
+
+def _options(options: dict[str, Any] | None) -> str:
+    return " ".join(f"-c {key}={value}" for key, value in (options or {}).items())
+
+
+@dataclass
+class Transaction:
+    """One open transaction seen through both drivers: ``pg`` for our SQL, ``sa`` for Alembic."""
+
+    pg: psycopg.Connection[Any]
+    sa: sa.Connection
+
+
+class Database:
+    """The owner role's connections for the step engine: pooled, one connection kept open.
+
+    Keeping one session open for a whole job lets other processes see that the job's holder is
+    alive (``pg_stat_activity.application_name``), and ``idle_in_transaction_session_timeout``
+    makes the server end a transaction whose process was frozen or lost, releasing its locks.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        application_name: str = "provisioner",
+        idle_in_transaction_timeout_ms: int | None = None,
+    ) -> None:
+        options: dict[str, Any] = {}
+        if idle_in_transaction_timeout_ms:
+            options["idle_in_transaction_session_timeout"] = idle_in_transaction_timeout_ms
+        self.url = url
+        self.application_name = application_name[:63]
+        self._engine = sa.create_engine(
+            sqlalchemy_url(url),
+            pool_size=1,
+            max_overflow=1,
+            pool_pre_ping=True,
+            connect_args={
+                "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+                "application_name": self.application_name,
+                "options": _options(options),
+            },
+        )
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """Commit on success, roll back on any exception (which leaves translated)."""
+        with translated(), self._engine.begin() as conn:
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            yield Transaction(pg=driver, sa=conn)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

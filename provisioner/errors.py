@@ -1,0 +1,83 @@
+"""The one exception tree of the package, with the CLI exit code on each class.
+
+    ProvisionerError (exit 1)
+    ├── InvalidInput (2)            bad tenant id, unknown job type, bad flag value
+    ├── ConfigurationError (2)      settings that cannot work (missing URL, unknown provider)
+    ├── UnknownTenant (3)           no control row and no job for that tenant
+    ├── UnknownJob (3)              no job with that id
+    ├── LeaseLost (1)               another process took this job over; record nothing
+    ├── TenantBusy (1)              another live engine works on this tenant right now
+    ├── TransientError (1)          worth retrying later: the queue's backoff handles it
+    │   ├── DatabaseUnavailable
+    │   └── StorageUnavailable
+    └── PermanentError (1)          retrying cannot help until someone changes something
+        ├── StorageMisconfigured
+        └── GrantVerificationFailed
+
+Retry decisions use ``isinstance`` on these classes, never the message text. Messages never
+carry secrets: adapters redact before raising.
+"""
+
+from __future__ import annotations
+
+
+class ProvisionerError(Exception):
+    """Root of every error this package raises on purpose."""
+
+    exit_code = 1
+
+
+class InvalidInput(ProvisionerError):
+    """The caller gave a value that breaks a documented rule."""
+
+    exit_code = 2
+
+
+class ConfigurationError(ProvisionerError):
+    """The settings cannot work; nothing was attempted."""
+
+    exit_code = 2
+
+
+class UnknownTenant(ProvisionerError):
+    """No control row and no job exists for the tenant."""
+
+    exit_code = 3
+
+
+class UnknownJob(ProvisionerError):
+    """No job with the given id exists."""
+
+    exit_code = 3
+
+
+class LeaseLost(ProvisionerError):
+    """The job row is no longer ours (recovered, re-claimed or cancelled): write nothing."""
+
+
+class TenantBusy(ProvisionerError):
+    """Another live process holds this tenant's job."""
+
+
+class TransientError(ProvisionerError):
+    """A failure that may go away by itself: retry with backoff."""
+
+
+class DatabaseUnavailable(TransientError):
+    """The database could not be reached or dropped the connection."""
+
+
+class StorageUnavailable(TransientError):
+    """The object store could not be reached, timed out, throttled or answered 5xx."""
+
+
+class PermanentError(ProvisionerError):
+    """A failure that will repeat until an operator changes something: fail the job at once."""
+
+
+class StorageMisconfigured(PermanentError):
+    """The bucket or container is missing, or the credentials are refused."""
+
+
+class GrantVerificationFailed(PermanentError):
+    """After granting, the application role still lacks a privilege it needs."""

@@ -1,0 +1,156 @@
+"""Values that cross module boundaries: tenant ids, job rows, step names, the ``--json`` view."""
+
+from __future__ import annotations
+
+import enum
+import keyword
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from provisioner.errors import InvalidInput
+
+PROVISION_JOB_TYPE = "provision_tenant"
+
+#: Every job type the platform knows. The provisioner worker handles only the first; the others
+#: belong to the product worker and are accepted by ``enqueue`` so both share one queue.
+SUPPORTED_JOB_TYPES: frozenset[str] = frozenset(
+    {PROVISION_JOB_TYPE, "train_tenant_model", "materialize_insights", "send_email"}
+)
+
+#: The six provisioning steps, in the order they run.
+STEPS: tuple[str, ...] = (
+    "create_schema",
+    "run_tenant_migrations",
+    "grant_app_rw",
+    "seed_role_profiles",
+    "verify_object_storage",
+    "activate_onboarding",
+)
+
+TENANT_ID_RULE = (
+    "tenant ids are 1-48 characters of lower-case ASCII letters, digits and '_', "
+    "starting with a letter, and not a reserved word"
+)
+_TENANT_ID_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
+# Names that would read as something else in logs, URLs or SQL, even though the schema name
+# ``tenant_<id>`` itself would be legal.
+_RESERVED = frozenset(
+    {
+        "admin", "all", "control", "default", "information_schema", "none", "null",
+        "pg_catalog", "pg_toast", "public", "root", "select", "system", "table", "template",
+        "user",
+    }
+) | frozenset(keyword.kwlist)
+
+
+@dataclass(frozen=True)
+class TenantId:
+    """A validated tenant id; ``schema`` is the PostgreSQL schema it maps to."""
+
+    value: str
+
+    def __post_init__(self) -> None:
+        value = self.value
+        if not isinstance(value, str) or not _TENANT_ID_RE.fullmatch(value):
+            raise InvalidInput(f"invalid tenant id {value!r}: {TENANT_ID_RULE}")
+        if value in _RESERVED or value.startswith("pg_"):
+            raise InvalidInput(f"invalid tenant id {value!r}: reserved name; {TENANT_ID_RULE}")
+
+    @property
+    def schema(self) -> str:
+        return f"tenant_{self.value}"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def progress_of(done: list[str] | tuple[str, ...]) -> int:
+    """Percentage of the six steps recorded, rounded down."""
+    return len([s for s in done if s in STEPS]) * 100 // len(STEPS)
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One ``control.platform_jobs`` row."""
+
+    id: UUID
+    tenant_id: str | None
+    job_type: str
+    status: JobStatus
+    progress: int
+    steps_completed: list[str]
+    error_detail: str | None
+    attempts: int
+    max_attempts: int
+    payload: dict[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    available_at: datetime | None = None
+    locked_at: datetime | None = None
+    locked_by: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Job:
+        return cls(
+            id=row["id"],
+            tenant_id=row["tenant_id"],
+            job_type=row["job_type"],
+            status=JobStatus(row["status"]),
+            progress=int(row["progress"]),
+            steps_completed=list(row["steps_completed"] or []),
+            error_detail=row["error_detail"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            payload=dict(row.get("payload") or {}),
+            idempotency_key=row.get("idempotency_key"),
+            available_at=row.get("available_at"),
+            locked_at=row.get("locked_at"),
+            locked_by=row.get("locked_by"),
+            created_at=row.get("created_at"),
+            updated_at=row.get("updated_at"),
+            finished_at=row.get("finished_at"),
+        )
+
+    @property
+    def lease(self) -> Lease:
+        if self.locked_by is None:
+            raise LookupError(f"job {self.id} is not claimed")
+        return Lease(job_id=self.id, locked_by=self.locked_by, attempts=self.attempts)
+
+    def view(self) -> dict[str, Any]:
+        """The documented ``--json`` object of ``status`` and ``provision``."""
+        return {
+            "tenant_id": self.tenant_id,
+            "job_id": str(self.id),
+            "status": self.status.value,
+            "progress": self.progress,
+            "steps_completed": list(self.steps_completed),
+            "attempts": self.attempts,
+            "error_detail": self.error_detail,
+        }
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What fences every write to a running job: its id, holder and attempt number."""
+
+    job_id: UUID
+    locked_by: str
+    attempts: int

@@ -1,0 +1,1 @@
+"""Alembic tree applied inside one tenant schema (shipped inside the package)."""

@@ -31,20 +31,20 @@ def libpq_url(url: str) -> str:
     """The URL psycopg accepts: no SQLAlchemy driver suffix."""
     for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix):]
+            return "postgresql://" + url[len(prefix) :]
     return url
 
 
 def sqlalchemy_url(url: str) -> str:
     """The URL SQLAlchemy needs to pick the psycopg 3 driver."""
-    return "postgresql+psycopg://" + libpq_url(url)[len("postgresql://"):]
+    return "postgresql+psycopg://" + libpq_url(url)[len("postgresql://") :]
 
 
 def safe_url(url: str) -> str:
     """The URL with its password hidden, for messages."""
     try:
         return make_url(sqlalchemy_url(url)).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a URL we cannot parse is shown fully redacted
+    except Exception:
         return redact(url)
 
 

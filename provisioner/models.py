@@ -39,8 +39,21 @@ _TENANT_ID_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 # ``tenant_<id>`` itself would be legal.
 _RESERVED = frozenset(
     {
-        "admin", "all", "control", "default", "information_schema", "none", "null",
-        "pg_catalog", "pg_toast", "public", "root", "select", "system", "table", "template",
+        "admin",
+        "all",
+        "control",
+        "default",
+        "information_schema",
+        "none",
+        "null",
+        "pg_catalog",
+        "pg_toast",
+        "public",
+        "root",
+        "select",
+        "system",
+        "table",
+        "template",
         "user",
     }
 ) | frozenset(keyword.kwlist)

@@ -1,0 +1,68 @@
+"""Alembic environment of the control schema: version table ``control.alembic_version``.
+
+The connection comes from ``config.attributes["connection"]`` when called from code
+(``provisioner migrate``), else from ``MIGRATIONS_DATABASE_URL`` (or ``-x url=...``).
+An advisory lock makes two concurrent ``migrate`` runs take turns instead of colliding.
+"""
+
+from __future__ import annotations
+
+import os
+
+import sqlalchemy as sa
+from alembic import context
+
+from provisioner.db import sqlalchemy_url
+
+CONTROL_SCHEMA = "control"
+MIGRATE_LOCK_KEY = 7_220_260_001  # arbitrary, fixed: serialises control migrations
+
+config = context.config
+
+
+def _url() -> str:
+    url = context.get_x_argument(as_dictionary=True).get("url") or os.environ.get(
+        "MIGRATIONS_DATABASE_URL"
+    )
+    return sqlalchemy_url(url) if url else config.get_main_option("sqlalchemy.url") or ""
+
+
+def _configure(connection: sa.Connection) -> None:
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATE_LOCK_KEY})
+    connection.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {CONTROL_SCHEMA}"))
+    context.configure(
+        connection=connection,
+        target_metadata=None,
+        version_table_schema=CONTROL_SCHEMA,
+        transactional_ddl=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_offline() -> None:
+    context.configure(
+        url=_url(),
+        target_metadata=None,
+        literal_binds=True,
+        version_table_schema=CONTROL_SCHEMA,
+    )
+    with context.begin_transaction():
+        context.execute(f"CREATE SCHEMA IF NOT EXISTS {CONTROL_SCHEMA}")
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _configure(connection)
+        return
+    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool)
+    with engine.begin() as connection:
+        _configure(connection)
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,309 @@
+"""The ``provisioner`` command: parse, call one library function, render, map errors to exits.
+
+Exit codes: 0 success; 1 the work failed (or the worker is not ready); 2 bad input or a
+configuration that cannot work; 3 unknown tenant or job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+
+from provisioner import __version__, service
+from provisioner.engine import StepEvent
+from provisioner.errors import ProvisionerError
+from provisioner.models import STEPS, Job
+from provisioner.settings import Settings, parse_job_types
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail_cleanly(func: F) -> F:
+    """Turn package errors into one line on stderr and the exit code on their class."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except ProvisionerError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def settings_of(ctx: click.Context, *, embedded_ok: bool = True) -> Settings:
+    settings: Settings = ctx.obj
+    return service.resolve(settings) if embedded_ok else settings
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+def render_job(job: Job) -> None:
+    click.echo(f"tenant    {job.tenant_id}")
+    click.echo(f"job       {job.id}")
+    click.echo(f"status    {job.status.value}")
+    click.echo(f"progress  {job.progress}% ({len(job.steps_completed)}/{len(STEPS)} steps)")
+    click.echo(f"steps     {', '.join(job.steps_completed) or '-'}")
+    click.echo(f"attempts  {job.attempts}/{job.max_attempts}")
+    if job.error_detail:
+        click.echo(f"error     {job.error_detail}")
+    if job.status.value == "queued" and job.attempts and job.available_at:
+        click.echo(f"retry at  {job.available_at:%Y-%m-%d %H:%M:%S %Z}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="provisioner")
+@click.option("--owner-url", envvar="MIGRATIONS_DATABASE_URL", help="Owner role URL (DDL).")
+@click.option("--app-url", envvar="APP_DATABASE_URL", help="app_rw role URL (rows only).")
+@click.pass_context
+@fail_cleanly
+def main(ctx: click.Context, owner_url: str | None, app_url: str | None) -> None:
+    """Resumable tenant provisioning for schema-per-tenant PostgreSQL.
+
+    With no database URL set, commands run on an embedded PostgreSQL under .provisioner/.
+    """
+    settings = Settings.from_env()
+    ctx.obj = replace(
+        settings,
+        migrations_database_url=owner_url or settings.migrations_database_url,
+        app_database_url=app_url or settings.app_database_url,
+    )
+
+
+@main.command()
+@click.pass_context
+@fail_cleanly
+def migrate(ctx: click.Context) -> None:
+    """Bring the control schema to head (a no-op when it is there)."""
+    settings: Settings = ctx.obj
+    settings = service.resolve(settings, migrate=False)
+    before, after = service.migrate(settings)
+    if before == after:
+        click.echo(f"control schema already at head ({after})")
+    else:
+        click.echo(f"control schema upgraded {before or '(empty)'} -> {after}")
+
+
+class StepPrinter:
+    """Prints one line per finished step: position, name, outcome, duration."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __call__(self, event: StepEvent) -> None:
+        if self.quiet or event.outcome == "started":
+            return
+        index = STEPS.index(event.step) + 1
+        timing = f"{event.seconds * 1000:7.0f} ms" if event.outcome != "skipped" else " " * 10
+        note = f"  {event.detail}" if event.detail and event.outcome != "done" else ""
+        click.echo(f"  [{index}/{len(STEPS)}] {event.step:<22} {event.outcome:<9}{timing}{note}")
+
+
+@main.command()
+@click.argument("tenant_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, no progress.")
+@click.pass_context
+@fail_cleanly
+def provision(ctx: click.Context, tenant_id: str, as_json: bool) -> None:
+    """Provision TENANT_ID now; resume it if half done. Exit 0 done, 1 failed, 2 bad input."""
+    service.TenantId(tenant_id)  # bad input is refused before anything starts or is created
+    settings = settings_of(ctx)
+    if not as_json:
+        click.echo(f"provisioning tenant {tenant_id}")
+    started = time.monotonic()
+    result = service.provision(settings, tenant_id, on_progress=StepPrinter(as_json))
+    job = result.job
+    if as_json:
+        emit_json({**job.view(), "already_provisioned": result.already_provisioned})
+    else:
+        if result.already_provisioned:
+            click.echo(f"tenant {tenant_id} is already provisioned; nothing to do")
+        else:
+            click.echo(f"finished in {time.monotonic() - started:.2f} s")
+        render_job(job)
+    sys.exit(0 if job.status.value == "succeeded" else 1)
+
+
+@main.command()
+@click.argument("tenant_id")
+@click.pass_context
+@fail_cleanly
+def enqueue(ctx: click.Context, tenant_id: str) -> None:
+    """Queue TENANT_ID for a worker (idempotent); print the job id."""
+    service.TenantId(tenant_id)
+    result = service.enqueue(settings_of(ctx), tenant_id)
+    click.echo(str(result.job.id))
+
+
+@main.command()
+@click.argument("tenant_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--watch", is_flag=True, help="Follow the tenant until its job ends.")
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between --watch polls.")
+@click.pass_context
+@fail_cleanly
+def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, interval: float) -> None:
+    """Show TENANT_ID's provisioning state. Exit 3 if the tenant is unknown."""
+    service.TenantId(tenant_id)
+    settings = settings_of(ctx)
+    last: tuple[Any, ...] | None = None
+    while True:
+        current = service.status(settings, tenant_id)
+        job = current.job
+        if as_json and not watch:
+            emit_json({**job.view(), "state": current.tenant.state if current.tenant else None})
+            return
+        snapshot = (job.status, job.progress, job.attempts, job.error_detail)
+        if not watch:
+            render_job(job)
+            if current.tenant:
+                click.echo(f"state     {current.tenant.state}")
+            return
+        if snapshot != last:
+            line = {**job.view(), "at": time.strftime("%H:%M:%S")}
+            if as_json:
+                click.echo(json.dumps(line, default=str))
+            else:
+                click.echo(
+                    f"{line['at']}  {job.status.value:<9} {job.progress:3d}%  "
+                    f"attempt {job.attempts}  {', '.join(job.steps_completed) or '-'}"
+                    + (f"  error: {job.error_detail}" if job.error_detail else "")
+                )
+            last = snapshot
+        if job.status.terminal:
+            sys.exit(0 if job.status.value == "succeeded" else 1)
+        time.sleep(interval)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print what was seen as JSON.")
+@click.option(
+    "--component",
+    envvar="PROVISIONER_WORKER_COMPONENT",
+    default="provisioner-worker",
+    show_default=True,
+)
+@click.option(
+    "--job-types",
+    envvar="PROVISIONER_WORKER_JOB_TYPES",
+    default="provision_tenant",
+    show_default=True,
+    help="Comma-separated job types the component must advertise.",
+)
+@click.option("--check-storage", is_flag=True, help="Also check the object store from here.")
+@click.pass_context
+@fail_cleanly
+def health(
+    ctx: click.Context, as_json: bool, component: str, job_types: str, check_storage: bool
+) -> None:
+    """Ready (exit 0) when the worker's heartbeat is fresh and advertises its job types."""
+    settings = replace(
+        settings_of(ctx), worker_component=component, worker_job_types=parse_job_types(job_types)
+    )
+    report = service.health(settings)
+    view = report.view()
+    ready = report.ready
+    if check_storage:
+        storage = service.check_storage(settings)
+        view["storage"] = storage
+        ready = ready and bool(storage["ready"])
+    view["ready"] = ready
+    if as_json:
+        emit_json(view)
+    else:
+        for c in report.components:
+            click.echo(f"{c.component}: {'ready' if c.ready else 'NOT READY'} ({c.reason})")
+        if check_storage:
+            click.echo(
+                f"object store: {'ready' if view['storage']['ready'] else 'NOT READY'} "
+                f"({view['storage']['detail']})"
+            )
+    sys.exit(0 if ready else 1)
+
+
+@main.group()
+def jobs() -> None:
+    """Operator view of the queue, and its levers."""
+
+
+@jobs.command("list")
+@click.option("--status", "status_filter", help="Only jobs in this status.")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@fail_cleanly
+def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json: bool) -> None:
+    """Running jobs first (with live progress), then the most recently changed."""
+    found = service.list_jobs(settings_of(ctx), status=status_filter, limit=limit)
+    if as_json:
+        emit_json([{**j.view(), "job_type": j.job_type, "locked_by": j.locked_by} for j in found])
+        return
+    if not found:
+        click.echo("no jobs")
+        return
+    click.echo(f"{'JOB':<36}  {'TENANT':<20} {'STATUS':<9} {'PROG':>4}  ATT  HOLDER / ERROR")
+    for j in found:
+        tail = j.locked_by or (j.error_detail or "")[:60]
+        click.echo(
+            f"{j.id!s:<36}  {(j.tenant_id or '-'):<20} {j.status.value:<9} {j.progress:>3}%  "
+            f"{j.attempts}/{j.max_attempts}  {tail}"
+        )
+
+
+@jobs.command("retry")
+@click.argument("job_id")
+@click.pass_context
+@fail_cleanly
+def jobs_retry(ctx: click.Context, job_id: str) -> None:
+    """Queue a failed or cancelled job again, attempts reset, finished steps kept."""
+    job = service.retry_job(settings_of(ctx), job_id)
+    click.echo(f"job {job.id} queued again ({len(job.steps_completed)}/{len(STEPS)} steps done)")
+
+
+@jobs.command("cancel")
+@click.argument("job_id")
+@click.pass_context
+@fail_cleanly
+def jobs_cancel(ctx: click.Context, job_id: str) -> None:
+    """Cancel a queued or running job; a running holder stops recording at its next step."""
+    job = service.cancel_job(settings_of(ctx), job_id)
+    click.echo(f"job {job.id} cancelled")
+
+
+@main.group()
+def local() -> None:
+    """The embedded PostgreSQL under .provisioner/ (used when no database URL is set)."""
+
+
+@local.command("stop")
+@click.pass_context
+@fail_cleanly
+def local_stop(ctx: click.Context) -> None:
+    """Stop the embedded PostgreSQL (its data stays for the next run)."""
+    settings: Settings = ctx.obj
+    stopped = service.local_pg.stop_embedded(settings.state_dir)
+    click.echo("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL is not running")
+
+
+@local.command("status")
+@click.pass_context
+@fail_cleanly
+def local_status(ctx: click.Context) -> None:
+    """Say whether the embedded PostgreSQL runs, and where."""
+    settings: Settings = ctx.obj
+    cluster = service.local_pg.Cluster(settings.state_dir / "postgres")
+    if cluster.running():
+        click.echo(f"running on 127.0.0.1:{cluster.port}, data in {cluster.data}")
+    else:
+        click.echo("not running")
+        sys.exit(1)

@@ -1,0 +1,244 @@
+"""The step engine: check the checkpoint, run, record; classify failures; report progress.
+
+For one claimed job it
+1. reads ``steps_completed`` and asks the catalog whether each recorded step's effect is still
+   there, forgetting the ones that vanished (they run again, and the step record says why);
+2. runs every missing step in order, each in ONE transaction together with its entry in
+   ``steps_completed`` and the new ``progress`` (PostgreSQL DDL is transactional): a crash leaves
+   a step done and recorded, or neither. The transaction holds the tenant's advisory lock, so two
+   engines never run a step of one tenant at the same time;
+3. completes the job, or hands the failure to the queue (backoff, or failed at once when the
+   error is permanent).
+
+Every write to the job row is fenced by the lease: if recovery, a take-over or a cancel changed
+the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from provisioner import db, queue
+from provisioner.errors import LeaseLost, PermanentError, ProvisionerError
+from provisioner.models import STEPS, Job, Lease, TenantId, progress_of
+from provisioner.steps import PROVISION_STEPS, Step, StepContext
+from provisioner.storage import ObjectStore
+
+#: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
+TENANT_LOCK_CLASS = 0x70726F76
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One thing the engine did, for progress output and logs."""
+
+    job: Job
+    step: str
+    #: 'started', 'done', 'repaired' (ran again: its effect was gone), 'skipped', 'failed'
+    outcome: str
+    seconds: float = 0.0
+    detail: str | None = None
+
+
+ProgressCallback = Callable[[StepEvent], None]
+StopRequested = Callable[[], bool]
+
+
+def _ignore(event: StepEvent) -> None:
+    return None
+
+
+def _never() -> bool:
+    return False
+
+
+def idle_timeout_ms(stale_after_seconds: float) -> int:
+    """How long the server lets a step transaction sit idle before ending it.
+
+    A frozen or partitioned holder must not keep the tenant's lock for ever; a live one is never
+    idle inside a step for long. Half the stale threshold, between 10 s and 60 s.
+    """
+    return int(min(60.0, max(10.0, stale_after_seconds / 2)) * 1000)
+
+
+class Engine:
+    """Runs ``provision_tenant`` jobs for one lease holder (a CLI process or a worker child)."""
+
+    def __init__(
+        self,
+        owner_url: str,
+        *,
+        holder: str,
+        app_role: str,
+        store: ObjectStore,
+        stale_after_seconds: float = 900.0,
+    ) -> None:
+        self.holder = holder
+        self.app_role = app_role
+        self.store = store
+        self._owner_url = owner_url
+        self._db = db.Database(
+            owner_url,
+            application_name=holder,
+            idle_in_transaction_timeout_ms=idle_timeout_ms(stale_after_seconds),
+        )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- catalog ------------------------------------------------------------------------------
+
+    def missing_effects(self, tenant: TenantId, recorded: list[str] | None = None) -> list[str]:
+        """Recorded steps whose effect the catalog no longer shows (all steps by default)."""
+        ctx = self._context(tenant)
+        names = STEPS if recorded is None else tuple(s for s in STEPS if s in recorded)
+        with self._db.transaction() as tx:
+            return [
+                step.name
+                for step in PROVISION_STEPS
+                if step.name in names and step.uses_database and not step.effect_present(tx, ctx)
+            ]
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(
+        self,
+        job: Job,
+        *,
+        on_progress: ProgressCallback = _ignore,
+        should_stop: StopRequested = _never,
+    ) -> Job:
+        """Run the job's missing steps, then complete it; on failure, retry or fail it.
+
+        Returns the job as the queue left it (succeeded, queued again, or failed). If
+        ``should_stop`` turns true between steps, the job is released back to the queue with its
+        progress. Raises :class:`LeaseLost` if the job stopped being ours.
+        """
+        if job.tenant_id is None:
+            raise PermanentError(f"job {job.id} has no tenant_id")
+        tenant = TenantId(job.tenant_id)
+        lease = job.lease
+        ctx = self._context(tenant)
+        with closing(
+            db.connect(self._owner_url, application_name=self.holder, autocommit=True)
+        ) as journal:
+            current = "resume check"
+            try:
+                job, repaired = self._forget_vanished(job, lease, ctx)
+                for step in PROVISION_STEPS:
+                    if step.name in job.steps_completed:
+                        on_progress(StepEvent(job, step.name, "skipped"))
+                        continue
+                    if should_stop():
+                        return self._finish(lambda c: queue.release(c, lease))
+                    current = step.name
+                    job = self._run_step(
+                        job, lease, step, ctx, journal, on_progress, step.name in repaired
+                    )
+                current = "complete"
+                return self._finish(lambda c: queue.complete(c, lease))
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                permanent = isinstance(exc, PermanentError)
+                message = f"{current}: {describe(exc)}"
+                return self._finish(
+                    lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
+                )
+
+    def _context(self, tenant: TenantId) -> StepContext:
+        return StepContext(tenant=tenant, app_role=self.app_role, store=self.store)
+
+    def _forget_vanished(self, job: Job, lease: Lease, ctx: StepContext) -> tuple[Job, set[str]]:
+        if not job.steps_completed:
+            return job, set()
+        with self._db.transaction() as tx:
+            gone = [
+                step.name
+                for step in PROVISION_STEPS
+                if step.name in job.steps_completed
+                and step.uses_database
+                and not step.effect_present(tx, ctx)
+            ]
+            if not gone:
+                return job, set()
+            kept = [s for s in job.steps_completed if s not in gone]
+            job = queue.forget_steps(tx.pg, lease, gone, progress_of(kept))
+        return job, set(gone)
+
+    def _run_step(
+        self,
+        job: Job,
+        lease: Lease,
+        step: Step,
+        ctx: StepContext,
+        journal: psycopg.Connection[Any],
+        on_progress: ProgressCallback,
+        repairing: bool,
+    ) -> Job:
+        started = time.monotonic()
+        run_id: int | None = None
+        try:
+            with self._db.transaction() as tx:
+                self._lock_tenant(tx, ctx.tenant)
+                with db.translated():
+                    run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
+                on_progress(StepEvent(job, step.name, "started"))
+                detail = step.run(tx, ctx)
+                if repairing:
+                    detail = "; ".join(
+                        filter(None, ["re-ran: its effect was missing from the catalog", detail])
+                    )
+                job = queue.record_step(tx.pg, lease, [*job.steps_completed, step.name])
+                queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
+        except BaseException as exc:
+            outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
+            if run_id is not None:
+                self._close_run(journal, run_id, outcome, exc)
+            on_progress(
+                StepEvent(job, step.name, "failed", time.monotonic() - started, describe(exc))
+            )
+            raise
+        event = "repaired" if repairing else "done"
+        on_progress(StepEvent(job, step.name, event, time.monotonic() - started, detail))
+        return job
+
+    def _lock_tenant(self, tx: db.Transaction, tenant: TenantId) -> None:
+        with tx.pg.cursor() as cur:
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (TENANT_LOCK_CLASS, tenant.value)
+            )
+
+    @staticmethod
+    def _close_run(
+        journal: psycopg.Connection[Any], run_id: int, outcome: str, exc: BaseException
+    ) -> None:
+        try:
+            with db.translated():
+                queue.finish_step_run(journal, run_id, outcome, describe(exc))
+        except ProvisionerError:
+            pass  # the journal is best effort when the database itself is failing
+
+    def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
+        with self._db.transaction() as tx:
+            return write(tx.pg)
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line, secret-free account of an error for ``error_detail`` and logs."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, ProvisionerError):
+        return queue.bounded_error(text or type(exc).__name__)
+    return queue.bounded_error(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

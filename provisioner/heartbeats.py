@@ -1,0 +1,116 @@
+"""Worker heartbeats in ``control.runtime_heartbeats`` and the readiness verdict built on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+Conn = psycopg.Connection[Any]
+
+#: What a deployment needs running, per component (the contract's required worker job types).
+REQUIRED_COMPONENTS: dict[str, frozenset[str]] = {
+    "provisioner-worker": frozenset({"provision_tenant"}),
+}
+
+# One row per component: the newest instance's beat wins.
+UPSERT = """
+INSERT INTO control.runtime_heartbeats (component, instance_id, heartbeat_at, detail)
+VALUES (%(component)s, %(instance_id)s, now(), %(detail)s)
+ON CONFLICT (component) DO UPDATE
+   SET instance_id = excluded.instance_id, heartbeat_at = excluded.heartbeat_at,
+       detail = excluded.detail
+"""
+
+# Every component's row with its age in seconds, measured by the database clock.
+READ_ALL = """
+SELECT component, instance_id, heartbeat_at, detail,
+       extract(epoch FROM now() - heartbeat_at)::float AS age_seconds
+  FROM control.runtime_heartbeats ORDER BY component
+"""
+
+
+def beat(conn: Conn, component: str, instance_id: str, detail: dict[str, Any]) -> None:
+    with conn.cursor() as cur:
+        cur.execute(
+            UPSERT, {"component": component, "instance_id": instance_id, "detail": Jsonb(detail)}
+        )
+
+
+@dataclass(frozen=True)
+class ComponentHealth:
+    component: str
+    ready: bool
+    reason: str
+    instance_id: str | None = None
+    age_seconds: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    ready: bool
+    components: list[ComponentHealth]
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "components": [
+                {
+                    "component": c.component,
+                    "ready": c.ready,
+                    "reason": c.reason,
+                    "instance_id": c.instance_id,
+                    "age_seconds": None if c.age_seconds is None else round(c.age_seconds, 3),
+                    "detail": c.detail,
+                }
+                for c in self.components
+            ],
+        }
+
+
+def readiness(
+    conn: Conn,
+    required: dict[str, frozenset[str]],
+    heartbeat_seconds: float,
+) -> HealthReport:
+    """Ready when each required component beat within three intervals, advertising its types."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(READ_ALL)
+        rows: dict[str, dict[str, Any]] = {row["component"]: row for row in cur.fetchall()}
+    limit = 3 * heartbeat_seconds
+    verdicts = []
+    for component, job_types in sorted(required.items()):
+        row = rows.get(component)
+        if row is None:
+            verdicts.append(ComponentHealth(component, False, "no heartbeat recorded"))
+            continue
+        detail = dict(row["detail"] or {})
+        advertised = set(detail.get("job_types") or [])
+        age = float(row["age_seconds"])
+        if detail.get("state") == "stopped":
+            reason, ready = "stopped cleanly", False
+        elif age > limit:
+            reason, ready = f"heartbeat {age:.1f}s old (limit {limit:.0f}s)", False
+        elif not job_types <= advertised:
+            missing = ", ".join(sorted(job_types - advertised))
+            reason, ready = f"does not advertise {missing}", False
+        elif detail.get("storage", {}).get("ready") is False:
+            reason, ready = f"object store not ready: {detail['storage'].get('error')}", False
+        else:
+            reason, ready = "ok", True
+        verdicts.append(ComponentHealth(component, ready, reason, row["instance_id"], age, detail))
+    return HealthReport(all(v.ready for v in verdicts), verdicts)
+
+
+def latest_beat(conn: Conn, component: str) -> datetime | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(READ_ALL)
+        for row in cur.fetchall():
+            if row["component"] == component:
+                return row["heartbeat_at"]  # type: ignore[no-any-return]
+    return None

@@ -1,0 +1,487 @@
+"""The durable work queue on ``control.platform_jobs``: every statement of it lives here.
+
+Each function takes the caller's psycopg connection and does NOT commit, except
+:func:`claim_next` and :func:`claim_job`, which commit the claim before returning (a worker never
+holds a transaction open while it works). :func:`enqueue` therefore joins the caller's
+transaction: the job and the business write it belongs to commit together, and the NOTIFY that
+wakes idle workers is delivered only on that commit.
+
+Every write to a running job is *fenced* by its :class:`~provisioner.models.Lease`
+(``id``, ``locked_by``, ``attempts``): once recovery, a take-over or a cancel has changed the
+row, the old holder's writes match nothing and raise :class:`LeaseLost`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from provisioner.errors import InvalidInput, LeaseLost, UnknownJob
+from provisioner.models import (
+    PROVISION_JOB_TYPE,
+    STEPS,
+    SUPPORTED_JOB_TYPES,
+    Job,
+    Lease,
+    TenantId,
+    progress_of,
+)
+from provisioner.settings import redact
+
+NOTIFY_CHANNEL = "provisioner_jobs"
+ERROR_DETAIL_LIMIT = 4000
+BACKOFF_CAP_SECONDS = 300
+RECOVERED_DETAIL = "Recovered after worker lease expired."
+
+# -- statements ---------------------------------------------------------------------------------
+
+# Insert a job; an existing idempotency key makes it a no-op that returns nothing.
+ENQUEUE = """
+INSERT INTO control.platform_jobs
+    (tenant_id, job_type, payload, idempotency_key, max_attempts)
+VALUES (%(tenant_id)s, %(job_type)s, %(payload)s, %(idempotency_key)s, %(max_attempts)s)
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *
+"""
+
+# The job already holding an idempotency key.
+BY_IDEMPOTENCY_KEY = "SELECT * FROM control.platform_jobs WHERE idempotency_key = %(key)s"
+
+# Put a failed or cancelled job back in the queue with a fresh set of attempts.
+REQUEUE_TERMINAL = """
+UPDATE control.platform_jobs
+   SET status = 'queued', attempts = 0, available_at = now(), locked_at = NULL,
+       locked_by = NULL, finished_at = NULL, updated_at = now()
+ WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+RETURNING *
+"""
+
+# Open a succeeded job again because the catalog shows part of its effect is gone.
+REOPEN_SUCCEEDED = """
+UPDATE control.platform_jobs
+   SET status = 'queued', attempts = 0, available_at = now(), finished_at = NULL,
+       updated_at = now()
+ WHERE id = %(id)s AND status = 'succeeded'
+RETURNING *
+"""
+
+# Wake idle workers once the surrounding transaction commits; the payload is the job type.
+NOTIFY = "SELECT pg_notify(%(channel)s, %(job_type)s)"
+
+# Make sure the tenant has its control row before its first job.
+ENSURE_TENANT = """
+INSERT INTO control.tenants (tenant_id, schema_name)
+VALUES (%(tenant_id)s, %(schema)s)
+ON CONFLICT (tenant_id) DO NOTHING
+"""
+
+# Claim the oldest claimable job of the allowed types; SKIP LOCKED keeps claimants apart.
+CLAIM_NEXT = """
+WITH next AS (
+    SELECT id FROM control.platform_jobs
+     WHERE status = 'queued' AND available_at <= now() AND job_type = ANY(%(job_types)s)
+     ORDER BY available_at, created_at
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE control.platform_jobs AS j
+   SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
+       locked_by = %(worker)s, updated_at = now()
+  FROM next
+ WHERE j.id = next.id
+RETURNING j.*
+"""
+
+# Claim one given job: queued (ready or not), or running under a holder with no live session
+# (a one-off CLI that was killed). A holder is live while a session carries its name.
+CLAIM_JOB = """
+UPDATE control.platform_jobs AS j
+   SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
+       locked_by = %(worker)s, available_at = now(), updated_at = now()
+ WHERE j.id = %(id)s
+   AND (j.status = 'queued'
+        OR (j.status = 'running'
+            AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                             WHERE a.application_name = j.locked_by)))
+RETURNING j.*
+"""
+
+# Record one finished step with the new progress, fenced by the lease.
+RECORD_STEP = """
+UPDATE control.platform_jobs
+   SET steps_completed = %(steps)s, progress = %(progress)s, locked_at = now(),
+       updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+# Forget recorded steps whose effect the catalog no longer shows, fenced by the lease.
+FORGET_STEPS = """
+UPDATE control.platform_jobs
+   SET steps_completed = COALESCE(
+           (SELECT jsonb_agg(s) FROM jsonb_array_elements_text(steps_completed) AS s
+             WHERE s <> ALL(%(steps)s)), '[]'::jsonb),
+       progress = %(progress)s, updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+# Finish a job successfully, fenced by the lease.
+COMPLETE = """
+UPDATE control.platform_jobs
+   SET status = 'succeeded', progress = 100, error_detail = NULL, locked_at = NULL,
+       locked_by = NULL, finished_at = now(), updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+# Fail terminally when attempts are spent (or the error is permanent), else back off.
+FAIL_OR_RETRY = """
+UPDATE control.platform_jobs
+   SET status = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN 'failed'
+                     ELSE 'queued' END,
+       available_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN available_at
+                           ELSE now() + make_interval(
+                                    secs => least(%(cap)s, power(2, least(attempts, 8))))
+                      END,
+       finished_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN now() END,
+       error_detail = %(error)s, locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+# Hand a claimed job back untouched (graceful shutdown): the attempt is not counted.
+RELEASE = """
+UPDATE control.platform_jobs
+   SET status = 'queued', attempts = greatest(attempts - 1, 0), available_at = now(),
+       locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+# Requeue (or fail, when attempts are spent) running jobs whose lease has expired.
+RECOVER_STALE = """
+UPDATE control.platform_jobs
+   SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+       available_at = now(),
+       finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
+       error_detail = %(detail)s, locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE status = 'running'
+   AND (locked_at < now() - make_interval(secs => %(stale)s)
+        OR (locked_at IS NULL AND updated_at < now() - make_interval(secs => %(stale)s)))
+RETURNING *
+"""
+
+# Renew the leases a live worker holds, so long steps are never taken for abandoned.
+RENEW_LEASES = """
+UPDATE control.platform_jobs SET locked_at = now()
+ WHERE status = 'running' AND locked_by = ANY(%(holders)s)
+RETURNING id
+"""
+
+# Cancel a job that has not finished; a running holder's fenced writes then match nothing.
+CANCEL = """
+UPDATE control.platform_jobs
+   SET status = 'cancelled', locked_at = NULL, locked_by = NULL, finished_at = now(),
+       updated_at = now()
+ WHERE id = %(id)s AND status IN ('queued', 'running')
+RETURNING *
+"""
+
+GET_JOB = "SELECT * FROM control.platform_jobs WHERE id = %(id)s"
+
+# The newest job of a type for a tenant.
+LATEST_FOR_TENANT = """
+SELECT * FROM control.platform_jobs
+ WHERE tenant_id = %(tenant_id)s AND job_type = %(job_type)s
+ ORDER BY created_at DESC LIMIT 1
+"""
+
+# Operator view: running first, then newest.
+LIST_JOBS = """
+SELECT * FROM control.platform_jobs
+ WHERE (%(status)s::text IS NULL OR status = %(status)s)
+ ORDER BY (status = 'running') DESC, updated_at DESC
+ LIMIT %(limit)s
+"""
+
+# -- the per-attempt record of step runs ---------------------------------------------------------
+
+# A step begins (written on its own autocommit connection, so a crash leaves the trace).
+STEP_RUN_START = """
+INSERT INTO control.job_step_runs (job_id, tenant_id, attempt, step, worker)
+VALUES (%(job_id)s, %(tenant_id)s, %(attempt)s, %(step)s, %(worker)s)
+RETURNING id
+"""
+
+# A step ends, with its outcome and a one-line detail.
+STEP_RUN_FINISH = """
+UPDATE control.job_step_runs
+   SET finished_at = clock_timestamp(), outcome = %(outcome)s, detail = %(detail)s
+ WHERE id = %(id)s
+"""
+
+# Close the open step runs of recovered jobs: their process is gone.
+STEP_RUNS_ABANDON = """
+UPDATE control.job_step_runs
+   SET finished_at = clock_timestamp(), outcome = 'abandoned',
+       detail = 'worker lease expired; step outcome unknown (its transaction rolled back)'
+ WHERE job_id = ANY(%(job_ids)s) AND outcome = 'running'
+"""
+
+STEP_RUNS_FOR_JOB = "SELECT * FROM control.job_step_runs WHERE job_id = %(job_id)s ORDER BY id"
+
+# -- operations ---------------------------------------------------------------------------------
+
+Conn = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What :func:`enqueue` did: the job, and whether this call created or re-queued it."""
+
+    job: Job
+    created: bool
+    requeued: bool = False
+
+
+def _one(conn: Conn, statement: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(statement, params)
+        return cur.fetchone()
+
+
+def _all(conn: Conn, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(statement, params)
+        return cur.fetchall()
+
+
+def check_job_types(job_types: tuple[str, ...] | list[str] | frozenset[str]) -> None:
+    unknown = sorted(set(job_types) - SUPPORTED_JOB_TYPES)
+    if unknown:
+        raise InvalidInput(
+            f"unsupported job type(s) {', '.join(unknown)}; supported: "
+            f"{', '.join(sorted(SUPPORTED_JOB_TYPES))}"
+        )
+    if not job_types:
+        raise InvalidInput("at least one job type is required")
+
+
+def bounded_error(text: str) -> str:
+    """Secrets redacted, then cut to the column's budget."""
+    text = redact(text).strip() or "unknown error"
+    if len(text) <= ERROR_DETAIL_LIMIT:
+        return text
+    return text[: ERROR_DETAIL_LIMIT - 15] + " ...[truncated]"
+
+
+def enqueue(
+    conn: Conn,
+    job_type: str,
+    *,
+    tenant_id: str | None = None,
+    payload: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    max_attempts: int = 5,
+    retry_terminal: bool = False,
+) -> Enqueued:
+    """Insert a job in the caller's transaction, or return the one holding the key.
+
+    With ``retry_terminal``, an existing failed or cancelled job is queued again with its
+    attempts reset (its ``steps_completed`` stay, so the work resumes where it stopped).
+    """
+    check_job_types((job_type,))
+    if max_attempts < 1:
+        raise InvalidInput("max_attempts must be at least 1")
+    params = {
+        "tenant_id": tenant_id,
+        "job_type": job_type,
+        "payload": Jsonb(payload or {}),
+        "idempotency_key": idempotency_key,
+        "max_attempts": max_attempts,
+    }
+    row = _one(conn, ENQUEUE, params)
+    if row is not None:
+        _notify(conn, job_type)
+        return Enqueued(Job.from_row(row), created=True)
+    existing = _one(conn, BY_IDEMPOTENCY_KEY, {"key": idempotency_key})
+    assert existing is not None, "ON CONFLICT fired, so the key exists"
+    job = Job.from_row(existing)
+    if retry_terminal and job.status in ("failed", "cancelled"):
+        requeued = _one(conn, REQUEUE_TERMINAL, {"id": job.id})
+        if requeued is not None:
+            _notify(conn, job_type)
+            return Enqueued(Job.from_row(requeued), created=False, requeued=True)
+    return Enqueued(job, created=False)
+
+
+def _notify(conn: Conn, job_type: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "job_type": job_type})
+
+
+def provision_key(tenant: TenantId) -> str:
+    return f"provision:{tenant.value}"
+
+
+def ensure_provision_job(conn: Conn, tenant: TenantId, *, retry_terminal: bool = False) -> Enqueued:
+    """The tenant's control row and its one ``provision_tenant`` job, created if missing."""
+    with conn.cursor() as cur:
+        cur.execute(ENSURE_TENANT, {"tenant_id": tenant.value, "schema": tenant.schema})
+    return enqueue(
+        conn,
+        PROVISION_JOB_TYPE,
+        tenant_id=tenant.value,
+        idempotency_key=provision_key(tenant),
+        retry_terminal=retry_terminal,
+    )
+
+
+def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) -> Job | None:
+    """Claim the oldest ready job of ``job_types`` for ``worker`` and commit the claim."""
+    check_job_types(tuple(job_types))
+    row = _one(conn, CLAIM_NEXT, {"job_types": list(job_types), "worker": worker})
+    conn.commit()
+    return Job.from_row(row) if row else None
+
+
+def claim_job(conn: Conn, job_id: UUID, worker: str) -> Job | None:
+    """Claim one job by id (queued, or running under a dead holder) and commit the claim."""
+    row = _one(conn, CLAIM_JOB, {"id": job_id, "worker": worker})
+    conn.commit()
+    return Job.from_row(row) if row else None
+
+
+def _fenced(conn: Conn, statement: str, lease: Lease, **params: Any) -> Job:
+    row = _one(
+        conn,
+        statement,
+        {"id": lease.job_id, "worker": lease.locked_by, "attempts": lease.attempts, **params},
+    )
+    if row is None:
+        raise LeaseLost(
+            f"job {lease.job_id} is no longer held by {lease.locked_by} (attempt "
+            f"{lease.attempts}): it was recovered, re-claimed or cancelled"
+        )
+    return Job.from_row(row)
+
+
+def record_step(conn: Conn, lease: Lease, done: list[str]) -> Job:
+    """Record the finished steps (in their canonical order) and the progress they make."""
+    ordered = [step for step in STEPS if step in done]
+    return _fenced(conn, RECORD_STEP, lease, steps=Jsonb(ordered), progress=progress_of(ordered))
+
+
+def forget_steps(conn: Conn, lease: Lease, steps: list[str], progress: int) -> Job:
+    return _fenced(conn, FORGET_STEPS, lease, steps=steps, progress=progress)
+
+
+def complete(conn: Conn, lease: Lease) -> Job:
+    return _fenced(conn, COMPLETE, lease)
+
+
+def fail_or_retry(conn: Conn, lease: Lease, error: str, *, permanent: bool = False) -> Job:
+    """Back off and requeue, or fail when attempts are spent or the error is permanent."""
+    return _fenced(
+        conn,
+        FAIL_OR_RETRY,
+        lease,
+        error=bounded_error(error),
+        permanent=permanent,
+        cap=BACKOFF_CAP_SECONDS,
+    )
+
+
+def release(conn: Conn, lease: Lease) -> Job:
+    return _fenced(conn, RELEASE, lease)
+
+
+def recover_stale(conn: Conn, stale_after_seconds: float) -> list[Job]:
+    """Requeue or fail running jobs whose lease expired, closing their open step runs."""
+    rows = _all(conn, RECOVER_STALE, {"stale": stale_after_seconds, "detail": RECOVERED_DETAIL})
+    if rows:
+        with conn.cursor() as cur:
+            cur.execute(STEP_RUNS_ABANDON, {"job_ids": [row["id"] for row in rows]})
+    return [Job.from_row(row) for row in rows]
+
+
+def renew_leases(conn: Conn, holders: list[str]) -> int:
+    return len(_all(conn, RENEW_LEASES, {"holders": holders}))
+
+
+def cancel(conn: Conn, job_id: UUID) -> Job:
+    row = _one(conn, CANCEL, {"id": job_id})
+    if row is None:
+        get_job(conn, job_id)  # raises UnknownJob when there is no such job
+        raise InvalidInput(f"job {job_id} has already finished; only queued or running jobs cancel")
+    return Job.from_row(row)
+
+
+def retry(conn: Conn, job_id: UUID) -> Job:
+    """Queue a failed or cancelled job again (attempts reset, recorded steps kept)."""
+    job = get_job(conn, job_id)
+    row = _one(conn, REQUEUE_TERMINAL, {"id": job_id})
+    if row is None:
+        raise InvalidInput(
+            f"job {job_id} is {job.status.value}; only failed or cancelled jobs can be retried"
+        )
+    _notify(conn, job.job_type)
+    return Job.from_row(row)
+
+
+def reopen(conn: Conn, job_id: UUID) -> Job:
+    """Queue a succeeded job again (its steps are re-checked against the catalog on the run)."""
+    row = _one(conn, REOPEN_SUCCEEDED, {"id": job_id})
+    return Job.from_row(row) if row else get_job(conn, job_id)
+
+
+def get_job(conn: Conn, job_id: UUID) -> Job:
+    row = _one(conn, GET_JOB, {"id": job_id})
+    if row is None:
+        raise UnknownJob(f"no job with id {job_id}")
+    return Job.from_row(row)
+
+
+def latest_for_tenant(
+    conn: Conn, tenant: TenantId, job_type: str = PROVISION_JOB_TYPE
+) -> Job | None:
+    row = _one(conn, LATEST_FOR_TENANT, {"tenant_id": tenant.value, "job_type": job_type})
+    return Job.from_row(row) if row else None
+
+
+def list_jobs(conn: Conn, *, status: str | None = None, limit: int = 50) -> list[Job]:
+    return [Job.from_row(r) for r in _all(conn, LIST_JOBS, {"status": status, "limit": limit})]
+
+
+def start_step_run(conn: Conn, lease: Lease, tenant_id: str | None, step: str) -> int:
+    row = _one(
+        conn,
+        STEP_RUN_START,
+        {
+            "job_id": lease.job_id,
+            "tenant_id": tenant_id,
+            "attempt": lease.attempts,
+            "step": step,
+            "worker": lease.locked_by,
+        },
+    )
+    assert row is not None
+    return int(row["id"])
+
+
+def finish_step_run(conn: Conn, run_id: int, outcome: str, detail: str | None = None) -> None:
+    with conn.cursor() as cur:
+        cur.execute(
+            STEP_RUN_FINISH,
+            {"id": run_id, "outcome": outcome, "detail": bounded_error(detail) if detail else None},
+        )
+
+
+def step_runs(conn: Conn, job_id: UUID) -> list[dict[str, Any]]:
+    return _all(conn, STEP_RUNS_FOR_JOB, {"job_id": job_id})

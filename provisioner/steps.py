@@ -1,0 +1,101 @@
+"""The six provisioning steps, in order, each safe to run again on its own.
+
+A step has ``run`` (do the work inside the engine's transaction) and ``effect_present`` (read
+the catalog: is the work still there?). The engine skips a recorded step only when its effect is
+present; a step whose effect vanished (a dropped schema, revoked grants) runs again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from provisioner import migrations, tenant_schema, tenants
+from provisioner.db import Transaction
+from provisioner.models import STEPS, TenantId
+from provisioner.storage import ObjectStore
+
+
+@dataclass(frozen=True)
+class StepContext:
+    tenant: TenantId
+    app_role: str
+    store: ObjectStore
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[Transaction, StepContext], str | None]
+    effect_present: Callable[[Transaction, StepContext], bool]
+    #: False for the storage check: it touches no database and has no catalog to consult.
+    uses_database: bool = True
+
+
+def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
+    tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
+    tenants.mark_provisioning(tx.pg, ctx.tenant)
+    return None
+
+
+def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
+    migrations.upgrade_tenant(tx.sa, ctx.tenant.schema)
+    return f"path=alembic head={','.join(sorted(migrations.tenant_heads()))}"
+
+
+def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
+    tenant_schema.grant_app_role(tx.pg, ctx.tenant.schema, ctx.app_role)
+    return None
+
+
+def _seed_role_profiles(tx: Transaction, ctx: StepContext) -> str | None:
+    tenant_schema.seed_role_profiles(tx.pg, ctx.tenant.schema)
+    return None
+
+
+def _verify_object_storage(tx: Transaction, ctx: StepContext) -> str | None:
+    ctx.store.check()
+    return ctx.store.describe()
+
+
+def _activate_onboarding(tx: Transaction, ctx: StepContext) -> str | None:
+    tenants.activate_onboarding(tx.pg, ctx.tenant)
+    return None
+
+
+def _always(tx: Transaction, ctx: StepContext) -> bool:
+    return True
+
+
+PROVISION_STEPS: tuple[Step, ...] = (
+    Step(
+        "create_schema",
+        _create_schema,
+        lambda tx, ctx: tenant_schema.schema_ready(tx.pg, ctx.tenant.schema),
+    ),
+    Step(
+        "run_tenant_migrations",
+        _run_tenant_migrations,
+        lambda tx, ctx: migrations.tenant_at_head(tx.pg, ctx.tenant.schema),
+    ),
+    Step(
+        "grant_app_rw",
+        _grant_app_rw,
+        lambda tx, ctx: (
+            not tenant_schema.missing_app_grants(tx.pg, ctx.tenant.schema, ctx.app_role)
+        ),
+    ),
+    Step(
+        "seed_role_profiles",
+        _seed_role_profiles,
+        lambda tx, ctx: tenant_schema.role_profiles_seeded(tx.pg, ctx.tenant.schema),
+    ),
+    Step("verify_object_storage", _verify_object_storage, _always, uses_database=False),
+    Step(
+        "activate_onboarding",
+        _activate_onboarding,
+        lambda tx, ctx: tenants.onboarding_active(tx.pg, ctx.tenant),
+    ),
+)
+
+assert tuple(step.name for step in PROVISION_STEPS) == STEPS, "steps out of sync with STEPS"

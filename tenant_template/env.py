@@ -1,0 +1,77 @@
+"""Alembic environment applied inside ONE tenant schema.
+
+Every object, the ``alembic_version`` table included, lands in that schema and nowhere else:
+the revisions use schema-less names and the transaction's ``search_path`` is the tenant schema
+alone (no ``public`` fallback), so an unqualified name can never resolve elsewhere.
+
+The schema comes from ``config.attributes["tenant_schema"]`` when called from code, or
+``-x tenant_schema=NAME`` by hand. The connection comes from ``config.attributes["connection"]``
+or from ``MIGRATIONS_DATABASE_URL`` / ``-x url=...``. ``upgrade head --sql`` prints the SQL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import sqlalchemy as sa
+from alembic import context
+
+from provisioner.db import sqlalchemy_url
+
+SCHEMA_RULE = re.compile(r"tenant_[a-z][a-z0-9_]{0,47}")
+
+config = context.config
+x_args = context.get_x_argument(as_dictionary=True)
+
+
+def tenant_schema() -> str:
+    schema = config.attributes.get("tenant_schema") or x_args.get("tenant_schema")
+    if not schema:
+        raise SystemExit("tenant_template needs a schema: pass -x tenant_schema=tenant_<id>")
+    if not SCHEMA_RULE.fullmatch(schema):
+        raise SystemExit(f"invalid tenant schema {schema!r}: expected tenant_<id>")
+    return str(schema)
+
+
+def _url() -> str:
+    url = x_args.get("url") or os.environ.get("MIGRATIONS_DATABASE_URL")
+    return sqlalchemy_url(url) if url else config.get_main_option("sqlalchemy.url") or ""
+
+
+def _run(connection: sa.Connection, schema: str) -> None:
+    # Transaction-local: ends with the migration's transaction and never leaks into a pool.
+    connection.execute(sa.text("SELECT set_config('search_path', :s, true)"), {"s": f'"{schema}"'})
+    context.configure(
+        connection=connection,
+        target_metadata=None,
+        version_table_schema=schema,
+        transactional_ddl=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_offline(schema: str) -> None:
+    context.configure(
+        url=_url(), target_metadata=None, literal_binds=True, version_table_schema=schema
+    )
+    with context.begin_transaction():
+        context.execute(f'SET LOCAL search_path TO "{schema}"')
+        context.run_migrations()
+
+
+def run_online(schema: str) -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection, schema)
+        return
+    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool)
+    with engine.begin() as connection:
+        _run(connection, schema)
+
+
+if context.is_offline_mode():
+    run_offline(tenant_schema())
+else:
+    run_online(tenant_schema())

@@ -209,3 +209,61 @@ def role_profiles_seeded(conn: Conn, schema: str) -> bool:
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sql.SQL(SEEDED_KEYS).format(schema=sql.Identifier(schema)), {"keys": keys})
         return {row[0] for row in cur.fetchall()} == set(keys)
+
+
+# -- catalog fingerprint --------------------------------------------------------------------------
+
+FINGERPRINT_QUERIES: dict[str, str] = {
+    "relations": """
+        SELECT c.relname, c.relkind::text, coalesce(c.relacl::text, '') FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'i')
+         ORDER BY 1""",
+    "columns": """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity::text
+          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p') AND a.attnum > 0
+           AND NOT a.attisdropped
+         ORDER BY 1, a.attnum""",
+    "indexes": """
+        SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(schema)s ORDER BY 1""",
+    "constraints": """
+        SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k
+          JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = k.connamespace
+         WHERE n.nspname = %(schema)s ORDER BY 1, 2""",
+    "schema": """
+        SELECT pg_get_userbyid(nspowner), coalesce(nspacl::text, '') FROM pg_namespace
+         WHERE nspname = %(schema)s""",
+    "default_privileges": """
+        SELECT pg_get_userbyid(d.defaclrole), d.defaclobjtype::text, d.defaclacl::text
+          FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.defaclnamespace
+         WHERE n.nspname = %(schema)s ORDER BY 1, 2""",
+}
+
+
+def fingerprint(conn: Conn, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The schema's shape, with its own name abstracted: tables, columns, indexes,
+    constraints, grants, default privileges and alembic version. Two tenants built the same way
+    have equal fingerprints."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    with conn.cursor(row_factory=tuple_row) as cur:
+        for name, query in FINGERPRINT_QUERIES.items():
+            cur.execute(query, {"schema": schema})
+            out[name] = [
+                tuple(v.replace(f"{schema}.", "<tenant>.") if isinstance(v, str) else v
+                      for v in row)
+                for row in cur.fetchall()
+            ]
+    tables = {row[0] for row in out["relations"]}
+    if "alembic_version" in tables:
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(
+                sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))
+            )
+            out["alembic_version"] = sorted(cur.fetchall())
+    else:
+        out["alembic_version"] = []
+    return out

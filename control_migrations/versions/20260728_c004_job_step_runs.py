@@ -41,6 +41,8 @@ def upgrade() -> None:
         "CREATE INDEX job_step_runs_tenant_idx ON control.job_step_runs (tenant_id, started_at)"
     )
     grant_to_app_role("SELECT", "TABLE control.job_step_runs")
+    # Stale recovery closes the open runs of the jobs it takes back.
+    grant_to_app_role("UPDATE (finished_at, outcome, detail)", "TABLE control.job_step_runs")
 
 
 def downgrade() -> None:

@@ -1,0 +1,181 @@
+"""Test harness: real PostgreSQL, one fresh database per test, the suite running as the
+bootstrap roles (``provisioner_owner`` and ``app_rw``), never as a superuser.
+
+With ``DATABASE_URL`` (a superuser URL) the harness uses that server; otherwise it starts a
+throwaway cluster from the machine's PostgreSQL binaries (or the ``pgserver`` wheel's). Either way
+it runs ``infra/postgres/bootstrap.sql`` twice on a template database, migrates the control
+schema there as the owner, and clones that template for every test (~35 ms). The superuser URL
+is used only to create and drop those databases.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from provisioner import local_pg, migrations
+from provisioner.settings import Settings
+
+pytest_plugins = ["tests.storage_fixtures"]
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOTSTRAP_SQL = ROOT / "infra" / "postgres" / "bootstrap.sql"
+
+
+@dataclass(frozen=True)
+class Server:
+    admin_url: str  # superuser, for creating/dropping databases only
+    template: str
+
+    def url(self, role: str, database: str) -> str:
+        """The bootstrap roles have no password: the test servers trust 127.0.0.1."""
+        info = psycopg.conninfo.conninfo_to_dict(self.admin_url)
+        host, port = info.get("host", "127.0.0.1"), info.get("port", "5432")
+        return f"postgresql://{role}@{host}:{port}/{database}"
+
+
+def _run_bootstrap(admin_url: str, database: str) -> None:
+    target = psycopg.conninfo.make_conninfo(admin_url, dbname=database)
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute(BOOTSTRAP_SQL.read_text())
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    cluster = None
+    admin_url = os.environ.get("DATABASE_URL")
+    if not admin_url:
+        # Its own top-level temporary folder: pytest's are private to root, and as root the
+        # server runs as an unprivileged user who must be able to reach its folder.
+        cluster = local_pg.Cluster(Path(tempfile.mkdtemp(prefix="provisioner-pg-")), durable=False)
+        cluster.ensure_running()
+        admin_url = cluster.superuser_url()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    template = f"provisioner_tmpl_{worker}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(template)))
+    # Twice: the bootstrap must be safe to run again.
+    _run_bootstrap(admin_url, template)
+    _run_bootstrap(admin_url, template)
+    server = Server(admin_url=admin_url, template=template)
+    migrations.upgrade_control(server.url("provisioner_owner", template))
+    try:
+        yield server
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(template))
+            )
+        if cluster is not None:
+            cluster.stop()
+            shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Database:
+    name: str
+    owner_url: str
+    app_url: str
+    admin_url: str
+
+    def owner(self) -> psycopg.Connection:
+        return psycopg.connect(self.owner_url, autocommit=True)
+
+    def app(self) -> psycopg.Connection:
+        return psycopg.connect(self.app_url, autocommit=True)
+
+
+def create_database(server: Server, name: str) -> Database:
+    with psycopg.connect(server.admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {} OWNER provisioner_owner").format(
+                sql.Identifier(name), sql.Identifier(server.template)
+            )
+        )
+    _run_bootstrap(server.admin_url, name)  # database-level privileges are not templated
+    return Database(
+        name=name,
+        owner_url=server.url("provisioner_owner", name),
+        app_url=server.url("app_rw", name),
+        admin_url=psycopg.conninfo.make_conninfo(server.admin_url, dbname=name),
+    )
+
+
+def drop_database(server: Server, name: str) -> None:
+    with psycopg.connect(server.admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture
+def database(pg_server: Server) -> Iterator[Database]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    db = create_database(pg_server, name)
+    try:
+        yield db
+    finally:
+        drop_database(pg_server, name)
+
+
+@pytest.fixture
+def objects_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "objects"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def settings(database: Database, objects_dir: Path, tmp_path: Path) -> Settings:
+    return Settings(
+        migrations_database_url=database.owner_url,
+        app_database_url=database.app_url,
+        object_store_provider="filesystem",
+        object_store_path=objects_dir,
+        state_dir=tmp_path / "state",
+    )
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a child process the same settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROVISIONER_", "OBJECT_"))}
+    env.update(
+        MIGRATIONS_DATABASE_URL=settings.migrations_database_url or "",
+        APP_DATABASE_URL=settings.app_database_url or "",
+        OBJECT_STORE_PROVIDER=settings.object_store_provider,
+        PROVISIONER_STATE_DIR=str(settings.state_dir),
+        PROVISIONER_JOB_STALE_AFTER_SECONDS=str(settings.job_stale_after_seconds),
+        PROVISIONER_HEARTBEAT_SECONDS=str(settings.heartbeat_seconds),
+        PROVISIONER_POLL_SECONDS=str(settings.poll_interval_seconds),
+        PYTHONPATH=str(ROOT),
+    )
+    if settings.object_store_path:
+        env["OBJECT_STORE_PATH"] = str(settings.object_store_path)
+    return env
+
+
+def run_cli(
+    settings: Settings | None, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m provisioner ARGS`` as a real child process."""
+    child_env = settings_env(settings) if settings is not None else dict(os.environ)
+    child_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "provisioner", *args],
+        capture_output=True,
+        text=True,
+        env=child_env,
+        timeout=timeout,
+        check=False,
+    )

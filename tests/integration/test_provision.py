@@ -1,0 +1,281 @@
+"""End-to-end provisioning through the library and the CLI, on a real database."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from provisioner import queue, service, tenant_schema
+from provisioner.cli import main
+from provisioner.engine import Engine, StepEvent
+from provisioner.errors import LeaseLost
+from provisioner.models import STEPS, JobStatus, TenantId
+from provisioner.settings import Settings
+from provisioner.storage import store_from_settings
+from tests.conftest import Database, run_cli, settings_env
+from tests.unit.test_models import BAD_TENANT_IDS
+
+
+def fingerprint(database: Database, tenant: str) -> dict:
+    with database.owner() as conn:
+        return tenant_schema.fingerprint(conn, f"tenant_{tenant}")
+
+
+def step_runs(database: Database, tenant: str) -> list[tuple]:
+    with database.owner() as conn:
+        return conn.execute(
+            "SELECT attempt, step, outcome, detail FROM control.job_step_runs "
+            "WHERE tenant_id = %s ORDER BY id",
+            (tenant,),
+        ).fetchall()
+
+
+def test_provision_runs_six_steps_and_records_them(settings: Settings, database: Database) -> None:
+    events: list[StepEvent] = []
+    result = service.provision(settings, "acme", on_progress=events.append)
+    job = result.job
+    assert job.status is JobStatus.SUCCEEDED
+    assert job.steps_completed == list(STEPS)
+    assert job.progress == 100 and job.attempts == 1
+    assert [e.step for e in events if e.outcome == "done"] == list(STEPS)
+    assert [(a, s, o) for a, s, o, _ in step_runs(database, "acme")] == [
+        (1, step, "succeeded") for step in STEPS
+    ]
+    with database.owner() as conn:
+        state = conn.execute(
+            "SELECT state, onboarding_started_at IS NOT NULL FROM control.tenants "
+            "WHERE tenant_id = 'acme'"
+        ).fetchone()
+        assert state == ("onboarding", True)
+        assert conn.execute(
+            "SELECT key FROM tenant_acme.role_profiles ORDER BY key"
+        ).fetchall() == [("admin",), ("analyst",), ("owner",), ("viewer",)]
+        owner = conn.execute(
+            "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'tenant_acme'"
+        ).fetchone()
+        assert owner == ("provisioner_owner",)
+        # every object of the template lives in the tenant schema and nowhere else
+        leaked = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public'"
+        ).fetchone()
+        assert leaked == (0,)
+
+
+def test_second_provision_says_already_provisioned(settings: Settings, database: Database) -> None:
+    service.provision(settings, "acme")
+    again = service.provision(settings, "acme")
+    assert again.already_provisioned
+    assert again.job.attempts == 1
+    assert len(step_runs(database, "acme")) == len(STEPS)
+
+
+def test_app_rw_can_write_rows_but_not_ddl(settings: Settings, database: Database) -> None:
+    service.provision(settings, "acme")
+    with database.app() as conn:
+        conn.execute(
+            "INSERT INTO tenant_acme.members (email, role_profile_id) "
+            "SELECT 'a@example.com', id FROM tenant_acme.role_profiles WHERE key = 'viewer'"
+        )
+        conn.execute("INSERT INTO tenant_acme.datasets (name) VALUES ('sales')")
+        conn.execute(
+            "INSERT INTO tenant_acme.dataset_records (dataset_id, external_key) "
+            "SELECT id, 'r1' FROM tenant_acme.datasets"
+        )
+        conn.execute("UPDATE tenant_acme.datasets SET description = 'q3'")
+        conn.execute("DELETE FROM tenant_acme.dataset_records")
+        for statement in (
+            "CREATE TABLE tenant_acme.evil (id int)",
+            "CREATE TABLE control.evil (id int)",
+            "CREATE TABLE public.evil (id int)",
+            "CREATE SCHEMA evil",
+            "ALTER TABLE tenant_acme.members ADD COLUMN evil int",
+            "DROP TABLE tenant_acme.audit_events",
+            "TRUNCATE tenant_acme.members",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+        # A GRANT by a role without grant option is a warning, and grants nothing.
+        conn.execute("GRANT SELECT ON tenant_acme.members TO PUBLIC")
+        acl = conn.execute(
+            "SELECT relacl::text FROM pg_class WHERE oid = 'tenant_acme.members'::regclass"
+        ).fetchone()[0]
+        assert "=r/" not in acl.replace("app_rw=", "").replace("provisioner_owner=", "")
+
+
+def test_later_migration_tables_are_covered_by_default_privileges(
+    settings: Settings, database: Database
+) -> None:
+    service.provision(settings, "acme")
+    with database.owner() as conn:
+        conn.execute("CREATE TABLE tenant_acme.later_table (id int)")
+    with database.app() as conn:
+        conn.execute("INSERT INTO tenant_acme.later_table VALUES (1)")
+
+
+def test_dropped_schema_is_repaired_by_a_rerun(settings: Settings, database: Database) -> None:
+    service.provision(settings, "acme")
+    clean = fingerprint(database, "acme")
+    with database.owner() as conn:
+        conn.execute("DROP SCHEMA tenant_acme CASCADE")
+    events: list[StepEvent] = []
+    result = service.provision(settings, "acme", on_progress=events.append)
+    assert not result.already_provisioned
+    assert result.job.status is JobStatus.SUCCEEDED
+    assert [e.step for e in events if e.outcome == "repaired"] == list(STEPS[:4])
+    assert fingerprint(database, "acme") == clean
+    details = [d for _, s, o, d in step_runs(database, "acme")[len(STEPS) :]]
+    assert all("effect was missing" in d for d in details)
+
+
+def test_revoked_grant_is_repaired_and_only_that_step_reruns(
+    settings: Settings, database: Database
+) -> None:
+    service.provision(settings, "acme")
+    with database.owner() as conn:
+        conn.execute("REVOKE DELETE ON tenant_acme.members FROM app_rw")
+    events: list[StepEvent] = []
+    service.provision(settings, "acme", on_progress=events.append)
+    assert [e.step for e in events if e.outcome in ("done", "repaired")] == ["grant_app_rw"]
+    with database.app() as conn:
+        conn.execute("DELETE FROM tenant_acme.members")
+
+
+def test_two_tenants_have_identical_schemas(settings: Settings, database: Database) -> None:
+    service.provision(settings, "one")
+    service.provision(settings, "two")
+    assert fingerprint(database, "one") == fingerprint(database, "two")
+    assert fingerprint(database, "one")["alembic_version"] == [("t004",)]
+
+
+def test_a_process_that_lost_its_lease_records_nothing(
+    settings: Settings, database: Database
+) -> None:
+    with psycopg.connect(database.app_url) as conn:
+        queue.ensure_provision_job(conn, TenantId("acme"))
+        conn.commit()
+        mine = queue.claim_next(conn, ["provision_tenant"], "zombie")
+    assert mine is not None
+    # Recovery takes the job back and another holder claims it.
+    with psycopg.connect(database.owner_url, autocommit=True) as conn:
+        conn.execute("UPDATE control.platform_jobs SET locked_at = now() - interval '1 hour'")
+    with psycopg.connect(database.app_url) as conn:
+        queue.recover_stale(conn, 60)
+        conn.commit()
+        theirs = queue.claim_next(conn, ["provision_tenant"], "successor")
+    assert theirs is not None and theirs.attempts == 2
+    store = store_from_settings(settings)
+    with (
+        Engine(settings.owner_url, holder="zombie", app_role="app_rw", store=store) as engine,
+        pytest.raises(LeaseLost),
+    ):
+        engine.run(mine)
+    with psycopg.connect(database.owner_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT status, locked_by, steps_completed FROM control.platform_jobs"
+        ).fetchone()
+        assert row == ("running", "successor", [])
+        # its step's transaction rolled back: no schema
+        assert conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'tenant_acme'"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT step, outcome FROM control.job_step_runs WHERE worker = 'zombie'"
+        ).fetchall() == [("create_schema", "lease_lost")]
+        # and it cannot complete the job either
+        with psycopg.connect(database.app_url) as app, pytest.raises(LeaseLost):
+            queue.complete(app, mine.lease)
+
+
+def test_a_failing_step_schedules_a_retry_with_a_readable_error(
+    settings: Settings, database: Database, objects_dir
+) -> None:
+    objects_dir.rmdir()
+    result = service.provision(settings, "acme")
+    job = result.job
+    assert job.status is JobStatus.FAILED  # a missing store is a configuration fault
+    assert job.attempts == 1
+    assert job.error_detail is not None
+    assert job.error_detail.startswith("verify_object_storage: filesystem store")
+    assert job.steps_completed == list(STEPS[:4])
+    objects_dir.mkdir()
+    events: list[StepEvent] = []
+    again = service.provision(settings, "acme", on_progress=events.append)
+    assert again.job.status is JobStatus.SUCCEEDED
+    assert [e.step for e in events if e.outcome == "done"] == list(STEPS[4:])
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_provision_prints_steps_and_json(settings: Settings) -> None:
+    out = run_cli(settings, "provision", "acme")
+    assert out.returncode == 0, out.stderr
+    for step in STEPS:
+        assert step in out.stdout
+    assert "succeeded" in out.stdout
+    again = run_cli(settings, "provision", "acme", "--json")
+    assert again.returncode == 0
+    view = json.loads(again.stdout)
+    assert view["already_provisioned"] is True
+    assert {k: view[k] for k in ("tenant_id", "status", "progress", "attempts")} == {
+        "tenant_id": "acme",
+        "status": "succeeded",
+        "progress": 100,
+        "attempts": 1,
+    }
+    assert set(view) >= {"job_id", "steps_completed", "error_detail"}
+
+
+def test_cli_status_enqueue_and_jobs(settings: Settings) -> None:
+    assert run_cli(settings, "status", "ghost").returncode == 3
+    enq = run_cli(settings, "enqueue", "acme")
+    assert enq.returncode == 0
+    job_id = enq.stdout.strip()
+    assert run_cli(settings, "enqueue", "acme").stdout.strip() == job_id
+    status = json.loads(run_cli(settings, "status", "acme", "--json").stdout)
+    assert status["status"] == "queued" and status["job_id"] == job_id
+    listed = json.loads(run_cli(settings, "jobs", "list", "--json").stdout)
+    assert [j["job_id"] for j in listed] == [job_id]
+    cancelled = run_cli(settings, "jobs", "cancel", job_id)
+    assert cancelled.returncode == 0
+    assert json.loads(run_cli(settings, "status", "acme", "--json").stdout)["status"] == (
+        "cancelled"
+    )
+    assert run_cli(settings, "jobs", "retry", job_id).returncode == 0
+    assert run_cli(settings, "jobs", "retry", "not-a-uuid").returncode == 2
+    assert (
+        run_cli(settings, "jobs", "cancel", "00000000-0000-0000-0000-000000000000").returncode == 3
+    )
+
+
+def test_cli_refuses_bad_tenant_ids_creating_nothing(
+    settings: Settings, database: Database
+) -> None:
+    """Every kind of bad id, through each command taking one (in-process CLI), then once
+    through a real child process; the database is unchanged."""
+
+    def census() -> tuple:
+        with database.owner() as conn:
+            return conn.execute(
+                "SELECT (SELECT count(*) FROM pg_namespace), "
+                "(SELECT count(*) FROM control.tenants), "
+                "(SELECT count(*) FROM control.platform_jobs)"
+            ).fetchone()
+
+    before = census()
+    runner = CliRunner()
+    env = settings_env(settings)
+    for bad in BAD_TENANT_IDS:
+        for command in ("provision", "enqueue", "status"):
+            out = runner.invoke(main, [command, bad], env=env)
+            assert out.exit_code == 2, (command, bad, out.output)
+            lines = out.stderr.strip().splitlines()
+            assert len(lines) == 1 and "tenant ids are 1-48 characters" in lines[0], lines
+    child = run_cli(settings, "provision", "Robert'); DROP TABLE control.tenants;--")
+    assert child.returncode == 2
+    assert child.stderr.count("\n") == 1 and "tenant ids" in child.stderr
+    assert census() == before

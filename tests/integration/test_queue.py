@@ -1,0 +1,334 @@
+"""Every queue operation against a real database, as the application role."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from uuid import uuid4
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from provisioner import queue
+from provisioner.errors import InvalidInput, LeaseLost, UnknownJob
+from provisioner.models import Job, JobStatus, TenantId
+from tests.conftest import Database
+
+
+def app(database: Database) -> psycopg.Connection:
+    return psycopg.connect(database.app_url, row_factory=dict_row)
+
+
+def enqueue_tenant(conn: psycopg.Connection, name: str) -> Job:
+    job = queue.ensure_provision_job(conn, TenantId(name)).job
+    conn.commit()
+    return job
+
+
+def row(database: Database, job_id) -> dict:
+    with database.owner() as conn:
+        found = (
+            conn.cursor(row_factory=dict_row)
+            .execute(
+                "SELECT *, available_at - now() AS delay FROM control.platform_jobs WHERE id = %s",
+                (job_id,),
+            )
+            .fetchone()
+        )
+    assert found is not None
+    return found
+
+
+def test_enqueue_is_idempotent_on_its_key(database: Database) -> None:
+    with app(database) as conn:
+        first = queue.ensure_provision_job(conn, TenantId("acme"))
+        second = queue.ensure_provision_job(conn, TenantId("acme"))
+        conn.commit()
+    assert first.created and not second.created
+    assert first.job.id == second.job.id
+    assert first.job.idempotency_key == "provision:acme"
+    with database.owner() as conn:
+        assert conn.execute("SELECT count(*) FROM control.platform_jobs").fetchone()[0] == 1
+
+
+def test_enqueue_joins_the_callers_transaction(database: Database) -> None:
+    with app(database) as conn:
+        queue.ensure_provision_job(conn, TenantId("acme"))
+        conn.rollback()
+    with database.owner() as conn:
+        assert conn.execute("SELECT count(*) FROM control.platform_jobs").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM control.tenants").fetchone()[0] == 0
+
+
+def test_enqueue_notifies_on_commit_only(database: Database) -> None:
+    with psycopg.connect(database.app_url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
+        with app(database) as conn:
+            queue.ensure_provision_job(conn, TenantId("acme"))
+            assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
+            conn.commit()
+        got = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.payload for n in got] == ["provision_tenant"]
+
+
+def test_unsupported_job_types_are_refused(database: Database) -> None:
+    with app(database) as conn:
+        with pytest.raises(InvalidInput, match="unsupported job type"):
+            queue.enqueue(conn, "mine_bitcoin", idempotency_key="x")
+        with pytest.raises(InvalidInput, match="unsupported job type"):
+            queue.claim_next(conn, ["provision_tenant", "mine_bitcoin"], "w1")
+
+
+def test_claim_takes_oldest_ready_job_of_allowed_types_and_commits(database: Database) -> None:
+    with app(database) as conn:
+        first = enqueue_tenant(conn, "first")
+        second = enqueue_tenant(conn, "second")
+        queue.enqueue(conn, "send_email", idempotency_key="mail:1")
+        conn.commit()
+        claimed = queue.claim_next(conn, ["provision_tenant"], "w1")
+    assert claimed is not None and claimed.id == first.id
+    stored = row(database, first.id)  # visible from another connection: committed
+    assert stored["status"] == "running"
+    assert stored["attempts"] == 1
+    assert stored["locked_by"] == "w1"
+    assert stored["locked_at"] is not None
+    with app(database) as conn:
+        again = queue.claim_next(conn, ["provision_tenant"], "w2")
+        assert again is not None and again.id == second.id
+        assert queue.claim_next(conn, ["provision_tenant"], "w2") is None  # email job not ours
+
+
+def test_claim_respects_available_at(database: Database) -> None:
+    with app(database) as conn:
+        job = enqueue_tenant(conn, "later")
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET available_at = now() + interval '1 hour'")
+    with app(database) as conn:
+        assert queue.claim_next(conn, ["provision_tenant"], "w1") is None
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET available_at = now()")
+    with app(database) as conn:
+        claimed = queue.claim_next(conn, ["provision_tenant"], "w1")
+        assert claimed is not None and claimed.id == job.id
+
+
+def test_two_connections_claiming_at_once_never_get_the_same_row(database: Database) -> None:
+    with app(database) as conn:
+        ids = {enqueue_tenant(conn, f"t{i}").id for i in range(40)}
+    claimed: dict[str, list] = {"a": [], "b": []}
+    barrier = threading.Barrier(2)
+
+    def drain(name: str) -> None:
+        with app(database) as conn:
+            barrier.wait()
+            while (job := queue.claim_next(conn, ["provision_tenant"], name)) is not None:
+                claimed[name].append(job.id)
+
+    threads = [threading.Thread(target=drain, args=(n,)) for n in claimed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    a, b = set(claimed["a"]), set(claimed["b"])
+    assert not a & b
+    assert a | b == ids
+    assert len(claimed["a"]) + len(claimed["b"]) == len(ids)
+
+
+def test_a_locked_row_is_skipped_not_waited_for(database: Database) -> None:
+    with app(database) as conn:
+        first = enqueue_tenant(conn, "first")
+        second = enqueue_tenant(conn, "second")
+    with app(database) as holder, app(database) as other:
+        holder.execute("SELECT 1 FROM control.platform_jobs WHERE id = %s FOR UPDATE", (first.id,))
+        other.execute("SET lock_timeout = '2s'")
+        got = queue.claim_next(other, ["provision_tenant"], "w2")
+        assert got is not None and got.id == second.id
+        holder.rollback()
+
+
+def claim(database: Database, name: str = "acme", worker: str = "w1") -> Job:
+    with app(database) as conn:
+        enqueue_tenant(conn, name)
+        job = queue.claim_next(conn, ["provision_tenant"], worker)
+    assert job is not None
+    return job
+
+
+def test_complete_is_fenced_by_the_lease(database: Database) -> None:
+    job = claim(database)
+    with app(database) as conn:
+        done = queue.complete(conn, job.lease)
+        conn.commit()
+        assert done.status is JobStatus.SUCCEEDED and done.progress == 100
+        with pytest.raises(LeaseLost):
+            queue.complete(conn, job.lease)
+    stored = row(database, job.id)
+    assert stored["locked_by"] is None and stored["finished_at"] is not None
+
+
+def test_fail_or_retry_backs_off_exponentially_then_fails(database: Database) -> None:
+    job = claim(database)
+    with app(database) as conn:
+        retried = queue.fail_or_retry(conn, job.lease, "boom")
+        conn.commit()
+    assert retried.status is JobStatus.QUEUED
+    delay = row(database, job.id)["delay"]
+    assert timedelta(seconds=1) <= delay <= timedelta(seconds=2)  # 2 ** 1 after attempt 1
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET available_at = now(), attempts = 4")
+    with app(database) as conn:
+        again = queue.claim_next(conn, ["provision_tenant"], "w1")
+        assert again is not None and again.attempts == 5
+        failed = queue.fail_or_retry(conn, again.lease, "boom again")
+        conn.commit()
+    assert failed.status is JobStatus.FAILED
+    assert failed.error_detail == "boom again"
+    assert row(database, job.id)["finished_at"] is not None
+
+
+def test_backoff_exponent_stops_at_eight(database: Database) -> None:
+    """min(300, 2 ** min(attempts, 8)): from the 8th attempt on, the delay stays 256 s."""
+    job = claim(database)
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET attempts = 9, max_attempts = 20")
+    lease = job.lease.__class__(job.id, job.locked_by or "", 9)
+    with app(database) as conn:
+        queue.fail_or_retry(conn, lease, "x")
+        conn.commit()
+    delay = row(database, job.id)["delay"]
+    assert timedelta(seconds=254) <= delay <= timedelta(seconds=256)
+
+
+def test_permanent_failure_skips_the_retries(database: Database) -> None:
+    job = claim(database)
+    with app(database) as conn:
+        failed = queue.fail_or_retry(conn, job.lease, "bucket missing", permanent=True)
+        conn.commit()
+    assert failed.status is JobStatus.FAILED and failed.attempts == 1
+
+
+def test_error_detail_is_bounded_and_redacted(database: Database) -> None:
+    job = claim(database)
+    secret = "postgresql://owner:hunter2@db/x AccountKey=abcdef== " + "x" * 9000
+    with app(database) as conn:
+        stored = queue.fail_or_retry(conn, job.lease, secret)
+        conn.commit()
+    assert stored.error_detail is not None
+    assert len(stored.error_detail) <= queue.ERROR_DETAIL_LIMIT
+    assert "hunter2" not in stored.error_detail
+    assert "abcdef" not in stored.error_detail
+
+
+def test_recover_stale_requeues_expired_leases_only(database: Database) -> None:
+    stale = claim(database, "stale", "dead-worker")
+    fresh = claim(database, "fresh", "live-worker")
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.platform_jobs SET locked_at = now() - interval '20 minutes' "
+            "WHERE id = %s",
+            (stale.id,),
+        )
+    with app(database) as conn:
+        recovered = queue.recover_stale(conn, 900)
+        conn.commit()
+    assert [j.id for j in recovered] == [stale.id]
+    stored = row(database, stale.id)
+    assert stored["status"] == "queued"
+    assert stored["error_detail"] == "Recovered after worker lease expired."
+    assert stored["locked_by"] is None
+    assert row(database, fresh.id)["status"] == "running"
+    with app(database) as conn, pytest.raises(LeaseLost):
+        queue.complete(conn, stale.lease)  # the dead worker can no longer finish it
+
+
+def test_recover_stale_without_locked_at_uses_updated_at(database: Database) -> None:
+    job = claim(database)
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.platform_jobs SET locked_at = NULL, "
+            "updated_at = now() - interval '1 hour'"
+        )
+    with app(database) as conn:
+        assert [j.id for j in queue.recover_stale(conn, 900)] == [job.id]
+
+
+def test_recover_stale_fails_jobs_whose_attempts_are_spent(database: Database) -> None:
+    job = claim(database)
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.platform_jobs SET attempts = max_attempts, "
+            "locked_at = now() - interval '1 hour'"
+        )
+    with app(database) as conn:
+        (recovered,) = queue.recover_stale(conn, 900)
+        conn.commit()
+    assert recovered.id == job.id
+    assert recovered.status is JobStatus.FAILED
+    assert recovered.error_detail == "Recovered after worker lease expired."
+
+
+def test_retry_terminal_requeues_failed_with_attempts_reset(database: Database) -> None:
+    job = claim(database)
+    with app(database) as conn:
+        queue.fail_or_retry(conn, job.lease, "nope", permanent=True)
+        conn.commit()
+        plain = queue.ensure_provision_job(conn, TenantId("acme"))
+        assert plain.job.status is JobStatus.FAILED and not plain.requeued
+        again = queue.ensure_provision_job(conn, TenantId("acme"), retry_terminal=True)
+        conn.commit()
+    assert again.requeued and again.job.id == job.id
+    assert again.job.status is JobStatus.QUEUED and again.job.attempts == 0
+
+
+def test_cancel_and_retry(database: Database) -> None:
+    job = claim(database)
+    with app(database) as conn:
+        cancelled = queue.cancel(conn, job.id)
+        conn.commit()
+        assert cancelled.status is JobStatus.CANCELLED
+        with pytest.raises(LeaseLost):  # the running holder is fenced out
+            queue.record_step(conn, job.lease, ["create_schema"])
+        conn.rollback()
+        with pytest.raises(InvalidInput, match="already finished"):
+            queue.cancel(conn, job.id)
+        conn.rollback()
+        retried = queue.retry(conn, job.id)
+        conn.commit()
+        assert retried.status is JobStatus.QUEUED and retried.attempts == 0
+        with pytest.raises(InvalidInput, match="only failed or cancelled"):
+            queue.retry(conn, job.id)
+        conn.rollback()
+        with pytest.raises(UnknownJob):
+            queue.cancel(conn, uuid4())
+
+
+def test_release_hands_the_job_back_without_counting_the_attempt(database: Database) -> None:
+    job = claim(database)
+    with app(database) as conn:
+        released = queue.release(conn, job.lease)
+        conn.commit()
+    assert released.status is JobStatus.QUEUED and released.attempts == 0
+
+
+def test_renew_leases_touches_only_the_holders_jobs(database: Database) -> None:
+    mine = claim(database, "mine", "me")
+    theirs = claim(database, "theirs", "them")
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET locked_at = now() - interval '1 hour'")
+    with app(database) as conn:
+        assert queue.renew_leases(conn, ["me"]) == 1
+        conn.commit()
+        recovered = queue.recover_stale(conn, 900)
+    assert [j.id for j in recovered] == [theirs.id]
+    assert row(database, mine.id)["status"] == "running"
+
+
+def test_app_role_cannot_delete_or_truncate_jobs(database: Database) -> None:
+    claim(database)
+    with database.app() as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM control.platform_jobs")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("TRUNCATE control.platform_jobs")

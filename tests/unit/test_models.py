@@ -1,0 +1,102 @@
+"""Tenant ids, progress, job status and the settings' secret handling."""
+
+from __future__ import annotations
+
+import pytest
+
+from provisioner.errors import ConfigurationError, InvalidInput
+from provisioner.models import STEPS, JobStatus, TenantId, progress_of
+from provisioner.settings import Settings, parse_job_types, redact
+
+BAD_TENANT_IDS = [
+    "",  # empty
+    "Acme",  # upper case
+    "ACME",
+    "1acme",  # starts with a digit
+    "_acme",  # starts with an underscore
+    "acme-co",  # hyphen
+    "acme co",  # space
+    "acme'; DROP SCHEMA control CASCADE; --",  # quote / injection
+    'acme"x',  # double quote
+    "a" * 49,  # too long
+    "acmé",  # non-ASCII
+    "acme\n",  # trailing newline
+    "acme.co",  # dot
+    "public",  # reserved
+    "control",  # reserved
+    "pg_acme",  # reserved prefix
+    "select",  # SQL keyword
+    "acme\x00",  # NUL byte
+]
+
+
+@pytest.mark.parametrize("bad", BAD_TENANT_IDS)
+def test_bad_tenant_ids_are_refused_naming_the_rule(bad: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        TenantId(bad)
+    message = str(info.value)
+    assert "tenant ids are 1-48 characters" in message
+    assert len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("good", ["acme", "a", "acme_2024", "a" * 48, "t0_x"])
+def test_good_tenant_ids_map_to_their_schema(good: str) -> None:
+    assert TenantId(good).schema == f"tenant_{good}"
+
+
+def test_progress_counts_known_steps() -> None:
+    assert progress_of([]) == 0
+    assert progress_of(list(STEPS[:3])) == 50
+    assert progress_of(list(STEPS)) == 100
+    assert progress_of(["create_schema", "not_a_step"]) == 16
+
+
+def test_terminal_statuses() -> None:
+    assert {s for s in JobStatus if s.terminal} == {
+        JobStatus.SUCCEEDED,
+        JobStatus.FAILED,
+        JobStatus.CANCELLED,
+    }
+
+
+def test_redact_hides_url_passwords_and_connection_string_keys() -> None:
+    text = (
+        "could not connect to postgresql://owner:s3cr3t@db:5432/x; "
+        "DefaultEndpointsProtocol=http;AccountName=dev;AccountKey=abc123==;BlobEndpoint=x"
+    )
+    out = redact(text)
+    assert "s3cr3t" not in out
+    assert "abc123" not in out
+    assert "postgresql://owner:***@db:5432/x" in out
+
+
+def test_settings_from_env_defaults_and_overrides() -> None:
+    s = Settings.from_env({})
+    assert s.embedded
+    assert s.worker_component == "provisioner-worker"
+    assert s.worker_job_types == ("provision_tenant",)
+    assert s.job_stale_after_seconds == 900
+    assert s.heartbeat_seconds == 10
+    s = Settings.from_env(
+        {
+            "MIGRATIONS_DATABASE_URL": "postgresql://o:pw@h/d",
+            "PROVISIONER_WORKER_JOB_TYPES": " provision_tenant , send_email,,provision_tenant",
+            "PROVISIONER_JOB_STALE_AFTER_SECONDS": "30",
+        }
+    )
+    assert not s.embedded
+    assert s.worker_job_types == ("provision_tenant", "send_email")
+    assert s.job_stale_after_seconds == 30
+    assert "pw" not in repr(s)
+    assert "pw" not in str(s.describe())
+
+
+def test_settings_refuse_bad_numbers() -> None:
+    with pytest.raises(ConfigurationError, match="PROVISIONER_HEARTBEAT_SECONDS"):
+        Settings.from_env({"PROVISIONER_HEARTBEAT_SECONDS": "soon"})
+    with pytest.raises(ConfigurationError, match="positive"):
+        Settings.from_env({"PROVISIONER_HEARTBEAT_SECONDS": "-1"})
+
+
+def test_parse_job_types() -> None:
+    assert parse_job_types("a, b ,a,,") == ("a", "b")

@@ -234,6 +234,14 @@ UPDATE control.job_step_runs
  WHERE job_id = ANY(%(job_ids)s) AND outcome = 'running'
 """
 
+# Close the open step runs of a job's earlier attempts: a take-over proved their holder dead.
+STEP_RUNS_ABANDON_EARLIER = """
+UPDATE control.job_step_runs
+   SET finished_at = clock_timestamp(), outcome = 'abandoned',
+       detail = 'holder died; step outcome unknown (its transaction rolled back)'
+ WHERE job_id = %(job_id)s AND attempt < %(attempt)s AND outcome = 'running'
+"""
+
 STEP_RUNS_FOR_JOB = "SELECT * FROM control.job_step_runs WHERE job_id = %(job_id)s ORDER BY id"
 
 # -- operations ---------------------------------------------------------------------------------
@@ -354,6 +362,9 @@ def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) 
 def claim_job(conn: Conn, job_id: UUID, worker: str) -> Job | None:
     """Claim one job by id (queued, or running under a dead holder) and commit the claim."""
     row = _one(conn, CLAIM_JOB, {"id": job_id, "worker": worker})
+    if row is not None:
+        with conn.cursor() as cur:
+            cur.execute(STEP_RUNS_ABANDON_EARLIER, {"job_id": job_id, "attempt": row["attempts"]})
     conn.commit()
     return Job.from_row(row) if row else None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
@@ -121,8 +122,7 @@ def provision(
                 return ProvisionResult(job, already_provisioned=True)
             with app_connection(settings, holder) as conn:
                 job = queue.reopen(conn, job.id)
-        with app_connection(settings, holder) as conn:
-            claimed = queue.claim_job(conn, job.id, holder)
+        claimed = _claim_when_free(settings, job.id, holder)
         if claimed is None:
             with app_connection(settings, holder) as conn:
                 current = queue.get_job(conn, job.id)
@@ -134,6 +134,19 @@ def provision(
         return ProvisionResult(
             engine.run(claimed, on_progress=on_progress, should_stop=should_stop)
         )
+
+
+def _claim_when_free(
+    settings: Settings, job_id: UUID, holder: str, grace_seconds: float = 3.0
+) -> Job | None:
+    """Claim the job, waiting briefly for a just-killed holder's sessions to disappear."""
+    deadline = time.monotonic() + grace_seconds
+    while True:
+        with app_connection(settings, holder) as conn:
+            claimed = queue.claim_job(conn, job_id, holder)
+        if claimed is not None or time.monotonic() >= deadline:
+            return claimed
+        time.sleep(0.1)
 
 
 @dataclass(frozen=True)

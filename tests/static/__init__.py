@@ -1,0 +1,1 @@
+"""Static checks of the deployment artefacts: compose files, Dockerfile, migration SQL, docs."""

@@ -16,6 +16,8 @@ from provisioner.db import sqlalchemy_url
 
 CONTROL_SCHEMA = "control"
 MIGRATE_LOCK_KEY = 7_220_260_001  # arbitrary, fixed: serialises control migrations
+# A migration waits at most this long for a table lock, instead of queueing every query behind it.
+LOCK_TIMEOUT = "5s"
 
 config = context.config
 
@@ -29,6 +31,7 @@ def _url() -> str:
 
 def _configure(connection: sa.Connection) -> None:
     connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATE_LOCK_KEY})
+    connection.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
     connection.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {CONTROL_SCHEMA}"))
     context.configure(
         connection=connection,
@@ -48,6 +51,7 @@ def run_offline() -> None:
         version_table_schema=CONTROL_SCHEMA,
     )
     with context.begin_transaction():
+        context.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         context.execute(f"CREATE SCHEMA IF NOT EXISTS {CONTROL_SCHEMA}")
         context.run_migrations()
 

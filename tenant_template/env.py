@@ -20,6 +20,8 @@ from alembic import context
 from provisioner.db import sqlalchemy_url
 
 SCHEMA_RULE = re.compile(r"tenant_[a-z][a-z0-9_]{0,47}")
+# A migration waits at most this long for a table lock, instead of queueing every query behind it.
+LOCK_TIMEOUT = "5s"
 
 config = context.config
 x_args = context.get_x_argument(as_dictionary=True)
@@ -41,6 +43,7 @@ def _url() -> str:
 
 def _run(connection: sa.Connection, schema: str) -> None:
     # Transaction-local: ends with the migration's transaction and never leaks into a pool.
+    connection.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"), {"t": LOCK_TIMEOUT})
     connection.execute(sa.text("SELECT set_config('search_path', :s, true)"), {"s": f'"{schema}"'})
     context.configure(
         connection=connection,
@@ -57,6 +60,7 @@ def run_offline(schema: str) -> None:
         url=_url(), target_metadata=None, literal_binds=True, version_table_schema=schema
     )
     with context.begin_transaction():
+        context.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         context.execute(f'SET LOCAL search_path TO "{schema}"')
         context.run_migrations()
 

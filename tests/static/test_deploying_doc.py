@@ -1,4 +1,4 @@
-"""docs/DEPLOYING.md stays in step with the code and the files it tells operators to use."""
+"""The README's Deploying section stays in step with the code and the files it tells operators to use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from provisioner.settings import Settings
 from tests.static.lint_tools import REPO_ROOT, package_env_names
 
-DOC = REPO_ROOT / "docs" / "DEPLOYING.md"
+DOC = REPO_ROOT / "README.md"
 
 
 @pytest.fixture(scope="module")

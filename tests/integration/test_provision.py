@@ -231,25 +231,31 @@ def test_cli_provision_prints_steps_and_json(settings: Settings) -> None:
 
 
 def test_cli_status_enqueue_and_jobs(settings: Settings) -> None:
-    assert run_cli(settings, "status", "ghost").returncode == 3
-    enq = run_cli(settings, "enqueue", "acme")
-    assert enq.returncode == 0
-    job_id = enq.stdout.strip()
-    assert run_cli(settings, "enqueue", "acme").stdout.strip() == job_id
-    status = json.loads(run_cli(settings, "status", "acme", "--json").stdout)
-    assert status["status"] == "queued" and status["job_id"] == job_id
-    listed = json.loads(run_cli(settings, "jobs", "list", "--json").stdout)
+    """The queue levers through the CLI (in-process: the same click code, without paying an
+    interpreter start per command; the child-process path is covered above)."""
+    runner, env = CliRunner(), settings_env(settings)
+
+    def cli(*args: str) -> tuple[int, str]:
+        result = runner.invoke(main, list(args), env=env)
+        return result.exit_code, result.stdout
+
+    assert cli("status", "ghost")[0] == 3
+    code, out = cli("enqueue", "acme")
+    assert code == 0
+    job_id = out.strip()
+    assert cli("enqueue", "acme")[1].strip() == job_id
+    status = json.loads(cli("status", "acme", "--json")[1])
+    assert status["status"] == "queued"
+    assert status["job_id"] == job_id
+    listed = json.loads(cli("jobs", "list", "--json")[1])
     assert [j["job_id"] for j in listed] == [job_id]
-    cancelled = run_cli(settings, "jobs", "cancel", job_id)
-    assert cancelled.returncode == 0
-    assert json.loads(run_cli(settings, "status", "acme", "--json").stdout)["status"] == (
-        "cancelled"
-    )
-    assert run_cli(settings, "jobs", "retry", job_id).returncode == 0
-    assert run_cli(settings, "jobs", "retry", "not-a-uuid").returncode == 2
-    assert (
-        run_cli(settings, "jobs", "cancel", "00000000-0000-0000-0000-000000000000").returncode == 3
-    )
+    assert cli("jobs", "cancel", job_id)[0] == 0
+    assert json.loads(cli("status", "acme", "--json")[1])["status"] == "cancelled"
+    assert cli("jobs", "retry", job_id)[0] == 0
+    assert json.loads(cli("status", "acme", "--json")[1])["status"] == "queued"
+    assert cli("jobs", "retry", job_id)[0] == 2  # only failed or cancelled jobs
+    assert cli("jobs", "retry", "not-a-uuid")[0] == 2
+    assert cli("jobs", "cancel", "00000000-0000-0000-0000-000000000000")[0] == 3
 
 
 def test_cli_refuses_bad_tenant_ids_creating_nothing(

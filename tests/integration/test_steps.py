@@ -1,0 +1,57 @@
+"""Each step, run a second time on its own, changes nothing: every step is idempotent."""
+
+from __future__ import annotations
+
+import pytest
+
+from provisioner import db, tenant_schema
+from provisioner.models import TenantId
+from provisioner.settings import Settings
+from provisioner.steps import PROVISION_STEPS, StepContext
+from provisioner.storage import store_from_settings
+from tests.conftest import Database
+
+
+def state(database: Database, schema: str) -> tuple:
+    """The schema's catalog fingerprint plus the rows the steps write."""
+    with database.owner() as conn:
+        shape = tenant_schema.fingerprint(conn, schema)
+        tenants = conn.execute(
+            "SELECT tenant_id, state, onboarding_started_at FROM control.tenants ORDER BY 1"
+        ).fetchall()
+        profiles = (
+            conn.execute(f"SELECT id, key, name FROM {schema}.role_profiles ORDER BY id").fetchall()
+            if any(r[0] == "role_profiles" for r in shape["relations"])
+            else []
+        )
+    return shape, tenants, profiles
+
+
+@pytest.mark.parametrize(
+    "index", range(len(PROVISION_STEPS)), ids=[s.name for s in PROVISION_STEPS]
+)
+def test_running_a_step_twice_is_a_noop_the_second_time(
+    settings: Settings, database: Database, index: int
+) -> None:
+    tenant = TenantId("twice")
+    with database.app() as conn:
+        conn.execute(
+            "INSERT INTO control.tenants (tenant_id, schema_name) VALUES (%s, %s)",
+            (tenant.value, tenant.schema),
+        )
+    ctx = StepContext(tenant=tenant, app_role="app_rw", store=store_from_settings(settings))
+    owner = db.Database(settings.owner_url)
+    try:
+        for step in PROVISION_STEPS[:index]:  # the steps before it, once
+            with owner.transaction() as tx:
+                step.run(tx, ctx)
+        step = PROVISION_STEPS[index]
+        with owner.transaction() as tx:
+            step.run(tx, ctx)
+        first = state(database, tenant.schema)
+        with owner.transaction() as tx:
+            assert step.effect_present(tx, ctx)
+            step.run(tx, ctx)
+        assert state(database, tenant.schema) == first
+    finally:
+        owner.close()

@@ -8,6 +8,7 @@ owner. It listens on 127.0.0.1 and a socket inside its folder, on a port recorde
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import pwd
@@ -137,7 +138,8 @@ class Cluster:
             *([] if self.durable else ["--no-sync"]),
         )
         if result.returncode != 0:
-            raise ConfigurationError(f"initdb failed: {result.stderr.strip().splitlines()[-1:]}")
+            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ConfigurationError(f"initdb failed: {last}{_as_root_hint(self.root)}")
 
     def start(self) -> None:
         port = self.port
@@ -163,8 +165,8 @@ class Cluster:
         )
         if result.returncode != 0:
             raise ConfigurationError(
-                f"PostgreSQL did not start; see {self.root / 'postgres.log'}: "
-                f"{result.stderr.strip()[-300:]}"
+                f"PostgreSQL did not start; see {self.root / 'postgres.log'}"
+                f"{_as_root_hint(self.root)}"
             )
 
     def stop(self) -> bool:
@@ -183,6 +185,16 @@ class Cluster:
         if not self.running():
             self.start()
         return created
+
+
+def _as_root_hint(root: Path) -> str:
+    user = _service_user()
+    if user is None:
+        return ""
+    return (
+        f" (as root, PostgreSQL runs as '{user}', who must be able to reach {root}: "
+        "choose a PROVISIONER_STATE_DIR whose parent folders are not private)"
+    )
 
 
 def _port_free(port: int) -> bool:
@@ -222,8 +234,12 @@ class EmbeddedUrls:
 def ensure_embedded(state_dir: Path) -> EmbeddedUrls:
     """The embedded default: a cluster under ``state_dir`` with the owner and app roles."""
     cluster = Cluster(state_dir / "postgres")
-    cluster.ensure_running()
-    bootstrap_database(cluster.superuser_url(), EMBEDDED_DATABASE)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    # Two first commands at once must not both initdb: take turns on a lock file.
+    with open(state_dir / "embedded.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster.ensure_running()
+        bootstrap_database(cluster.superuser_url(), EMBEDDED_DATABASE)
     objects = state_dir / "objects"
     objects.mkdir(parents=True, exist_ok=True)
     return EmbeddedUrls(

@@ -1,4 +1,4 @@
-"""The README's Deploying section stays in step with the code and the files it tells operators to use."""
+"""The README's Deploying section stays in step with the code and the files it names."""
 
 from __future__ import annotations
 

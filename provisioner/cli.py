@@ -16,11 +16,12 @@ from typing import Any, TypeVar
 
 import click
 
-from provisioner import __version__, service
+from provisioner import __version__, logs, service
 from provisioner.engine import StepEvent
 from provisioner.errors import ProvisionerError
 from provisioner.models import STEPS, Job
 from provisioner.settings import Settings, parse_job_types
+from provisioner.worker import WorkerOptions, run_worker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -183,6 +184,99 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
         if job.status.terminal:
             sys.exit(0 if job.status.value == "succeeded" else 1)
         time.sleep(interval)
+
+
+SECONDS = click.FloatRange(min=0, min_open=True)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Drain every claimable job, then exit 0.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Jobs at once, each in its own child process.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(logs.LOG_FORMATS),
+    default="human",
+    show_default=True,
+    help="One line per event: human-readable or JSON.",
+)
+@click.option(
+    "--poll-interval",
+    type=SECONDS,
+    envvar="PROVISIONER_POLL_SECONDS",
+    help="Seconds between polls when no wake-up arrives (default 5).",
+)
+@click.option(
+    "--stale-after",
+    type=SECONDS,
+    envvar="PROVISIONER_JOB_STALE_AFTER_SECONDS",
+    help="Seconds after which a running job's lease has expired (default 900).",
+)
+@click.option(
+    "--heartbeat",
+    type=SECONDS,
+    envvar="PROVISIONER_HEARTBEAT_SECONDS",
+    help="Seconds between heartbeats and lease renewals (default 10).",
+)
+@click.option(
+    "--drain-timeout",
+    type=SECONDS,
+    envvar="PROVISIONER_DRAIN_TIMEOUT_SECONDS",
+    help="On SIGTERM/SIGINT, seconds the running step gets to finish (default 30).",
+)
+@click.option(
+    "--component",
+    envvar="PROVISIONER_WORKER_COMPONENT",
+    help="Heartbeat component name (default provisioner-worker).",
+)
+@click.option(
+    "--job-types",
+    envvar="PROVISIONER_WORKER_JOB_TYPES",
+    help="Comma-separated job types to claim (default provision_tenant).",
+)
+@click.option(
+    "--allow-superuser",
+    is_flag=True,
+    help="Run even when MIGRATIONS_DATABASE_URL connects as a superuser.",
+)
+@click.pass_context
+@fail_cleanly
+def worker(
+    ctx: click.Context,
+    once: bool,
+    concurrency: int,
+    log_format: str,
+    poll_interval: float | None,
+    stale_after: float | None,
+    heartbeat: float | None,
+    drain_timeout: float | None,
+    component: str | None,
+    job_types: str | None,
+    allow_superuser: bool,
+) -> None:
+    """The long-running worker: claim and provision queued tenants. Exit 0 on a clean stop.
+
+    Needs MIGRATIONS_DATABASE_URL and APP_DATABASE_URL (never the embedded database).
+    """
+    base: Settings = ctx.obj
+    settings = replace(
+        base,
+        poll_interval_seconds=poll_interval or base.poll_interval_seconds,
+        job_stale_after_seconds=stale_after or base.job_stale_after_seconds,
+        heartbeat_seconds=heartbeat or base.heartbeat_seconds,
+        drain_timeout_seconds=drain_timeout or base.drain_timeout_seconds,
+        worker_component=component or base.worker_component,
+        worker_job_types=(
+            parse_job_types(job_types) if job_types is not None else base.worker_job_types
+        ),
+    )
+    options = WorkerOptions(once=once, concurrency=concurrency, allow_superuser=allow_superuser)
+    sys.exit(run_worker(settings, options, logs.configure(log_format)))
 
 
 @main.command()

@@ -34,6 +34,17 @@ SELECT component, instance_id, heartbeat_at, detail,
 """
 
 
+# Whether the connection's role is a superuser (the worker refuses an owner URL that is).
+CONNECTED_AS_SUPERUSER = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+
+
+def connected_as_superuser(conn: Conn) -> bool:
+    with conn.cursor() as cur:
+        cur.execute(CONNECTED_AS_SUPERUSER)
+        row = cur.fetchone()
+    return bool(row and (row["rolsuper"] if isinstance(row, dict) else row[0]))
+
+
 def beat(conn: Conn, component: str, instance_id: str, detail: dict[str, Any]) -> None:
     with conn.cursor() as cur:
         cur.execute(

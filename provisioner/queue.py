@@ -73,6 +73,9 @@ RETURNING *
 # Wake idle workers once the surrounding transaction commits; the payload is the job type.
 NOTIFY = "SELECT pg_notify(%(channel)s, %(job_type)s)"
 
+# Subscribe a worker's autocommit connection to those wake-ups.
+LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
+
 # Make sure the tenant has its control row before its first job.
 ENSURE_TENANT = """
 INSERT INTO control.tenants (tenant_id, schema_name)
@@ -219,11 +222,12 @@ VALUES (%(job_id)s, %(tenant_id)s, %(attempt)s, %(step)s, %(worker)s)
 RETURNING id
 """
 
-# A step ends, with its outcome and a one-line detail.
+# A step ends, with its outcome and a one-line detail; a run already closed (abandoned by
+# recovery) stays as recovery left it.
 STEP_RUN_FINISH = """
 UPDATE control.job_step_runs
    SET finished_at = clock_timestamp(), outcome = %(outcome)s, detail = %(detail)s
- WHERE id = %(id)s
+ WHERE id = %(id)s AND outcome = 'running'
 """
 
 # Close the open step runs of recovered jobs: their process is gone.
@@ -240,6 +244,15 @@ UPDATE control.job_step_runs
    SET finished_at = clock_timestamp(), outcome = 'abandoned',
        detail = 'holder died; step outcome unknown (its transaction rolled back)'
  WHERE job_id = %(job_id)s AND attempt < %(attempt)s AND outcome = 'running'
+"""
+
+# Close the open step runs of one attempt whose process is known to be gone (a worker's child).
+STEP_RUNS_ABANDON_ATTEMPT = """
+UPDATE control.job_step_runs
+   SET finished_at = clock_timestamp(), outcome = 'abandoned',
+       detail = 'worker process died; step outcome unknown (its transaction rolled back)'
+ WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND worker = %(worker)s
+   AND outcome = 'running'
 """
 
 STEP_RUNS_FOR_JOB = "SELECT * FROM control.job_step_runs WHERE job_id = %(job_id)s ORDER BY id"
@@ -332,6 +345,17 @@ def enqueue(
 def _notify(conn: Conn, job_type: str) -> None:
     with conn.cursor() as cur:
         cur.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "job_type": job_type})
+
+
+def listen(conn: Conn) -> None:
+    """Subscribe ``conn`` (autocommit) to enqueue wake-ups; read them with :func:`wake_ups`."""
+    with conn.cursor() as cur:
+        cur.execute(LISTEN)
+
+
+def wake_ups(conn: Conn) -> list[str]:
+    """The job types of the wake-ups already received on a listening connection; never waits."""
+    return [notify.payload for notify in conn.notifies(timeout=0)]
 
 
 def provision_key(tenant: TenantId) -> str:
@@ -491,6 +515,15 @@ def finish_step_run(conn: Conn, run_id: int, outcome: str, detail: str | None = 
         cur.execute(
             STEP_RUN_FINISH,
             {"id": run_id, "outcome": outcome, "detail": bounded_error(detail) if detail else None},
+        )
+
+
+def abandon_step_runs(conn: Conn, lease: Lease) -> None:
+    """Close the attempt's open step runs: its process died before it could."""
+    with conn.cursor() as cur:
+        cur.execute(
+            STEP_RUNS_ABANDON_ATTEMPT,
+            {"job_id": lease.job_id, "attempt": lease.attempts, "worker": lease.locked_by},
         )
 
 

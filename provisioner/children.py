@@ -1,0 +1,221 @@
+"""The worker's engine processes: one step engine per child process, and the parent's handle.
+
+Alembic keeps module-level state and is not thread-safe, so the worker gets concurrency from
+processes, started with the "spawn" method (no psycopg connection or thread crosses a fork).
+Each child has its own lease holder id, ``worker:<host>:<pid>``, which is also the
+``application_name`` of its sessions, and dies with its parent (``PR_SET_PDEATHSIG``, with a
+watchdog thread as the fallback): a SIGKILLed worker leaves no engine running behind it.
+
+The parent and a child talk over one pipe, in tuples:
+
+    parent -> child   ("run", job)        run this claimed job
+                      ("stop",)           finish the running step, then release the job
+                      ("quit",)           exit when idle
+    child -> parent   ("ready", holder, pid)
+                      ("step", job_id, step, outcome, seconds, detail)   each StepEvent
+                      ("result", job, stopped)    the job as the engine left it
+                      ("lease_lost", job_id, detail)    another holder took the job: nothing
+                                                        was recorded
+                      ("interrupted", job_id, detail)   the drain timeout cut the step short
+                      ("error", job_id, detail, permanent)    the engine could not record the
+                                                              outcome (the database is down)
+
+Children ignore SIGINT and SIGTERM: the parent decides when a step stops. When the drain timeout
+expires the parent sends SIGUSR1, which raises :class:`Interrupted` (a ``KeyboardInterrupt``,
+so psycopg cancels the running query) and the step's transaction rolls back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from provisioner import service
+from provisioner.engine import Engine, StepEvent, describe
+from provisioner.errors import InvalidInput, LeaseLost, PermanentError
+from provisioner.models import Job
+from provisioner.settings import Settings
+from provisioner.storage import store_from_settings
+
+PR_SET_PDEATHSIG = 1
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised in a child when the drain timeout expires; psycopg cancels the running query."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted("step interrupted: the worker's drain timeout expired")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process when the parent dies; a watchdog as the fallback."""
+    if sys.platform.startswith("linux"):
+        with suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def child_main(conn: Connection, settings: Settings, parent_pid: int) -> None:
+    """A child's life: build the engine, announce the holder id, run what the parent sends."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, _interrupt)
+    holder = service.holder_id("worker")
+    engine = Engine(
+        settings.owner_url,
+        holder=holder,
+        app_role=settings.app_role,
+        store=store_from_settings(settings),
+        stale_after_seconds=settings.job_stale_after_seconds,
+    )
+    try:
+        child = _ChildLoop(conn, engine)
+        child.send(("ready", holder, os.getpid()))
+        child.serve()
+    finally:
+        engine.close()
+
+
+class _ChildLoop:
+    def __init__(self, conn: Connection, engine: Engine) -> None:
+        self.conn = conn
+        self.engine = engine
+        self.stopping = False
+        self.quitting = False
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send whole: an interrupt arriving meanwhile is delivered after the message."""
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        try:
+            self.conn.send(message)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def serve(self) -> None:
+        while not self.quitting:
+            try:
+                message = self.conn.recv()
+            except EOFError:
+                return
+            except Interrupted:
+                continue  # it raced with the end of a job: nothing runs now
+            if message[0] == "quit":
+                return
+            if message[0] == "run":
+                try:
+                    self.run(message[1])
+                except Interrupted:
+                    continue  # arrived after the job's outcome was sent
+
+    def should_stop(self) -> bool:
+        try:
+            while self.conn.poll():
+                kind = self.conn.recv()[0]
+                self.stopping = self.stopping or kind in ("stop", "quit")
+                self.quitting = self.quitting or kind == "quit"
+        except EOFError:
+            self.stopping = self.quitting = True
+        return self.stopping
+
+    def progress(self, ev: StepEvent) -> None:
+        self.send(("step", ev.job.id, ev.step, ev.outcome, round(ev.seconds, 3), ev.detail))
+
+    def run(self, job: Job) -> None:
+        self.stopping = False
+        try:
+            done = self.engine.run(job, on_progress=self.progress, should_stop=self.should_stop)
+        except LeaseLost as exc:
+            self.send(("lease_lost", job.id, describe(exc)))
+        except Interrupted as exc:
+            self.send(("interrupted", job.id, describe(exc)))
+        except Exception as exc:
+            permanent = isinstance(exc, PermanentError | InvalidInput)
+            self.send(("error", job.id, describe(exc), permanent))
+        else:
+            self.send(("result", done, self.stopping))
+
+
+@dataclass
+class EngineProcess:
+    """The parent's handle on one child: its pipe, holder id, and the job it runs."""
+
+    process: BaseProcess
+    conn: Connection
+    holder: str | None = None
+    pid: int | None = None
+    job: Job | None = None
+    step: str | None = None
+    #: "<step>: <detail>" of the last failed step of the running job, for error messages
+    failure: str | None = None
+    claimed_at: float = 0.0
+    interrupted_at: float | None = None
+
+    @classmethod
+    def spawn(cls, context: SpawnContext, settings: Settings) -> EngineProcess:
+        parent_end, child_end = context.Pipe()
+        process = context.Process(
+            target=child_main,
+            args=(child_end, settings, os.getpid()),
+            name="provisioner-engine",
+            daemon=True,
+        )
+        process.start()
+        child_end.close()
+        return cls(process=process, conn=parent_end)
+
+    @property
+    def ready(self) -> bool:
+        return self.holder is not None
+
+    @property
+    def idle(self) -> bool:
+        return self.ready and self.job is None
+
+    def send(self, *message: Any) -> bool:
+        """False when the child is gone."""
+        try:
+            self.conn.send(message)
+        except OSError:
+            return False
+        return True
+
+    def assign(self, job: Job | None) -> None:
+        self.job, self.step, self.failure, self.interrupted_at = job, None, None, None
+        self.claimed_at = time.monotonic()
+
+    def interrupt(self) -> None:
+        """Cut the running step short (its transaction rolls back)."""
+        self.interrupted_at = time.monotonic()
+        if self.process.pid:
+            with suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGUSR1)
+
+    def reap(self, timeout: float) -> int | None:
+        """Wait for the process to end, killing it after ``timeout``; its exit code."""
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        return self.process.exitcode

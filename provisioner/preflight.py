@@ -1,0 +1,78 @@
+"""What the worker checks before it starts, and refuses to start without.
+
+Each refusal is a :class:`ConfigurationError` (or :class:`InvalidInput` for an unknown job type):
+one line, exit code 2, nothing started. The object store being *down* is not a refusal: the
+worker starts and reports it in its heartbeat (``detail["storage"]``), which ``health`` reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import closing
+from typing import Any
+
+from provisioner import db, heartbeats, migrations, queue, service
+from provisioner.errors import ConfigurationError
+from provisioner.logs import event
+from provisioner.models import PROVISION_JOB_TYPE
+from provisioner.settings import Settings
+from provisioner.storage import store_from_settings
+
+#: The job types this worker has a handler for (the product worker runs the others).
+HANDLED_JOB_TYPES: frozenset[str] = frozenset({PROVISION_JOB_TYPE})
+
+
+def check_configuration(settings: Settings) -> None:
+    """Refuse settings this worker cannot run with; touches nothing outside the process."""
+    queue.check_job_types(settings.worker_job_types)  # InvalidInput for an unknown type
+    unhandled = sorted(set(settings.worker_job_types) - HANDLED_JOB_TYPES)
+    if unhandled:
+        raise ConfigurationError(
+            f"this worker has no handler for job type(s) {', '.join(unhandled)}: it runs "
+            f"{', '.join(sorted(HANDLED_JOB_TYPES))} only (PROVISIONER_WORKER_JOB_TYPES)"
+        )
+    for name, value in (
+        ("MIGRATIONS_DATABASE_URL", settings.migrations_database_url),
+        ("APP_DATABASE_URL", settings.app_database_url),
+    ):
+        if not value:
+            raise ConfigurationError(
+                f"{name} is not set: the worker needs both database URLs and never falls back "
+                "to the embedded local database"
+            )
+    if settings.heartbeat_seconds * 2 > settings.job_stale_after_seconds:
+        raise ConfigurationError(
+            f"PROVISIONER_HEARTBEAT_SECONDS ({settings.heartbeat_seconds:g}) must be at most half "
+            f"of PROVISIONER_JOB_STALE_AFTER_SECONDS ({settings.job_stale_after_seconds:g}), or "
+            "live jobs would look abandoned"
+        )
+    store_from_settings(settings)  # ConfigurationError for a store that cannot work
+
+
+def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Logger) -> None:
+    """The control schema is at head, and the owner URL is not a superuser unless allowed."""
+    owner = db.connect(settings.owner_url, application_name="provisioner-worker")
+    with closing(owner), db.translated():
+        at_head = migrations.control_at_head(owner)
+        superuser = heartbeats.connected_as_superuser(owner)
+    if not at_head:
+        raise ConfigurationError("the control schema is not at head: run `provisioner migrate`")
+    if superuser and not allow_superuser:
+        raise ConfigurationError(
+            "MIGRATIONS_DATABASE_URL connects as a superuser: the worker refuses to run with "
+            "more power than the owner role needs; use the owner role, or pass --allow-superuser"
+        )
+    if superuser:
+        message = (
+            "WARNING: MIGRATIONS_DATABASE_URL connects as a SUPERUSER (--allow-superuser); a bug "
+            "or a hostile migration could do anything to this server"
+        )
+        event(log, "superuser_allowed", logging.WARNING, message=message)
+
+
+def storage_status(settings: Settings) -> dict[str, Any]:
+    """The object-store check, shaped for the heartbeat's ``storage`` field."""
+    checked = service.check_storage(settings)
+    status: dict[str, Any] = {"ready": checked["ready"], "provider": checked["provider"]}
+    status["detail" if checked["ready"] else "error"] = checked["detail"]
+    return status

@@ -1,0 +1,610 @@
+"""The provisioner worker: recover, heartbeat, listen, claim, run, finish, drain.
+
+One parent process and ``concurrency`` engine processes (:mod:`provisioner.children`).
+
+* The **parent** owns the queue: stale recovery at start and every quarter of the stale
+  threshold; ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the
+  backstop for a lost notification; claims on behalf of an idle child (at most ``concurrency``
+  jobs at once); settling a job its child could not (the child died, or the database was down
+  when the step failed); signals and the drain.
+* A **heartbeat thread**, on its own connection, upserts the component's row in
+  ``control.runtime_heartbeats`` every interval and, in the same transaction, renews
+  ``locked_at`` of every job the children hold: a long step on a live worker is never taken for
+  abandoned, and a worker that stops beating loses its jobs to recovery once the lease expires.
+  Every write of the engine is fenced by the lease, so a worker that was presumed dead (frozen,
+  partitioned) and wakes up records nothing.
+
+Each claim is logged with how the worker woke: ``start``, ``notify`` (an enqueue's NOTIFY),
+``poll`` (the backstop timer), ``drain`` (the last claim or job end: the queue may hold more),
+``reconnect`` (after a database outage, when wake-ups may have been lost).
+
+A database outage is logged once (and once more when it is over); the parent reconnects with a
+capped backoff, the engine's pool reconnects on its own, and a job whose failure could not be
+recorded is settled as soon as the database answers.
+
+On SIGTERM or SIGINT the worker stops claiming and lets each running step finish (the engine
+releases the job between steps, progress kept), bounded by the drain timeout; then it
+interrupts the step (its transaction rolls back) and releases the job. A second signal ends the
+drain at once. The last heartbeat says ``stopped``; the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import selectors
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from provisioner import __version__, db, logs, queue, service
+from provisioner.children import EngineProcess
+from provisioner.engine import describe
+from provisioner.errors import (
+    DatabaseUnavailable,
+    LeaseLost,
+    ProvisionerError,
+)
+from provisioner.liveness import DB_ERRORS, Heartbeat, Outage
+from provisioner.logs import event, job_fields
+from provisioner.models import Job
+from provisioner.preflight import check_configuration, check_database, storage_status
+from provisioner.settings import Settings
+
+#: Longest wait between two reconnection attempts after the database went away.
+RECONNECT_CAP_SECONDS = 5.0
+#: How long the children get to start (imports, engine) before the worker gives up.
+CHILD_START_TIMEOUT_SECONDS = 120.0
+#: After the drain timeout, how long an interrupted child gets to roll back and report.
+INTERRUPT_GRACE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    once: bool = False
+    concurrency: int = 1
+    allow_superuser: bool = False
+
+
+def run_worker(settings: Settings, options: WorkerOptions, log: logging.Logger) -> int:
+    """Check, start and run the worker until it is stopped (or, with ``once``, drained)."""
+    check_configuration(settings)
+    delay = 0.5
+    while True:
+        try:
+            check_database(settings, allow_superuser=options.allow_superuser, log=log)
+            break
+        except DatabaseUnavailable as exc:
+            if options.once:
+                raise
+            if delay == 0.5:  # one line, however long the wait
+                event(log, "database_unavailable", logging.WARNING, error=str(exc), where="start")
+            time.sleep(delay)
+            delay = min(delay * 2, RECONNECT_CAP_SECONDS)
+    storage = storage_status(settings)
+    if not storage["ready"]:
+        event(log, "storage_not_ready", logging.WARNING, **storage)
+    return Worker(settings, options, log, storage).run()
+
+
+@dataclass
+class Orphan:
+    """A claimed job no child will finish: release it, or retry/fail it, once the DB answers."""
+
+    job: Job
+    reason: str
+    release: bool = False
+    permanent: bool = False
+    #: the child died: close the attempt's open step runs first
+    child_gone: bool = False
+
+
+# -- the parent ---------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        options: WorkerOptions,
+        log: logging.Logger,
+        storage: dict[str, Any],
+    ) -> None:
+        self.settings = settings
+        self.options = options
+        self.log = log
+        self.storage = storage
+        self.job_types = list(settings.worker_job_types)
+        self.instance_id = service.holder_id("worker")
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.stats: Counter[str] = Counter()
+        self.woke: Counter[str] = Counter()
+        self.last_woke: str | None = None
+        self.state = "starting"
+        self.outage = Outage(log)
+        self._lock = threading.Lock()  # children's jobs and orphans, read by the heartbeat
+        self._mp = multiprocessing.get_context("spawn")
+        self._children: list[EngineProcess] = []
+        self._orphans: list[Orphan] = []
+        self._selector = selectors.DefaultSelector()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._listen: psycopg.Connection[Any] | None = None
+        self._listen_fd: int | None = None
+        self._pending: str | None = "start"  # why the next claim happens; None: queue empty
+        self._was_idle = False
+        self._next_poll = 0.0
+        self._next_recovery = 0.0
+        self._db_retry_at = 0.0
+        self._db_delay = 0.5
+        self._signals = 0
+        self._deadline: float | None = None  # set when draining
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._heartbeat = Heartbeat(settings, self.instance_id, self.snapshot, self.outage)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        previous = self._install_signals()
+        try:
+            for _ in range(self.options.concurrency):
+                self._spawn()
+            if self._wait_until_children_ready():
+                self.state = "running"
+                self._heartbeat.start()
+                info: dict[str, Any] = {"worker": self.instance_id, "job_types": self.job_types}
+                info.update(concurrency=self.options.concurrency, once=self.options.once)
+                event(self.log, "started", **info, version=__version__)
+                self._loop()
+            return self._shutdown()
+        finally:
+            for child in self._children:
+                if child.process.is_alive():
+                    child.reap(0)
+            self._close_connections()
+            self._restore_signals(previous)
+
+    def _install_signals(self) -> dict[int, Any]:
+        """Signals only write to a socket the loop waits on: no work in a signal handler."""
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "signal")
+        previous: dict[int, Any] = {
+            signum: signal.signal(signum, lambda *_: None)
+            for signum in (signal.SIGTERM, signal.SIGINT)
+        }
+        previous[-1] = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        return previous
+
+    def _restore_signals(self, previous: dict[int, Any]) -> None:
+        signal.set_wakeup_fd(previous.pop(-1))
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _spawn(self) -> None:
+        child = EngineProcess.spawn(self._mp, self.settings)
+        with self._lock:
+            self._children.append(child)
+        self._selector.register(child.conn, selectors.EVENT_READ, child)
+
+    def _wait_until_children_ready(self) -> bool:
+        deadline = time.monotonic() + CHILD_START_TIMEOUT_SECONDS
+        while not all(c.ready for c in self._children):
+            if self._signals:
+                return False
+            if time.monotonic() > deadline:
+                raise ProvisionerError("the worker's engine processes did not start in time")
+            self._wait(1.0)
+        return True
+
+    def _shutdown(self) -> int:
+        self.state = "stopping"
+        for child in self._children:
+            child.send("quit")
+        for child in self._children:
+            child.reap(10)
+        self._settle_at_exit()
+        if self._heartbeat.is_alive():
+            self._heartbeat.halt.set()
+            self._heartbeat.join(10)
+        self.state = "stopped"
+        self._heartbeat.beat()  # the last beat says so: health reports "stopped cleanly"
+        self._heartbeat.close()
+        event(
+            self.log,
+            "stopped",
+            worker=self.instance_id,
+            jobs_done=self.stats["done"],
+            jobs_succeeded=self.stats["succeeded"],
+            jobs_recovered=self.stats["recovered"],
+            unsettled=len(self._orphans) or None,
+        )
+        return 1 if self._orphans else 0
+
+    def _settle_at_exit(self) -> None:
+        deadline = time.monotonic() + 10.0
+        while self._orphans and time.monotonic() < deadline:
+            try:
+                self._ensure_connection()
+                self._settle_orphans()
+            except DB_ERRORS as exc:
+                self._database_down(exc, "shutdown")
+                time.sleep(min(self._db_delay, max(0.0, deadline - time.monotonic())))
+        for orphan in self._orphans:
+            event(
+                self.log,
+                "unsettled",
+                logging.ERROR,
+                **job_fields(orphan.job),
+                message="could not release the job; stale recovery will re-queue it",
+            )
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            if self._deadline is not None:
+                if not any(c.job for c in self._children):
+                    return
+                if now >= self._deadline:
+                    self._interrupt_busy(now)
+            if now >= self._db_retry_at:
+                self._database_work(now)
+            if self.options.once and self._drained():
+                return
+            self._wait(self._timeout(time.monotonic()))
+
+    def _drained(self) -> bool:
+        busy = any(c.job for c in self._children)
+        return self._pending is None and not self._orphans and not busy
+
+    def _timeout(self, now: float) -> float:
+        wake_at = [self._next_recovery]
+        if self._pending is None:
+            wake_at.append(self._next_poll)
+        if self._conn is None or self._orphans:
+            wake_at.append(self._db_retry_at)
+        if self._deadline is not None:
+            wake_at += [self._deadline, now + 0.5]  # interrupted children are checked on
+        return max(0.0, min(wake_at) - now)
+
+    def _wait(self, timeout: float) -> None:
+        for key, _ in self._selector.select(timeout):
+            source = key.data
+            if source == "signal":
+                self._on_signal()
+            elif source == "listen":
+                self._on_wake_up()
+            elif isinstance(source, EngineProcess):
+                self._on_child(source)
+        if self._pending is None and time.monotonic() >= self._next_poll:
+            self._pending = "poll"
+
+    def _on_signal(self) -> None:
+        with suppress(BlockingIOError):
+            while received := self._wake_r.recv(64):
+                self._signals += len(received)
+        if not self._signals:
+            return
+        now = time.monotonic()
+        if self._deadline is None:
+            self.state = "draining"
+            self._deadline = now + self.settings.drain_timeout_seconds
+            busy = [c for c in self._children if c.job]
+            event(
+                self.log,
+                "stopping",
+                worker=self.instance_id,
+                running=len(busy),
+                drain_timeout=self.settings.drain_timeout_seconds,
+            )
+            for child in busy:
+                child.send("stop")
+        elif self._signals > 1:
+            self._deadline = min(self._deadline, now)
+
+    def _on_wake_up(self) -> None:
+        if self._listen is None:
+            return
+        try:
+            with db.translated():
+                types = queue.wake_ups(self._listen)
+        except DB_ERRORS as exc:
+            self._database_down(exc, "listen")
+            return
+        if self._pending is None and any(t in self.job_types for t in types):
+            self._pending = "notify"
+
+    # -- database work ----------------------------------------------------------------------
+
+    def _database_work(self, now: float) -> None:
+        try:
+            self._ensure_connection()
+            self._settle_orphans()
+            if now >= self._next_recovery:
+                self._recover()
+                self._next_recovery = now + self.settings.job_stale_after_seconds / 4
+            if self._deadline is None:
+                self._claim()
+        except DB_ERRORS as exc:
+            self._database_down(exc, "queue")
+            return
+        self._db_delay = 0.5
+        self.outage.recovered()
+
+    def _ensure_connection(self) -> None:
+        if self._conn is not None:
+            return
+        name, url = self.instance_id, self.settings.app_url
+        self._conn = db.connect(url, application_name=name)
+        self._listen = db.connect(url, application_name=f"{name}:listen", autocommit=True)
+        with db.translated():
+            queue.listen(self._listen)
+        self._listen_fd = self._listen.fileno()
+        self._selector.register(self._listen_fd, selectors.EVENT_READ, "listen")
+        if self._pending is None:
+            self._pending = "reconnect"  # wake-ups sent while we were away are lost
+
+    def _database_down(self, exc: ProvisionerError, where: str) -> None:
+        self._close_connections()
+        self._db_retry_at = time.monotonic() + self._db_delay
+        self.outage.failed(exc, where, self._db_delay)
+        self._db_delay = min(self._db_delay * 2, RECONNECT_CAP_SECONDS)
+
+    def _close_connections(self) -> None:
+        if self._listen_fd is not None:
+            with suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(self._listen_fd)
+            self._listen_fd = None
+        for conn in (self._conn, self._listen):
+            if conn is not None:
+                with suppress(Exception):
+                    conn.close()
+        self._conn = self._listen = None
+
+    def _recover(self) -> None:
+        assert self._conn is not None
+        with db.translated():
+            jobs = queue.recover_stale(self._conn, self.settings.job_stale_after_seconds)
+            self._conn.commit()
+        for job in jobs:
+            self.stats["recovered"] += 1
+            event(
+                self.log,
+                "recovered",
+                logging.WARNING,
+                **job_fields(job),
+                status=job.status.value,
+                steps_done=len(job.steps_completed),
+            )
+        if jobs and self._pending is None:
+            self._pending = "drain"
+
+    def _claim(self) -> None:
+        assert self._conn is not None
+        while self._pending is not None:
+            child = next((c for c in self._children if c.idle), None)
+            if child is None or child.holder is None:
+                return
+            with db.translated():
+                job = queue.claim_next(self._conn, self.job_types, child.holder)
+            if job is None:
+                self._pending = None
+                self._next_poll = time.monotonic() + self.settings.poll_interval_seconds
+                if not self._was_idle:
+                    self._was_idle = True
+                    event(
+                        self.log,
+                        "idle",
+                        listen=queue.NOTIFY_CHANNEL,
+                        poll_interval=self.settings.poll_interval_seconds,
+                    )
+                return
+            woke, self._pending, self._was_idle = self._pending, "drain", False
+            self.woke[woke] += 1
+            self.last_woke = woke
+            with self._lock:
+                child.assign(job)
+            event(
+                self.log,
+                "claimed",
+                **job_fields(job),
+                woke=woke,
+                max_attempts=job.max_attempts,
+                holder=child.holder,
+                steps_done=len(job.steps_completed),
+            )
+            if not child.send("run", job):
+                self._orphan(child, "could not hand the job to its engine process", release=True)
+
+    def _settle_orphans(self) -> None:
+        assert self._conn is not None
+        for orphan in list(self._orphans):
+            lease = orphan.job.lease
+            try:
+                with db.translated():
+                    if orphan.child_gone:
+                        queue.abandon_step_runs(self._conn, lease)
+                    if orphan.release:
+                        job = queue.release(self._conn, lease)
+                    else:
+                        reason, permanent = orphan.reason, orphan.permanent
+                        job = queue.fail_or_retry(self._conn, lease, reason, permanent=permanent)
+                    self._conn.commit()
+            except LeaseLost as exc:
+                with db.translated():
+                    self._conn.rollback()
+                self._log_lease_lost(orphan.job, describe(exc))
+            else:
+                self._log_outcome(job, released=orphan.release, seconds=None)
+            with self._lock:
+                self._orphans.remove(orphan)
+
+    # -- engine processes --------------------------------------------------------------------
+
+    def _on_child(self, child: EngineProcess) -> None:
+        try:
+            while child.conn.poll():
+                self._on_message(child, child.conn.recv())
+        except (EOFError, OSError):
+            self._on_child_exit(child)
+
+    def _on_message(self, child: EngineProcess, message: tuple[Any, ...]) -> None:
+        kind, job = message[0], child.job
+        if kind == "ready":
+            child.holder, child.pid = message[1], message[2]
+            event(self.log, "child_started", pid=child.pid, holder=child.holder)
+        elif job is None:
+            return
+        elif kind == "step":
+            self._on_step(child, job, *message[2:])
+        elif kind == "result":
+            seconds = round(time.monotonic() - child.claimed_at, 3)
+            self._log_outcome(message[1], released=bool(message[2]), seconds=seconds)
+        elif kind == "lease_lost":
+            self._log_lease_lost(job, message[2])
+        elif kind == "interrupted":
+            self._orphan(child, message[2], release=True)
+        elif kind == "error":
+            reason = f"{child.failure}; then {message[2]}" if child.failure else message[2]
+            self._orphan(child, reason, release=False, permanent=bool(message[3]))
+        if kind in ("result", "lease_lost"):
+            with self._lock:
+                child.assign(None)
+            if self._pending is None and self._deadline is None:
+                self._pending = "drain"
+
+    def _on_step(
+        self, child: EngineProcess, job: Job, step: str, outcome: str, seconds: float, detail: Any
+    ) -> None:
+        if outcome == "started":
+            with self._lock:
+                child.step = step
+            return
+        if outcome == "failed":
+            child.failure = f"{step}: {detail}"
+        level = logging.WARNING if outcome == "failed" else logging.INFO
+        event(
+            self.log,
+            f"step_{outcome}",
+            level,
+            job_id=job.id,
+            tenant_id=job.tenant_id,
+            step=step,
+            seconds=None if outcome == "skipped" else seconds,
+            detail=None if outcome == "done" else detail,
+        )
+
+    def _on_child_exit(self, child: EngineProcess) -> None:
+        with suppress(KeyError, ValueError):
+            self._selector.unregister(child.conn)
+        child.conn.close()
+        code = child.reap(5)
+        with self._lock:
+            self._children.remove(child)
+        event(
+            self.log,
+            "child_exited",
+            logging.WARNING,
+            pid=child.pid,
+            exit_code=code,
+            job_id=child.job.id if child.job else None,
+        )
+        if not child.ready:
+            raise ProvisionerError(
+                f"an engine process exited during start-up (exit code {code}); see above"
+            )
+        if child.job is not None:
+            reason = f"{child.step or 'step'}: the engine process exited (exit code {code})"
+            self._orphan(child, reason, release=self._deadline is not None, gone=True)
+        if self._deadline is None:
+            self._spawn()
+
+    def _orphan(
+        self,
+        child: EngineProcess,
+        reason: str,
+        *,
+        release: bool,
+        permanent: bool = False,
+        gone: bool = False,
+    ) -> None:
+        """Hand the child's job to the parent to settle; the child is free (or gone)."""
+        assert child.job is not None
+        orphan = Orphan(child.job, reason, release=release, permanent=permanent, child_gone=gone)
+        with self._lock:
+            self._orphans.append(orphan)
+            child.assign(None)
+
+    def _interrupt_busy(self, now: float) -> None:
+        """The drain timeout expired: interrupt running steps; kill a child that ignores it."""
+        for child in self._children:
+            if child.job is None:
+                continue
+            if child.interrupted_at is None:
+                event(
+                    self.log,
+                    "drain_timeout",
+                    logging.WARNING,
+                    **job_fields(child.job),
+                    step=child.step,
+                    pid=child.pid,
+                )
+                child.interrupt()
+            elif now - child.interrupted_at > INTERRUPT_GRACE_SECONDS:
+                child.process.kill()
+
+    # -- logging and heartbeat ---------------------------------------------------------------
+
+    def _log_outcome(self, job: Job, *, released: bool, seconds: float | None) -> None:
+        self.stats["done"] += 1
+        self.stats[logs.job_outcome(self.log, job, released=released, seconds=seconds)] += 1
+
+    def _log_lease_lost(self, job: Job, detail: str) -> None:
+        self.stats["lease_lost"] += 1
+        event(
+            self.log,
+            "lease_lost",
+            logging.WARNING,
+            **job_fields(job),
+            detail=detail,
+            message="another worker took the job over; nothing was recorded",
+        )
+
+    def snapshot(self) -> tuple[dict[str, Any], list[str]]:
+        """The heartbeat's detail, and the lease holders whose jobs it renews."""
+        with self._lock:
+            current = [
+                {**job_fields(c.job), "job_id": str(c.job.id), "step": c.step, "holder": c.holder}
+                for c in self._children
+                if c.job is not None
+            ]
+            holders = {c.holder for c in self._children if c.holder}
+            holders |= {o.job.locked_by for o in self._orphans if o.job.locked_by}
+        detail = {
+            "state": self.state,
+            "job_types": sorted(self.job_types),
+            "version": __version__,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "concurrency": self.options.concurrency,
+            "current_jobs": current,
+            "jobs_done": self.stats["done"],
+            "jobs_succeeded": self.stats["succeeded"],
+            "jobs_recovered": self.stats["recovered"],
+            "woke": dict(self.woke),
+            "last_woke": self.last_woke,
+            "storage": self.storage,
+        }
+        return detail, sorted(holders)

@@ -1,0 +1,337 @@
+"""``provisioner worker`` as a real process: refused starts, ``--once``, NOTIFY wake-ups and the
+polling backstop, heartbeats and ``health``, log lines, and the operator's view while it works."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from click.testing import CliRunner
+
+from provisioner import migrations, service
+from provisioner.cli import main
+from provisioner.db import sqlalchemy_url
+from provisioner.models import STEPS
+from provisioner.settings import Settings
+from tests.conftest import Database, run_cli, settings_env
+from tests.workers import (
+    Workers,
+    job_row,
+    running_workers,
+    tenant_row_locked,
+    wait_until,
+    waiting_on_lock,
+)
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    """Short heartbeats and lease, so liveness shows within a second or two."""
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=3.0)
+
+
+@pytest.fixture
+def workers(fast: Settings, tmp_path: Path) -> Iterator[Workers]:
+    with running_workers(fast, tmp_path) as started:
+        yield started
+
+
+def heartbeat(database: Database) -> dict:
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT detail FROM control.runtime_heartbeats WHERE component = 'provisioner-worker'"
+        ).fetchone()
+    assert row is not None, "no heartbeat row"
+    return row[0]
+
+
+# -- refused starts -----------------------------------------------------------------------------
+
+
+def downgrade_control_one_revision(database: Database) -> None:
+    engine = sa.create_engine(sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            command.downgrade(migrations.control_config(connection=connection), "-1")
+    finally:
+        engine.dispose()
+
+
+REFUSALS = {
+    "unsupported-job-type": (
+        {"PROVISIONER_WORKER_JOB_TYPES": "provision_tenant,reticulate_splines"},
+        [],
+        "unsupported job type(s) reticulate_splines",
+    ),
+    "job-type-without-handler": (
+        {},
+        ["--job-types", "provision_tenant,send_email"],
+        "no handler for job type(s) send_email",
+    ),
+    "no-owner-url": ({"MIGRATIONS_DATABASE_URL": ""}, [], "MIGRATIONS_DATABASE_URL is not set"),
+    "no-app-url": ({"APP_DATABASE_URL": ""}, [], "APP_DATABASE_URL is not set"),
+    "unknown-store-provider": (
+        {"OBJECT_STORE_PROVIDER": "gcs"},
+        [],
+        "OBJECT_STORE_PROVIDER='gcs' is not one of",
+    ),
+    "s3-without-bucket": ({"OBJECT_STORE_PROVIDER": "s3"}, [], "needs S3_BUCKET"),
+    "heartbeat-too-slow-for-lease": (
+        {},
+        ["--heartbeat", "5", "--stale-after", "6"],
+        "must be at most half of PROVISIONER_JOB_STALE_AFTER_SECONDS",
+    ),
+    "control-schema-not-at-head": ({}, [], "the control schema is not at head"),
+    "superuser-owner": ({}, [], "connects as a superuser"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_worker_refuses_to_start(
+    fast: Settings, database: Database, tmp_path: Path, case: str
+) -> None:
+    env_changes, flags, message = REFUSALS[case]
+    env = {**settings_env(fast), **env_changes}
+    if case == "control-schema-not-at-head":
+        downgrade_control_one_revision(database)
+    if case == "superuser-owner":
+        env["MIGRATIONS_DATABASE_URL"] = database.admin_url
+
+    # --once: were the refusal missing, the worker would drain an empty queue and return.
+    result = CliRunner().invoke(main, ["worker", "--once", *flags], env=env)
+
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    if case == "superuser-owner":
+        assert "--allow-superuser" in lines[0]
+    if case in ("no-owner-url", "no-app-url"):
+        assert "never falls back to the embedded local database" in lines[0]
+        assert not (fast.state_dir / "postgres").exists()
+    with database.owner() as conn:
+        beats = conn.execute("SELECT count(*) FROM control.runtime_heartbeats").fetchone()
+    assert beats == (0,)
+
+
+def test_superuser_owner_runs_with_allow_superuser_and_says_so(
+    database: Database, workers: Workers
+) -> None:
+    worker = workers.start(
+        "--once", "--allow-superuser", env={"MIGRATIONS_DATABASE_URL": database.admin_url}
+    )
+    assert worker.wait() == 0, worker.output()
+    warning = worker.wait_for("superuser_allowed")
+    assert warning["level"] == "warning" and "SUPERUSER" in warning["message"]
+    worker.wait_for("stopped")
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def test_once_drains_the_queue_then_exits_and_says_stopped(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    tenants = ["alpha", "bravo", "charlie"]
+    for tenant in tenants:
+        service.enqueue(fast, tenant)
+
+    worker = workers.start("--once", "--concurrency", "2")
+
+    assert worker.wait(120) == 0, worker.output()
+    for tenant in tenants:
+        row = job_row(database, tenant)
+        assert (row["status"], row["attempts"], row["progress"]) == ("succeeded", 1, 100)
+    claimed = worker.events("claimed")
+    assert sorted(e["tenant_id"] for e in claimed) == tenants
+    assert {e["woke"] for e in claimed} <= {"start", "drain"}
+    assert len({e["holder"] for e in worker.events("child_started")}) == 2
+    done = worker.events("step_done")
+    assert sorted((e["tenant_id"], e["step"]) for e in done) == sorted(
+        (t, s) for t in tenants for s in STEPS
+    )
+    assert all(isinstance(e["seconds"], float) for e in done)
+    assert sorted(e["tenant_id"] for e in worker.events("succeeded")) == tenants
+    assert worker.wait_for("stopped")["jobs_succeeded"] == 3
+
+    detail = heartbeat(database)
+    assert detail["state"] == "stopped" and detail["jobs_done"] == 3
+    health = run_cli(fast, "health", "--json")
+    assert health.returncode == 1
+    assert json.loads(health.stdout)["components"][0]["reason"] == "stopped cleanly"
+
+
+def test_idle_worker_wakes_on_notify_long_before_its_poll(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    worker = workers.start("--poll-interval", "60").idle()
+
+    service.enqueue(fast, "nimbus")
+
+    # Timeouts well under the 60 s poll: only the NOTIFY can have woken it in time.
+    claimed = worker.wait_for("claimed", 30, tenant_id="nimbus")
+    assert claimed["woke"] == "notify"
+    worker.wait_for("succeeded", 30, tenant_id="nimbus")
+    detail = wait_until(
+        lambda: (d := heartbeat(database))["woke"].get("notify") and d, 10, "a beat after it"
+    )
+    assert detail["last_woke"] == "notify" and detail["jobs_succeeded"] == 1
+    assert worker.stop() == 0
+
+
+def test_polling_picks_up_a_job_whose_notification_never_came(
+    database: Database, workers: Workers
+) -> None:
+    worker = workers.start("--poll-interval", "0.5").idle()
+    with database.owner() as conn:  # a job written by hand: no NOTIFY is ever sent
+        conn.execute(
+            "INSERT INTO control.tenants (tenant_id, schema_name) VALUES ('quiet', 'tenant_quiet')"
+        )
+        conn.execute(
+            "INSERT INTO control.platform_jobs (tenant_id, job_type, idempotency_key) "
+            "VALUES ('quiet', 'provision_tenant', 'provision:quiet')"
+        )
+
+    assert worker.wait_for("claimed", 30, tenant_id="quiet")["woke"] == "poll"
+    worker.wait_for("succeeded", 30, tenant_id="quiet")
+    assert worker.stop() == 0
+
+
+def test_health_follows_the_heartbeat(fast: Settings, workers: Workers) -> None:
+    worker = workers.start().idle()
+
+    ready = run_cli(fast, "health", "--json")
+    assert ready.returncode == 0, ready.stdout + ready.stderr
+    seen = json.loads(ready.stdout)["components"][0]
+    assert seen["reason"] == "ok" and seen["instance_id"].endswith(f":{worker.pid}")
+    detail = seen["detail"]
+    assert detail["job_types"] == ["provision_tenant"] and detail["state"] == "running"
+    assert detail["storage"]["ready"] is True and detail["storage"]["provider"] == "filesystem"
+    assert {"version", "current_jobs", "jobs_done", "jobs_recovered"} <= set(detail)
+
+    missing = run_cli(fast, "health", "--job-types", "provision_tenant,send_email")
+    assert missing.returncode == 1 and "does not advertise send_email" in missing.stdout
+
+    worker.send_group(19)  # SIGSTOP: no beat for more than three intervals
+    try:
+        stale = wait_until(
+            lambda: (r := run_cli(fast, "health")).returncode == 1 and r, 30, "a stale heartbeat"
+        )
+        assert "old (limit" in stale.stdout
+    finally:
+        worker.send_group(18)  # SIGCONT
+    wait_until(lambda: run_cli(fast, "health").returncode == 0, 30, "fresh beats again")
+
+    assert worker.stop() == 0
+    stopped = run_cli(fast, "health")
+    assert stopped.returncode == 1 and "stopped cleanly" in stopped.stdout
+
+
+def test_storage_down_at_start_is_reported_and_its_jobs_fail(
+    fast: Settings, database: Database, workers: Workers, tmp_path: Path
+) -> None:
+    service.enqueue(fast, "dusty")
+    missing = tmp_path / "no-such-bucket"
+    worker = workers.start("--once", env={"OBJECT_STORE_PATH": str(missing)})
+
+    assert worker.wait(120) == 0, worker.output()
+    warning = worker.wait_for("storage_not_ready")
+    assert warning["ready"] is False and "does not exist" in warning["error"]
+    storage = heartbeat(database)["storage"]
+    assert storage["ready"] is False and storage["provider"] == "filesystem"
+    assert "does not exist" in storage["error"]
+    failed = worker.wait_for("failed", tenant_id="dusty")
+    assert failed["error"].startswith("verify_object_storage:")
+    row = job_row(database, "dusty")
+    assert row["status"] == "failed" and row["steps_completed"] == list(STEPS[:4])
+
+
+def test_human_log_lines_never_carry_the_password(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    secret = "pw-9f3c-never-log-me"
+    env = {
+        "MIGRATIONS_DATABASE_URL": database.owner_url.replace("_owner@", f"_owner:{secret}@"),
+        "APP_DATABASE_URL": database.app_url.replace("app_rw@", f"app_rw:{secret}@"),
+    }
+    service.enqueue(fast, "quill")
+    worker = workers.start("--once", env=env, log_format="human")
+
+    assert worker.wait(120) == 0, worker.output()
+    output = worker.output()
+    assert secret not in output
+    lines = output.strip().splitlines()
+    pattern = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR)\s+\w+")
+    assert all(pattern.match(line) for line in lines), output
+    assert any(
+        " claimed " in line and "tenant_id=quill" in line and "woke=start" in line for line in lines
+    )
+    assert any(
+        " step_done " in line and "step=run_tenant_migrations seconds=" in line for line in lines
+    )
+    assert any(" succeeded " in line and "tenant_id=quill" in line for line in lines)
+
+
+def test_operator_sees_the_running_job_and_watches_it_finish(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    service.enqueue(fast, "vista")
+    with tenant_row_locked(database, "vista") as lock:
+        worker = workers.start()
+        running = wait_until(
+            lambda: (r := job_row(database, "vista"))["status"] == "running" and r, 60, "claim"
+        )
+        wait_until(lambda: waiting_on_lock(database, running["locked_by"]), 30, "mid-step")
+        current = wait_until(lambda: heartbeat(database)["current_jobs"], 10, "a beat")
+        assert [(j["tenant_id"], j["step"], j["holder"]) for j in current] == [
+            ("vista", "create_schema", running["locked_by"])
+        ]
+
+        listed = run_cli(fast, "jobs", "list")
+        line = next(ln for ln in listed.stdout.splitlines() if "vista" in ln)
+        assert "running" in line and running["locked_by"] in line
+        as_json = json.loads(run_cli(fast, "jobs", "list", "--json").stdout)
+        assert [(j["tenant_id"], j["status"], j["locked_by"]) for j in as_json] == [
+            ("vista", "running", running["locked_by"])
+        ]
+
+        watch = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "provisioner",
+                "status",
+                "vista",
+                "--watch",
+                "--interval",
+                "0.2",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=settings_env(fast),
+        )
+        assert watch.stdout is not None
+        first = watch.stdout.readline()
+        assert "running" in first
+        lock.commit()  # the step goes on
+        rest, errors = watch.communicate(timeout=60)
+    assert watch.returncode == 0, errors
+    last = rest.strip().splitlines()[-1]
+    assert "succeeded" in last and "100%" in last
+    assert worker.stop() == 0
+
+
+def test_bad_flag_values_are_refused_by_the_cli(fast: Settings) -> None:
+    result = CliRunner().invoke(
+        main, ["worker", "--once", "--concurrency", "0"], env=settings_env(fast)
+    )
+    assert result.exit_code == 2 and "--concurrency" in result.output

@@ -146,6 +146,7 @@ class Workers:
         return worker
 
     def cleanup(self) -> None:
+        """Kill what still runs: the worker's own process group (it and its children)."""
         for worker in self.started:
             if worker.proc.poll() is None:
                 with suppress(ProcessLookupError):
@@ -153,10 +154,6 @@ class Workers:
                     os.killpg(worker.pid, signal.SIGKILL)
             with suppress(subprocess.TimeoutExpired):
                 worker.proc.wait(10)
-            # the children, killed by the kernel with their parent, may take a moment
-            for pid in worker.child_pids():
-                with suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -220,14 +221,14 @@ def test_health_follows_the_heartbeat(fast: Settings, workers: Workers) -> None:
     missing = run_cli(fast, "health", "--job-types", "provision_tenant,send_email")
     assert missing.returncode == 1 and "does not advertise send_email" in missing.stdout
 
-    worker.send_group(19)  # SIGSTOP: no beat for more than three intervals
+    worker.send_group(signal.SIGSTOP)  # no beat for more than three intervals
     try:
         stale = wait_until(
             lambda: (r := run_cli(fast, "health")).returncode == 1 and r, 30, "a stale heartbeat"
         )
         assert "old (limit" in stale.stdout
     finally:
-        worker.send_group(18)  # SIGCONT
+        worker.send_group(signal.SIGCONT)
     wait_until(lambda: run_cli(fast, "health").returncode == 0, 30, "fresh beats again")
 
     assert worker.stop() == 0

@@ -71,10 +71,11 @@ def migrate(settings: Settings) -> tuple[str | None, str | None]:
 
 
 def require_control_at_head(settings: Settings) -> None:
-    with app_connection(settings) as conn:
+    """Refuse to work on a control schema older (or newer) than this release's tree."""
+    with closing(db.connect(settings.owner_url)) as conn, db.translated():
         if not migrations.control_at_head(conn):
             raise ConfigurationError(
-                "the control schema is not at head: run `provisioner migrate` first"
+                "the control schema is not at this release's head: run `provisioner migrate`"
             )
 
 
@@ -107,6 +108,7 @@ def provision(
     """
     tenant = TenantId(tenant_id)
     store = store_from_settings(settings)
+    require_control_at_head(settings)
     holder = holder or holder_id("cli")
     with Engine(
         settings.owner_url,

@@ -285,3 +285,17 @@ def test_cli_refuses_bad_tenant_ids_creating_nothing(
     assert child.returncode == 2
     assert child.stderr.count("\n") == 1 and "tenant ids" in child.stderr
     assert census() == before
+
+
+def test_provision_refuses_a_control_schema_not_at_head(
+    settings: Settings, database: Database
+) -> None:
+    with database.owner() as conn:
+        conn.execute("UPDATE control.alembic_version SET version_num = '20260727_c003'")
+    out = run_cli(settings, "provision", "acme")
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "error: the control schema is not at this release's head: run `provisioner migrate`"
+    )
+    with database.owner() as conn:
+        assert conn.execute("SELECT count(*) FROM control.platform_jobs").fetchone() == (0,)

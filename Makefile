@@ -34,6 +34,7 @@ lint: $(STAMP)
 # Starts its own PostgreSQL (unless DATABASE_URL names a superuser URL), moto and Azurite.
 test: $(STAMP) $(AZURITE)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest
 
 bench: $(STAMP)

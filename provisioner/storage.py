@@ -168,7 +168,8 @@ class S3Store:
             )
         except (ValueError, botocore.exceptions.BotoCoreError) as exc:
             # An endpoint URL botocore cannot use, or a broken AWS profile/config file.
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 f"the S3 client cannot be built ({type(exc).__name__}); fix S3_ENDPOINT_URL, "
                 "AWS_REGION or the AWS profile",
@@ -182,14 +183,16 @@ class S3Store:
             botocore.exceptions.NoCredentialsError,
             botocore.exceptions.PartialCredentialsError,
         ) as exc:
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 "no usable AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "(or AWS_PROFILE / an instance role)",
                 exc,
             )
         except botocore.exceptions.ParamValidationError as exc:
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 "is not a valid bucket name; fix S3_BUCKET",
                 exc,
@@ -198,7 +201,8 @@ class S3Store:
             botocore.exceptions.ConnectTimeoutError,
             botocore.exceptions.ReadTimeoutError,
         ) as exc:
-            self._fail(
+            _fail(
+                self,
                 StorageUnavailable,
                 f"timed out ({type(exc).__name__}); check S3_ENDPOINT_URL and the network, "
                 "the job will be retried",
@@ -207,7 +211,8 @@ class S3Store:
         except botocore.exceptions.BotoCoreError as exc:
             # EndpointConnectionError, ConnectionClosedError, SSL and proxy errors, and
             # anything botocore adds later: the endpoint did not give an answer.
-            self._fail(
+            _fail(
+                self,
                 StorageUnavailable,
                 f"is unreachable ({type(exc).__name__}); check S3_ENDPOINT_URL and the network, "
                 "the job will be retried",
@@ -222,43 +227,40 @@ class S3Store:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         label = f"{code} / HTTP {status}" if status and str(status) != code else code
         if code in _S3_MISSING or status == 404:
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 f"does not exist ({label}): create the bucket or fix S3_BUCKET",
                 exc,
             )
         if code in _S3_DENIED or status in (401, 403):
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 f"access denied ({label}): the AWS credentials are wrong or lack s3:ListBucket "
                 "on this bucket; fix AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the IAM policy",
                 exc,
             )
         if code in _S3_TRANSIENT or (isinstance(status, int) and status >= 500):
-            self._fail(
+            _fail(
+                self,
                 StorageUnavailable,
                 f"answered {label} (throttled or failing); the job will be retried",
                 exc,
             )
         if code in _S3_WRONG_REGION:
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 f"lives in another region ({label}): set AWS_REGION to the bucket's region",
                 exc,
             )
-        self._fail(
+        _fail(
+            self,
             StorageMisconfigured,
             f"was refused ({label}); check S3_BUCKET, S3_ENDPOINT_URL and the AWS credentials",
             exc,
         )
-
-    def _fail(
-        self,
-        kind: type[StorageMisconfigured | StorageUnavailable],
-        what: str,
-        exc: BaseException,
-    ) -> NoReturn:
-        raise kind(redact(f"{self.describe()} {what}")) from exc
 
 
 @dataclass(frozen=True)
@@ -324,7 +326,8 @@ class AzureBlobStore:
         try:
             client = self._client()
         except (ValueError, AzureError) as exc:
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 "cannot be addressed: the connection string or account URL is malformed; fix "
                 "AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_URL",
@@ -334,7 +337,8 @@ class AzureBlobStore:
             with client:
                 client.get_container_properties()
         except ResourceNotFoundError as exc:
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 f"does not exist ({_azure_label(exc)}): create the container or fix "
                 "AZURE_STORAGE_CONTAINER",
@@ -343,7 +347,8 @@ class AzureBlobStore:
         except ClientAuthenticationError as exc:
             if exc.status_code is None:
                 # Raised before sending: the SDK could not sign with this key.
-                self._fail(
+                _fail(
+                    self,
                     StorageMisconfigured,
                     "cannot be signed: the account key is malformed (not base64); fix "
                     f"AZURE_STORAGE_CONNECTION_STRING or {AZURE_CREDENTIAL_ENV}",
@@ -351,7 +356,8 @@ class AzureBlobStore:
                 )
             self._denied(exc)
         except (ServiceRequestTimeoutError, ServiceResponseTimeoutError) as exc:
-            self._fail(
+            _fail(
+                self,
                 StorageUnavailable,
                 f"timed out ({type(exc).__name__}); check the account URL and the network, "
                 "the job will be retried",
@@ -359,7 +365,8 @@ class AzureBlobStore:
             )
         except (ServiceRequestError, ServiceResponseError) as exc:
             # Connection refused, DNS failure, connection reset.
-            self._fail(
+            _fail(
+                self,
                 StorageUnavailable,
                 f"is unreachable ({type(exc).__name__}); check the account URL and the "
                 "network, the job will be retried",
@@ -370,26 +377,30 @@ class AzureBlobStore:
             if status in (401, 403):
                 self._denied(exc)
             if status is not None and (status >= 500 or status in (408, 429)):
-                self._fail(
+                _fail(
+                    self,
                     StorageUnavailable,
                     f"answered {_azure_label(exc)} (throttled or failing); the job will be retried",
                     exc,
                 )
-            self._fail(
+            _fail(
+                self,
                 StorageMisconfigured,
                 f"was refused ({_azure_label(exc)}); check AZURE_STORAGE_CONTAINER and the "
                 "account settings",
                 exc,
             )
         except AzureError as exc:
-            self._fail(
+            _fail(
+                self,
                 StorageUnavailable,
                 f"could not be checked ({type(exc).__name__}); the job will be retried",
                 exc,
             )
 
     def _denied(self, exc: HttpResponseError) -> NoReturn:
-        self._fail(
+        _fail(
+            self,
             StorageMisconfigured,
             f"access denied ({_azure_label(exc)}): the account key or SAS token is wrong, "
             "expired or lacks read permission; fix AZURE_STORAGE_CONNECTION_STRING or "
@@ -397,13 +408,15 @@ class AzureBlobStore:
             exc,
         )
 
-    def _fail(
-        self,
-        kind: type[StorageMisconfigured | StorageUnavailable],
-        what: str,
-        exc: BaseException,
-    ) -> NoReturn:
-        raise kind(redact(f"{self.describe()} {what}")) from exc
+
+def _fail(
+    store: ObjectStore,
+    kind: type[StorageMisconfigured | StorageUnavailable],
+    what: str,
+    exc: BaseException,
+) -> NoReturn:
+    """Raise ``kind`` with one secret-free line: the store, then what went wrong."""
+    raise kind(redact(f"{store.describe()} {what}")) from exc
 
 
 def _azure_label(exc: Exception) -> str:

@@ -1,11 +1,15 @@
-"""The only importer of Alembic: upgrade the control schema or one tenant schema, check heads.
+"""The only importer of Alembic: upgrade the control schema or one tenant schema, check heads,
+and capture the tenant tree's offline SQL (what the template fast path replays).
 
 Alembic keeps module-level state (``alembic.context``, ``alembic.op``) and is not thread-safe:
-run at most one migration at a time per process. The worker gets concurrency from processes.
+run at most one migration (online or offline) at a time per process. The worker gets
+concurrency from processes.
 """
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -35,9 +39,16 @@ def control_config(**attributes: Any) -> Config:
     return config
 
 
-def tenant_config(schema: str, **attributes: Any) -> Config:
-    config = Config(str(_tree("provisioner.tenant_template") / "alembic.ini"))
-    config.set_main_option("script_location", str(_tree("provisioner.tenant_template")))
+def tenant_tree() -> Path:
+    """The folder of the ``tenant_template`` Alembic tree shipped with the package."""
+    return _tree("provisioner.tenant_template")
+
+
+def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -> Config:
+    """Alembic config for one tenant schema; ``tree`` points at another copy of the tree."""
+    tree = tree or tenant_tree()
+    config = Config(str(tree / "alembic.ini"))
+    config.set_main_option("script_location", str(tree))
     config.attributes.update(attributes, tenant_schema=schema)
     return config
 
@@ -47,9 +58,62 @@ def control_heads() -> frozenset[str]:
     return frozenset(ScriptDirectory.from_config(control_config()).get_heads())
 
 
+@dataclass(frozen=True)
+class TreeState:
+    """What a tenant tree holds right now: a digest of its files and its heads."""
+
+    digest: str
+    heads: frozenset[str]
+
+    @property
+    def head_label(self) -> str:
+        return ",".join(sorted(self.heads))
+
+
+def _tree_files(tree: Path) -> list[Path]:
+    return [tree / "env.py", *sorted((tree / "versions").glob("*.py"))]
+
+
+def tree_digest(tree: Path | None = None) -> str:
+    """SHA-256 over the tree's ``env.py`` and revision files (names and bytes).
+
+    Computed again whenever a file's size, mtime or inode changed (one ``stat`` per file, so
+    callers ask at every use rather than trust a memo): a tree replaced under a running process
+    shows up at once.
+    """
+    tree = tree or tenant_tree()
+    paths = _tree_files(tree)
+    signature = tuple(
+        (path.name, st.st_size, st.st_mtime_ns, st.st_ino)
+        for path, st in ((path, path.stat()) for path in paths)
+    )
+    return _digest(tree, signature)
+
+
 @cache
+def _digest(tree: Path, signature: tuple[tuple[str, int, int, int], ...]) -> str:
+    digest = hashlib.sha256()
+    for path in _tree_files(tree):
+        digest.update(path.relative_to(tree).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@cache
+def _heads_of(tree: Path, digest: str) -> frozenset[str]:
+    # Keyed by digest: the heads are read again only when the files changed.
+    return frozenset(ScriptDirectory.from_config(tenant_config("tenant_x", tree=tree)).get_heads())
+
+
+def tenant_tree_state(tree: Path | None = None) -> TreeState:
+    tree = tree or tenant_tree()
+    digest = tree_digest(tree)
+    return TreeState(digest=digest, heads=_heads_of(tree, digest))
+
+
 def tenant_heads() -> frozenset[str]:
-    return frozenset(ScriptDirectory.from_config(tenant_config("tenant_x")).get_heads())
+    """The tenant tree's heads as the files on disk say now."""
+    return tenant_tree_state().heads
 
 
 def upgrade_control(owner_url: str, app_role: str = "app_rw") -> tuple[str | None, str | None]:
@@ -78,11 +142,41 @@ def upgrade_tenant(connection: sa.Connection, schema: str) -> None:
     command.upgrade(tenant_config(schema, connection=connection), "head")
 
 
+class _StatementRecorder:
+    """An output buffer for Alembic's offline mode that keeps each statement apart.
+
+    Offline mode writes every statement (or comment) with one ``write`` call, so the
+    boundaries come from Alembic itself rather than from splitting text on semicolons.
+    """
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.statements.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+
+def tenant_offline_sql(schema: str, *, tree: Path | None = None) -> list[str]:
+    """The statements ``upgrade head --sql`` emits for ``schema`` (never connects), in order,
+    each as Alembic wrote it (comments and ``BEGIN``/``COMMIT`` included)."""
+    recorder = _StatementRecorder()
+    config = tenant_config(schema, tree=tree)
+    config.output_buffer = recorder  # type: ignore[assignment]
+    command.upgrade(config, "head", sql=True)
+    return [text.strip() for text in recorder.statements if text.strip()]
+
+
 def _versions(pg_conn: Any, schema: str) -> frozenset[str] | None:
     """Revisions recorded in ``<schema>.alembic_version``; None if the table is missing."""
     with pg_conn.cursor(row_factory=tuple_row) as cur:
+        # One catalog lookup by (name, schema), whatever the number of schemas.
         cur.execute(
-            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'alembic_version'",
+            "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = 'alembic_version' AND c.relkind IN ('r', 'p')",
             (schema,),
         )
         if cur.fetchone() is None:

@@ -3,6 +3,12 @@
 Tables themselves are created only by the ``tenant_template`` Alembic tree; this module creates
 the schema, grants, seeds, and reads the catalog. Every identifier goes through
 ``psycopg.sql.Identifier``.
+
+Catalog reads stay flat as the database grows to thousands of tenant schemas: ``pg_class`` has
+no index on ``relnamespace``, so a query that joins it to ``pg_namespace`` by schema name scans
+every relation of every tenant. The schema's relations are found instead through ``pg_depend``
+(indexed by the referenced object: every table, sequence and view records a dependency on its
+schema), and their indexes, columns and constraints through indexes on the relation's oid.
 """
 
 from __future__ import annotations
@@ -45,25 +51,48 @@ SCHEMA_OWNER = """
 SELECT pg_get_userbyid(nspowner) AS owner FROM pg_namespace WHERE nspname = %(schema)s
 """
 
+# The relations (tables, sequences, views) of one schema, through the schema's pg_depend
+# entries: an index lookup, where a join on pg_class.relnamespace scans every relation.
+SCHEMA_RELATIONS_CTE = """
+WITH rels AS (
+    SELECT c.oid, c.relname, c.relkind, c.relacl, n.oid AS nsp
+      FROM pg_namespace n
+      JOIN pg_depend d ON d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid
+                      AND d.classid = 'pg_class'::regclass AND d.objsubid = 0
+      JOIN pg_class c ON c.oid = d.objid AND c.relnamespace = n.oid
+     WHERE n.nspname = %(schema)s
+)
+"""
+
 # Tables and sequences of one schema, by name, for named grants and checks.
-RELATIONS = """
-SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'S') ORDER BY c.relname
+RELATIONS = (
+    SCHEMA_RELATIONS_CTE
+    + "SELECT relname, relkind FROM rels WHERE relkind IN ('r', 'p', 'S') ORDER BY relname"
+)
+
+# How many objects of any kind (relations, types, functions...) live in the schema; no row
+# when the schema does not exist.
+SCHEMA_OBJECT_COUNT = """
+SELECT (SELECT count(*) FROM pg_depend d
+         WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid) AS objects
+  FROM pg_namespace n WHERE n.nspname = %(schema)s
 """
 
-# Tables of the schema on which the role lacks any of the DML privileges.
-MISSING_TABLE_PRIVILEGES = """
-SELECT c.relname, p.privilege FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- CROSS JOIN unnest(%(privileges)s::text[]) AS p(privilege)
- WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
-   AND NOT has_table_privilege(%(role)s, c.oid, p.privilege)
- ORDER BY 1, 2
+# In one round trip: the schema's privileges for the role, and every (table, privilege) pair
+# of the DML privileges the role lacks, checked with has_table_privilege on each table.
+APP_ROLE_PRIVILEGES = (
+    SCHEMA_RELATIONS_CTE
+    + """
+SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
+       has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
+       ARRAY(SELECT r.relname || ': ' || p.privilege
+               FROM rels r CROSS JOIN unnest(%(privileges)s::text[]) AS p(privilege)
+              WHERE r.relkind IN ('r', 'p')
+                AND NOT has_table_privilege(%(role)s, r.oid, p.privilege)
+              ORDER BY r.relname, p.privilege) AS missing
+  FROM pg_namespace n WHERE n.nspname = %(schema)s
 """
-
-SCHEMA_PRIVILEGES = """
-SELECT has_schema_privilege(%(role)s, %(schema)s, 'USAGE') AS usage,
-       has_schema_privilege(%(role)s, %(schema)s, 'CREATE') AS can_create
-"""
+)
 
 SEED_ROLE_PROFILE = """
 INSERT INTO {schema}.role_profiles (key, name, permissions, is_default)
@@ -122,12 +151,21 @@ def relations(conn: Conn, schema: str) -> tuple[list[str], list[str]]:
     return tables, sequences
 
 
+def object_count(conn: Conn, schema: str) -> int | None:
+    """How many objects live in the schema (0: empty); None when it does not exist."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(SCHEMA_OBJECT_COUNT, {"schema": schema})
+        row = cur.fetchone()
+    return None if row is None else int(row[0])
+
+
 def grant_app_role(conn: Conn, schema: str, app_role: str) -> None:
     """USAGE on the schema, DML on its tables, USAGE/SELECT on its sequences, and default
     privileges so tables a later migration creates are covered too. Never CREATE.
 
     Grants name each table rather than ``ON ALL TABLES IN SCHEMA``, whose cost grows with the
-    number of tables in the whole database.
+    number of tables in the whole database. The statements go in one round trip, and the check
+    that follows (every table, every privilege, with ``has_table_privilege``) in one more.
     """
     schema_id, role_id = sql.Identifier(schema), sql.Identifier(app_role)
     tables, sequences = relations(conn, schema)
@@ -156,24 +194,22 @@ def grant_app_role(conn: Conn, schema: str, app_role: str) -> None:
             )
         )
     with conn.cursor() as cur:
-        for statement in statements:
-            cur.execute(statement)
+        # No parameters: psycopg sends the statements as one simple query.
+        cur.execute(sql.SQL("; ").join(statements))
     verify_app_grants(conn, schema, app_role)
 
 
 def missing_app_grants(conn: Conn, schema: str, app_role: str) -> list[str]:
     """What the application role lacks in the schema, e.g. ``['members: DELETE']``."""
-    if schema_owner(conn, schema) is None:
-        return [f"schema {schema}: does not exist"]
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(SCHEMA_PRIVILEGES, {"role": app_role, "schema": schema})
-        schema_row = cur.fetchone()
         cur.execute(
-            MISSING_TABLE_PRIVILEGES,
+            APP_ROLE_PRIVILEGES,
             {"role": app_role, "schema": schema, "privileges": list(TABLE_PRIVILEGES)},
         )
-        missing = [f"{row['relname']}: {row['privilege']}" for row in cur.fetchall()]
-    assert schema_row is not None
+        schema_row = cur.fetchone()
+    if schema_row is None:
+        return [f"schema {schema}: does not exist"]
+    missing = list(schema_row["missing"])
     if not schema_row["usage"]:
         missing.insert(0, f"schema {schema}: USAGE")
     if schema_row["can_create"]:
@@ -213,57 +249,82 @@ def role_profiles_seeded(conn: Conn, schema: str) -> bool:
 
 # -- catalog fingerprint --------------------------------------------------------------------------
 
-FINGERPRINT_QUERIES: dict[str, str] = {
-    "relations": """
-        SELECT c.relname, c.relkind::text, coalesce(c.relacl::text, '') FROM pg_class c
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'i')
-         ORDER BY 1""",
-    "columns": """
-        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
-               coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity::text
-          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-         WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p') AND a.attnum > 0
-           AND NOT a.attisdropped
-         ORDER BY 1, a.attnum""",
-    "indexes": """
-        SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(schema)s ORDER BY 1""",
-    "constraints": """
-        SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k
-          JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = k.connamespace
-         WHERE n.nspname = %(schema)s ORDER BY 1, 2""",
-    "schema": """
-        SELECT pg_get_userbyid(nspowner), coalesce(nspacl::text, '') FROM pg_namespace
-         WHERE nspname = %(schema)s""",
-    "default_privileges": """
-        SELECT pg_get_userbyid(d.defaclrole), d.defaclobjtype::text, d.defaclacl::text
-          FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.defaclnamespace
-         WHERE n.nspname = %(schema)s ORDER BY 1, 2""",
-}
+# The schema's shape in ONE statement (one plan, one round trip), each section a JSON array of
+# rows in a fixed order. Every lookup goes by oid through the schema's pg_depend entries.
+FINGERPRINT = (
+    SCHEMA_RELATIONS_CTE
+    + """
+, idx AS (
+    SELECT t.relkind AS table_kind, i.oid, i.relname, i.relkind, i.relacl
+      FROM rels t JOIN pg_index x ON x.indrelid = t.oid JOIN pg_class i ON i.oid = x.indexrelid
+)
+SELECT
+  -- tables, sequences, views and indexes, with their ACLs
+  (SELECT coalesce(json_agg(json_build_array(relname, kind, acl) ORDER BY relname), '[]')
+     FROM (SELECT relname, relkind::text AS kind, coalesce(relacl::text, '') AS acl
+             FROM rels WHERE relkind IN ('r', 'p', 'S', 'v', 'm')
+           UNION ALL
+           SELECT relname, relkind::text, coalesce(relacl::text, '')
+             FROM idx WHERE relkind = 'i') s) AS relations,
+  -- columns of the tables, in column order
+  (SELECT coalesce(json_agg(json_build_array(
+              c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+              coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity::text)
+            ORDER BY c.relname, a.attnum), '[]')
+     FROM rels c JOIN pg_attribute a ON a.attrelid = c.oid
+     LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped) AS columns,
+  -- what pg_indexes shows: index name and definition
+  (SELECT coalesce(json_agg(json_build_array(relname, pg_get_indexdef(oid)) ORDER BY relname),
+                   '[]')
+     FROM idx WHERE table_kind IN ('r', 'm', 'p') AND relkind IN ('i', 'I')) AS indexes,
+  (SELECT coalesce(json_agg(json_build_array(c.relname, k.conname, pg_get_constraintdef(k.oid))
+                            ORDER BY c.relname, k.conname), '[]')
+     FROM rels c JOIN pg_constraint k ON k.conrelid = c.oid AND k.connamespace = c.nsp)
+    AS constraints,
+  (SELECT coalesce(json_agg(json_build_array(pg_get_userbyid(nspowner),
+                                             coalesce(nspacl::text, ''))), '[]')
+     FROM pg_namespace WHERE nspname = %(schema)s) AS schema,
+  -- role by role: pg_default_acl is indexed by (role, schema, type), not by schema
+  (SELECT coalesce(json_agg(json_build_array(r.rolname::text, d.defaclobjtype::text,
+                                             d.defaclacl::text)
+                            ORDER BY r.rolname, d.defaclobjtype), '[]')
+     FROM pg_namespace n CROSS JOIN pg_roles r
+     JOIN pg_default_acl d ON d.defaclrole = r.oid AND d.defaclnamespace = n.oid
+    WHERE n.nspname = %(schema)s) AS default_privileges
+"""
+)
+
+FINGERPRINT_SECTIONS = (
+    "relations",
+    "columns",
+    "indexes",
+    "constraints",
+    "schema",
+    "default_privileges",
+)
 
 
 def fingerprint(conn: Conn, schema: str) -> dict[str, list[tuple[Any, ...]]]:
     """The schema's shape, with its own name abstracted: tables, columns, indexes,
     constraints, grants, default privileges and alembic version. Two tenants built the same way
-    have equal fingerprints."""
-    out: dict[str, list[tuple[Any, ...]]] = {}
-    with conn.cursor(row_factory=tuple_row) as cur:
-        for name, query in FINGERPRINT_QUERIES.items():
-            cur.execute(query, {"schema": schema})
-            out[name] = [
-                tuple(v.replace(f"{schema}.", "<tenant>.") if isinstance(v, str) else v
-                      for v in row)
-                for row in cur.fetchall()
-            ]
-    tables = {row[0] for row in out["relations"]}
+    have equal fingerprints. Two round trips, whatever the size of the database."""
+
+    def abstract(row: list[Any]) -> tuple[Any, ...]:
+        return tuple(v.replace(f"{schema}.", "<tenant>.") if isinstance(v, str) else v for v in row)
+
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(FINGERPRINT, {"schema": schema})
+        found = cur.fetchone()
+    assert found is not None
+    out = {name: [abstract(row) for row in found[name]] for name in FINGERPRINT_SECTIONS}
+    tables = {row[0] for row in out["relations"] if row[1] in ("r", "p")}
     if "alembic_version" in tables:
-        with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(
+        with conn.cursor(row_factory=tuple_row) as versions:
+            versions.execute(
                 sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))
             )
-            out["alembic_version"] = sorted(cur.fetchall())
+            out["alembic_version"] = sorted(versions.fetchall())
     else:
         out["alembic_version"] = []
     return out

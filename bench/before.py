@@ -1,0 +1,98 @@
+"""The catalog code as it was before the fast-path work (commit 3a2fc5e), kept here only so a
+benchmark run can measure, in the same run, what replacing it bought. Not used by the package.
+
+* the fingerprint: six queries joining ``pg_class.relnamespace`` (or ``pg_indexes``) by schema
+  name, one round trip each;
+* the grant step: the relations by the same kind of join, one round trip per statement, then a
+  three-query check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+FINGERPRINT_QUERIES = (
+    """SELECT c.relname, c.relkind::text, coalesce(c.relacl::text, '') FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'i') ORDER BY 1""",
+    """SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+              coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity::text
+         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p') AND a.attnum > 0
+          AND NOT a.attisdropped ORDER BY 1, a.attnum""",
+    "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(schema)s ORDER BY 1",
+    """SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k
+         JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = k.connamespace
+        WHERE n.nspname = %(schema)s ORDER BY 1, 2""",
+    """SELECT pg_get_userbyid(nspowner), coalesce(nspacl::text, '') FROM pg_namespace
+        WHERE nspname = %(schema)s""",
+    """SELECT pg_get_userbyid(d.defaclrole), d.defaclobjtype::text, d.defaclacl::text
+         FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.defaclnamespace
+        WHERE n.nspname = %(schema)s ORDER BY 1, 2""",
+)
+
+RELATIONS = """
+SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'S') ORDER BY c.relname
+"""
+
+SCHEMA_OWNER = "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = %(schema)s"
+
+SCHEMA_PRIVILEGES = """
+SELECT has_schema_privilege(%(role)s, %(schema)s, 'USAGE'),
+       has_schema_privilege(%(role)s, %(schema)s, 'CREATE')
+"""
+
+MISSING_TABLE_PRIVILEGES = """
+SELECT c.relname, p.privilege FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ CROSS JOIN unnest(%(privileges)s::text[]) AS p(privilege)
+ WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
+   AND NOT has_table_privilege(%(role)s, c.oid, p.privilege)
+ ORDER BY 1, 2
+"""
+
+
+def fingerprint(conn: psycopg.Connection[Any], schema: str) -> None:
+    for query in FINGERPRINT_QUERIES:
+        conn.execute(query, {"schema": schema}).fetchall()
+
+
+def grant_app_role(conn: psycopg.Connection[Any], schema: str, role: str) -> None:
+    rows = conn.execute(RELATIONS, {"schema": schema}).fetchall()
+    tables = [name for name, kind in rows if kind in ("r", "p")]
+    sequences = [name for name, kind in rows if kind == "S"]
+    schema_id, role_id = sql.Identifier(schema), sql.Identifier(role)
+    statements = [
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema_id, role_id),
+        sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema_id, role_id),
+        sql.SQL(
+            "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
+        ).format(schema_id, role_id),
+        sql.SQL(
+            "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
+            "GRANT USAGE, SELECT ON SEQUENCES TO {}"
+        ).format(schema_id, role_id),
+        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(
+            sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables), role_id
+        ),
+        sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
+            sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences), role_id
+        ),
+    ]
+    for statement in statements:
+        conn.execute(statement)
+    params = {
+        "schema": schema,
+        "role": role,
+        "privileges": ["SELECT", "INSERT", "UPDATE", "DELETE"],
+    }
+    conn.execute(SCHEMA_OWNER, params).fetchone()
+    conn.execute(SCHEMA_PRIVILEGES, params).fetchone()
+    missing = conn.execute(MISSING_TABLE_PRIVILEGES, params).fetchall()
+    assert not missing, missing

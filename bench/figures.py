@@ -1,0 +1,109 @@
+"""What a benchmark run measures: figures (repeated samples, a baseline to divide by), goals,
+and the notes that go with them.
+
+Absolute times drift on a shared machine; a ratio to a baseline measured in the same run holds.
+Every figure therefore names its baseline, and the table prints ``median / baseline median``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of the samples."""
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class Figure:
+    key: str
+    label: str
+    unit: str  # 'ms' or 'tenants/min'
+    samples: list[float]
+    baseline: str | None = None  # key of the figure this one is divided by
+    note: str = ""
+    percentiles: bool = False  # print p50/p99 as well
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def low(self) -> float:
+        return min(self.samples)
+
+    @property
+    def high(self) -> float:
+        return max(self.samples)
+
+    def p(self, q: float) -> float:
+        return percentile(self.samples, q)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "label": self.label,
+            "unit": self.unit,
+            "n": len(self.samples),
+            "median": round(self.median, 3),
+            "min": round(self.low, 3),
+            "max": round(self.high, 3),
+            "baseline": self.baseline,
+            "note": self.note,
+        }
+        if self.percentiles:
+            out["p50"] = round(self.p(50), 3)
+            out["p99"] = round(self.p(99), 3)
+        return out
+
+
+@dataclass
+class Goal:
+    name: str
+    target: str
+    measured: str
+    met: bool | None  # None: not measured in this run
+    comment: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "target": self.target,
+            "measured": self.measured,
+            "met": self.met,
+            "comment": self.comment,
+        }
+
+
+@dataclass
+class Results:
+    figures: dict[str, Figure] = field(default_factory=dict)
+    goals: list[Goal] = field(default_factory=list)
+    #: Named blocks of text printed after the table (EXPLAIN output, step breakdowns).
+    notes: dict[str, str] = field(default_factory=dict)
+    #: Scenario data that is not a figure (per-block scale table, step breakdowns).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, figure: Figure) -> Figure:
+        self.figures[figure.key] = figure
+        return figure
+
+    def ratio(self, key: str) -> float | None:
+        figure = self.figures.get(key)
+        if figure is None or figure.baseline is None or figure.baseline not in self.figures:
+            return None
+        return figure.median / self.figures[figure.baseline].median
+
+
+def timed_ms(action: Callable[[], object]) -> float:
+    """Wall time of one call, in milliseconds."""
+    started = time.perf_counter()
+    action()
+    return (time.perf_counter() - started) * 1000

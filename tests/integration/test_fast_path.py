@@ -1,0 +1,308 @@
+"""The verified fast path of ``run_tenant_migrations`` (template replay) and its fallbacks, on a
+real database: stale template, fingerprint mismatch, replay error, identical schemas either way,
+and a template-built tenant that Alembic then upgrades normally."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from alembic import command
+
+from provisioner import db, migrations, service, tenant_schema, tenant_template_cache
+from provisioner.models import JobStatus
+from provisioner.settings import Settings
+from provisioner.tenant_template_cache import PROCESS_CACHE, Template, TemplateCache
+from tests.conftest import Database
+
+HEAD = ",".join(sorted(migrations.tenant_heads()))
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache() -> Iterator[None]:
+    PROCESS_CACHE.clear()
+    yield
+    PROCESS_CACHE.clear()
+
+
+def migration_detail(database: Database, tenant: str) -> str:
+    """What the last run of the tenant's migration step recorded."""
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT detail FROM control.job_step_runs WHERE tenant_id = %s "
+            "AND step = 'run_tenant_migrations' AND outcome = 'succeeded' ORDER BY id DESC",
+            (tenant,),
+        ).fetchone()
+    assert row is not None, f"no migration step recorded for {tenant}"
+    return str(row[0])
+
+
+def provision(settings: Settings, tenant: str) -> None:
+    result = service.provision(settings, tenant)
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error_detail
+
+
+def fingerprint(database: Database, schema: str) -> dict:
+    with database.owner() as conn:
+        return tenant_schema.fingerprint(conn, schema)
+
+
+def test_first_tenant_runs_alembic_and_the_next_replays_the_template(
+    settings: Settings, database: Database
+) -> None:
+    provision(settings, "one")
+    assert migration_detail(database, "one") == (
+        "path=alembic (fallback: no reference schema yet for this tree and database: "
+        f"this one becomes it) head={HEAD}"
+    )
+    provision(settings, "two")
+    provision(settings, "three")
+    assert migration_detail(database, "two") == f"path=template head={HEAD}"
+    assert migration_detail(database, "three") == f"path=template head={HEAD}"
+    # Both paths, then grants and seeds on top: the same schema, grants included.
+    alembic_built = fingerprint(database, "tenant_one")
+    assert fingerprint(database, "tenant_two") == alembic_built
+    assert fingerprint(database, "tenant_three") == alembic_built
+    assert alembic_built["alembic_version"] == [(HEAD,)]
+    with database.app() as conn:  # and the application role can use it
+        conn.execute(
+            "INSERT INTO tenant_two.members (email, role_profile_id) "
+            "SELECT 'a@example.com', id FROM tenant_two.role_profiles WHERE key = 'owner'"
+        )
+
+
+def test_both_paths_build_identical_schemas_step_by_step(database: Database) -> None:
+    """At the step itself (no grants yet): Alembic's schema and the replayed one are equal."""
+    cache = TemplateCache()
+    owner = db.Database(database.owner_url)
+    try:
+        outcomes = []
+        for schema in ("tenant_by_alembic", "tenant_by_template"):
+            with owner.transaction() as tx:
+                tenant_schema.create_schema(tx.pg, schema)
+                outcomes.append(cache.migrate(tx, schema))
+    finally:
+        owner.close()
+    assert [o.path for o in outcomes] == ["alembic", "template"]
+    by_alembic = fingerprint(database, "tenant_by_alembic")
+    assert fingerprint(database, "tenant_by_template") == by_alembic
+    assert len([r for r in by_alembic["relations"] if r[1] == "r"]) >= 9
+    assert by_alembic["alembic_version"] == [(HEAD,)]
+
+
+def test_template_tenant_is_upgraded_by_alembic_normally(
+    settings: Settings, database: Database
+) -> None:
+    provision(settings, "reference")
+    provision(settings, "fast")
+    assert migration_detail(database, "fast") == f"path=template head={HEAD}"
+    before = fingerprint(database, "tenant_fast")
+    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            # Alembic reads the version the replay stamped and walks down from it...
+            command.downgrade(migrations.tenant_config("tenant_fast", connection=conn), "t002")
+        with database.owner() as conn:
+            assert not migrations.tenant_at_head(conn, "tenant_fast")
+            tables = {r[0] for r in fingerprint(database, "tenant_fast")["relations"]}
+            assert "invitations" not in tables and "audit_events" not in tables
+        with engine.begin() as conn:
+            migrations.upgrade_tenant(conn, "tenant_fast")  # ...and back up to head
+    finally:
+        engine.dispose()
+    with database.owner() as conn:
+        assert migrations.tenant_at_head(conn, "tenant_fast")
+    after = fingerprint(database, "tenant_fast")
+    # The tables came back through Alembic; default privileges cover them for app_rw.
+    assert after["columns"] == before["columns"]
+    assert after["indexes"] == before["indexes"]
+    assert after["constraints"] == before["constraints"]
+    assert after["alembic_version"] == [(HEAD,)]
+
+
+def truncated_tree(tmp_path: Path, drop: str) -> Path:
+    """A copy of the tenant tree without one revision: an older head."""
+    tree = tmp_path / "tenant_template_old"
+    shutil.copytree(migrations.tenant_tree(), tree, ignore=shutil.ignore_patterns("__pycache__"))
+    (removed,) = tree.joinpath("versions").glob(f"{drop}_*.py")
+    removed.unlink()
+    return tree
+
+
+def test_stale_template_falls_back_to_alembic(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    provision(settings, "reference")
+    stale = Template.capture(tree=truncated_tree(tmp_path, "t004"))
+    assert stale.heads == frozenset({"t003"})
+    PROCESS_CACHE.use(stale)
+
+    provision(settings, "after_deploy")
+    assert migration_detail(database, "after_deploy") == (
+        "path=alembic (fallback: cached template is stale: captured for head t003, "
+        f"the tree is at head {HEAD}) head={HEAD}"
+    )
+    assert fingerprint(database, "tenant_after_deploy") == fingerprint(database, "tenant_reference")
+    # The stale template was dropped; the next tenant gets a fresh one for the current tree.
+    provision(settings, "next")
+    assert migration_detail(database, "next") == f"path=template head={HEAD}"
+    assert fingerprint(database, "tenant_next") == fingerprint(database, "tenant_reference")
+
+
+def test_template_of_edited_files_at_the_same_head_is_stale(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    provision(settings, "reference")
+    tree = tmp_path / "tenant_template_edited"
+    shutil.copytree(migrations.tenant_tree(), tree, ignore=shutil.ignore_patterns("__pycache__"))
+    (t004,) = tree.joinpath("versions").glob("t004_*.py")
+    t004.write_text(t004.read_text().replace("api_keys_member_idx", "api_keys_member_ix"))
+    edited = Template.capture(tree=tree)
+    assert edited.heads == migrations.tenant_heads()
+    PROCESS_CACHE.use(edited)
+
+    provision(settings, "other")
+    detail = migration_detail(database, "other")
+    assert detail.startswith(
+        f"path=alembic (fallback: cached template is stale: the tree's files changed at head "
+        f"{HEAD} (digest "
+    ), detail
+    assert {r[0] for r in fingerprint(database, "tenant_other")["indexes"]} >= {
+        "api_keys_member_idx"
+    }
+
+
+def test_fingerprint_mismatch_rolls_back_the_replay_and_runs_alembic(
+    settings: Settings, database: Database
+) -> None:
+    provision(settings, "reference")
+    provision(settings, "fast")  # captures the template
+    template = PROCESS_CACHE.template
+    assert template is not None
+    tampered = tuple(s for s in template.statements if "api_keys_member_idx" not in s)
+    assert len(tampered) == len(template.statements) - 1
+    PROCESS_CACHE.use(dataclasses.replace(template, statements=tampered))
+
+    provision(settings, "victim")
+    detail = migration_detail(database, "victim")
+    assert detail.startswith(
+        "path=alembic (fallback: fingerprint mismatch: indexes differ (missing "
+    ), detail
+    assert "api_keys_member_idx" in detail and detail.endswith(f"head={HEAD}")
+    # The replay was rolled back to its savepoint and Alembic built the schema from empty.
+    assert fingerprint(database, "tenant_victim") == fingerprint(database, "tenant_reference")
+    # The fast path stays off for this tree in this process, and says why.
+    provision(settings, "later")
+    later = migration_detail(database, "later")
+    assert later.startswith(
+        "path=alembic (fallback: fast path off: fingerprint mismatch: indexes differ"
+    ), later
+    assert "(on tenant_victim)" in later
+    assert fingerprint(database, "tenant_later") == fingerprint(database, "tenant_reference")
+
+
+def test_replay_error_rolls_back_and_runs_alembic(settings: Settings, database: Database) -> None:
+    provision(settings, "reference")
+    provision(settings, "fast")
+    template = PROCESS_CACHE.template
+    assert template is not None
+    broken = (*template.statements, "CREATE TABLE members (id int);")
+    PROCESS_CACHE.use(dataclasses.replace(template, statements=broken))
+
+    provision(settings, "victim")
+    detail = migration_detail(database, "victim")
+    assert detail.startswith("path=alembic (fallback: replay failed: database error: "), detail
+    assert 'relation "members" already exists' in detail
+    assert fingerprint(database, "tenant_victim") == fingerprint(database, "tenant_reference")
+
+
+def test_a_schema_that_holds_objects_is_upgraded_in_place(database: Database) -> None:
+    cache = TemplateCache()
+    owner = db.Database(database.owner_url)
+    try:
+        for _ in range(2):  # the second run finds every table there
+            with owner.transaction() as tx:
+                tenant_schema.create_schema(tx.pg, "tenant_twice")
+                outcome = cache.migrate(tx, "tenant_twice")
+    finally:
+        owner.close()
+    assert outcome.path == "alembic"
+    assert outcome.detail.startswith("path=alembic (fallback: schema holds ")
+    assert outcome.detail.endswith(f"objects: upgraded in place) head={HEAD}")
+
+
+# -- the catalog queries behind the fast path stay correct ----------------------------------------
+
+# The straightforward form of the lookups (a join on pg_class.relnamespace, which scans every
+# relation in the database): what the indexed forms in tenant_schema must agree with.
+PLAIN_RELATIONS = """
+SELECT c.relname, c.relkind::text, coalesce(c.relacl::text, '') FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'i') ORDER BY 1
+"""
+PLAIN_INDEXES = (
+    "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(schema)s ORDER BY 1"
+)
+PLAIN_CONSTRAINTS = """
+SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k
+  JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = k.connamespace
+ WHERE n.nspname = %(schema)s ORDER BY 1, 2
+"""
+
+
+def test_indexed_catalog_lookups_see_what_a_plain_scan_sees(
+    settings: Settings, database: Database
+) -> None:
+    provision(settings, "reference")
+    provision(settings, "shape")
+    with database.owner() as conn:
+        conn.execute("CREATE VIEW tenant_shape.v AS SELECT id FROM tenant_shape.members")
+        conn.execute("CREATE MATERIALIZED VIEW tenant_shape.mv AS SELECT 1 AS one")
+        conn.execute("CREATE INDEX mv_one ON tenant_shape.mv (one)")
+        conn.execute("CREATE TABLE tenant_shape.later (id int PRIMARY KEY CHECK (id > 0))")
+        conn.execute("CREATE SEQUENCE tenant_shape.free_seq")
+        shape = tenant_schema.fingerprint(conn, "tenant_shape")
+
+        def plain(query: str) -> list[tuple]:
+            rows = conn.execute(query, {"schema": "tenant_shape"}).fetchall()
+            return [
+                tuple(
+                    v.replace("tenant_shape.", "<tenant>.") if isinstance(v, str) else v
+                    for v in row
+                )
+                for row in rows
+            ]
+
+        assert shape["relations"] == plain(PLAIN_RELATIONS)
+        assert shape["indexes"] == plain(PLAIN_INDEXES)
+        assert shape["constraints"] == plain(PLAIN_CONSTRAINTS)
+        tables, sequences = tenant_schema.relations(conn, "tenant_shape")
+        assert "later" in tables and "mv" not in tables and "v" not in tables
+        assert "free_seq" in sequences and "members_id_seq" in sequences
+        assert tenant_schema.object_count(conn, "tenant_shape") > 0
+        assert tenant_schema.object_count(conn, "tenant_nowhere") is None
+        # The grant check reports the new table, not yet granted, by name.
+        missing = tenant_schema.missing_app_grants(conn, "tenant_shape", "app_rw")
+        assert "later: DELETE" not in missing  # default privileges covered it at creation
+        conn.execute("REVOKE DELETE ON tenant_shape.later FROM app_rw")
+        assert tenant_schema.missing_app_grants(conn, "tenant_shape", "app_rw") == ["later: DELETE"]
+
+
+def test_grants_fail_loudly_when_a_table_is_not_granted(database: Database) -> None:
+    """The grant step's check is the real has_table_privilege on every table."""
+    with psycopg.connect(database.owner_url) as conn:
+        conn.execute("CREATE SCHEMA tenant_g")
+        conn.execute("CREATE TABLE tenant_g.a (id int)")
+        tenant_schema.grant_app_role(conn, "tenant_g", "app_rw")
+        assert tenant_schema.missing_app_grants(conn, "tenant_g", "app_rw") == []
+        conn.execute("REVOKE UPDATE ON tenant_g.a FROM app_rw")
+        assert tenant_schema.missing_app_grants(conn, "tenant_g", "app_rw") == ["a: UPDATE"]
+
+
+def test_the_process_cache_is_the_one_the_step_uses() -> None:
+    assert tenant_template_cache.PROCESS_CACHE is PROCESS_CACHE

@@ -93,6 +93,17 @@ def connect(
         )
 
 
+def is_alive(conn: psycopg.Connection[Any]) -> bool:
+    """One cheap round trip: False when the server or the network dropped the session."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
 def _options(options: dict[str, Any] | None) -> str:
     return " ".join(f"-c {key}={value}" for key, value in (options or {}).items())
 

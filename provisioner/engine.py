@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,8 +87,35 @@ class Engine:
             application_name=holder,
             idle_in_transaction_timeout_ms=idle_timeout_ms(stale_after_seconds),
         )
+        self._control: psycopg.Connection[Any] | None = None
+
+    @property
+    def control(self) -> psycopg.Connection[Any]:
+        """The engine's autocommit owner session, (re)opened on demand: the step journal's
+        start rows, and the claim and bookkeeping of a one-off provisioning.
+
+        Its commits are asynchronous (``synchronous_commit = off``): what it writes is either
+        a diagnostic trace or a claim that a server crash may undo harmlessly (the job is then
+        queued again, and fenced writes refuse the lost lease). The steps' own transactions
+        keep full durability.
+        """
+        if self._control is None or self._control.closed or self._control.broken:
+            self._control = self._open_control()
+        return self._control
+
+    def _open_control(self) -> psycopg.Connection[Any]:
+        if self._control is not None:
+            self._control.close()
+        return db.connect(
+            self._owner_url,
+            application_name=self.holder,
+            autocommit=True,
+            options={"synchronous_commit": "off"},
+        )
 
     def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
         self._db.close()
 
     def __enter__(self) -> Engine:
@@ -131,32 +157,32 @@ class Engine:
         tenant = TenantId(job.tenant_id)
         lease = job.lease
         ctx = self._context(tenant)
-        with closing(
-            db.connect(self._owner_url, application_name=self.holder, autocommit=True)
-        ) as journal:
-            current = "resume check"
-            try:
-                job, repaired = self._forget_vanished(job, lease, ctx)
-                for step in PROVISION_STEPS:
-                    if step.name in job.steps_completed:
-                        on_progress(StepEvent(job, step.name, "skipped"))
-                        continue
-                    if should_stop():
-                        return self._finish(lambda c: queue.release(c, lease))
-                    current = step.name
-                    job = self._run_step(
-                        job, lease, step, ctx, journal, on_progress, step.name in repaired
-                    )
-                current = "complete"
-                return self._finish(lambda c: queue.complete(c, lease))
-            except LeaseLost:
-                raise
-            except Exception as exc:
-                permanent = isinstance(exc, PermanentError)
-                message = f"{current}: {describe(exc)}"
-                return self._finish(
-                    lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
+        if self._control is not None and not db.is_alive(self._control):
+            self._control = self._open_control()  # e.g. the server restarted since the last job
+        journal = self.control
+        current = "resume check"
+        try:
+            job, repaired = self._forget_vanished(job, lease, ctx)
+            for step in PROVISION_STEPS:
+                if step.name in job.steps_completed:
+                    on_progress(StepEvent(job, step.name, "skipped"))
+                    continue
+                if should_stop():
+                    return self._finish(lambda c: queue.release(c, lease))
+                current = step.name
+                job = self._run_step(
+                    job, lease, step, ctx, journal, on_progress, step.name in repaired
                 )
+            current = "complete"
+            return self._finish(lambda c: queue.complete(c, lease))
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            permanent = isinstance(exc, PermanentError)
+            message = f"{current}: {describe(exc)}"
+            return self._finish(
+                lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
+            )
 
     def _context(self, tenant: TenantId) -> StepContext:
         return StepContext(tenant=tenant, app_role=self.app_role, store=self.store)

@@ -100,17 +100,24 @@ UPDATE control.platform_jobs AS j
 RETURNING j.*
 """
 
-# Claim one given job: queued (ready or not), or running under a holder with no live session
-# (a one-off CLI that was killed). A holder is live while a session carries its name.
-CLAIM_JOB = """
+# Claim one given job that is queued (ready or not): a one-off provisioning does it now.
+CLAIM_QUEUED_JOB = """
+UPDATE control.platform_jobs
+   SET status = 'running', attempts = attempts + 1, locked_at = now(),
+       locked_by = %(worker)s, available_at = now(), updated_at = now()
+ WHERE id = %(id)s AND status = 'queued'
+RETURNING *
+"""
+
+# Take over one running job whose holder has no live session (a one-off CLI that was killed).
+# A holder is live while a session carries its name; pg_stat_activity is costly to plan, so
+# this runs only when the cheap claim above found the job running.
+TAKE_OVER_JOB = """
 UPDATE control.platform_jobs AS j
    SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
        locked_by = %(worker)s, available_at = now(), updated_at = now()
- WHERE j.id = %(id)s
-   AND (j.status = 'queued'
-        OR (j.status = 'running'
-            AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                             WHERE a.application_name = j.locked_by)))
+ WHERE j.id = %(id)s AND j.status = 'running'
+   AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.application_name = j.locked_by)
 RETURNING j.*
 """
 
@@ -385,7 +392,8 @@ def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) 
 
 def claim_job(conn: Conn, job_id: UUID, worker: str) -> Job | None:
     """Claim one job by id (queued, or running under a dead holder) and commit the claim."""
-    row = _one(conn, CLAIM_JOB, {"id": job_id, "worker": worker})
+    params = {"id": job_id, "worker": worker}
+    row = _one(conn, CLAIM_QUEUED_JOB, params) or _one(conn, TAKE_OVER_JOB, params)
     if row is not None:
         with conn.cursor() as cur:
             cur.execute(STEP_RUNS_ABANDON_EARLIER, {"job_id": job_id, "attempt": row["attempts"]})

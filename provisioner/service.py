@@ -70,9 +70,12 @@ def migrate(settings: Settings) -> tuple[str | None, str | None]:
     return migrations.upgrade_control(settings.owner_url, settings.app_role)
 
 
-def require_control_at_head(settings: Settings) -> None:
-    """Refuse to work on a control schema older (or newer) than this release's tree."""
-    with closing(db.connect(settings.owner_url)) as conn, db.translated():
+def require_control_at_head(conn: psycopg.Connection[Any]) -> None:
+    """Refuse to work on a control schema older (or newer) than this release's tree.
+
+    ``conn`` is the owner's: the application role cannot read the version table.
+    """
+    with db.translated():
         if not migrations.control_at_head(conn):
             raise ConfigurationError(
                 "the control schema is not at this release's head: run `provisioner migrate`"
@@ -108,7 +111,6 @@ def provision(
     """
     tenant = TenantId(tenant_id)
     store = store_from_settings(settings)
-    require_control_at_head(settings)
     holder = holder or holder_id("cli")
     with Engine(
         settings.owner_url,
@@ -117,16 +119,20 @@ def provision(
         store=store,
         stale_after_seconds=settings.job_stale_after_seconds,
     ) as engine:
-        with app_connection(settings, holder) as conn:
+        # One owner session does the bookkeeping (the engine's own): each new connection costs
+        # several milliseconds, a large share of a provisioning that takes a few dozen.
+        conn = engine.control
+        require_control_at_head(conn)
+        with db.translated(), conn.transaction():
             job = queue.ensure_provision_job(conn, tenant, retry_terminal=True).job
         if job.status is JobStatus.SUCCEEDED:
             if not engine.missing_effects(tenant):
                 return ProvisionResult(job, already_provisioned=True)
-            with app_connection(settings, holder) as conn:
+            with db.translated():
                 job = queue.reopen(conn, job.id)
-        claimed = _claim_when_free(settings, job.id, holder)
+        claimed = _claim_when_free(conn, job.id, holder)
         if claimed is None:
-            with app_connection(settings, holder) as conn:
+            with db.translated():
                 current = queue.get_job(conn, job.id)
             raise TenantBusy(
                 f"tenant {tenant} is being provisioned by {current.locked_by} "
@@ -139,12 +145,12 @@ def provision(
 
 
 def _claim_when_free(
-    settings: Settings, job_id: UUID, holder: str, grace_seconds: float = 3.0
+    conn: psycopg.Connection[Any], job_id: UUID, holder: str, grace_seconds: float = 3.0
 ) -> Job | None:
     """Claim the job, waiting briefly for a just-killed holder's sessions to disappear."""
     deadline = time.monotonic() + grace_seconds
     while True:
-        with app_connection(settings, holder) as conn:
+        with db.translated():
             claimed = queue.claim_job(conn, job_id, holder)
         if claimed is not None or time.monotonic() >= deadline:
             return claimed

@@ -62,6 +62,28 @@ def render_job(job: Job) -> None:
         click.echo(f"retry at  {job.available_at:%Y-%m-%d %H:%M:%S %Z}")
 
 
+def run_view(run: dict[str, Any]) -> dict[str, Any]:
+    """One row of ``control.job_step_runs`` as JSON-ready values."""
+    keys = ("attempt", "step", "worker", "started_at", "finished_at", "outcome", "detail")
+    return {key: run[key] for key in keys}
+
+
+def render_history(runs: list[dict[str, Any]]) -> None:
+    """What ran for the job, attempt by attempt: the answer to "what happened to tenant X"."""
+    if not runs:
+        return
+    click.echo("history")
+    for run in runs:
+        took = ""
+        if run["finished_at"] is not None:
+            took = f"{(run['finished_at'] - run['started_at']).total_seconds() * 1000:.0f} ms"
+        detail = f"  {run['detail']}" if run["detail"] else ""
+        click.echo(
+            f"  attempt {run['attempt']}  {run['started_at']:%H:%M:%S}  {run['step']:<22} "
+            f"{run['outcome']:<10} {took:>8}  {run['worker']}{detail}"
+        )
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="provisioner")
 @click.option("--owner-url", envvar="MIGRATIONS_DATABASE_URL", help="Owner role URL (DDL).")
@@ -162,13 +184,20 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
         current = service.status(settings, tenant_id)
         job = current.job
         if as_json and not watch:
-            emit_json({**job.view(), "state": current.tenant.state if current.tenant else None})
+            emit_json(
+                {
+                    **job.view(),
+                    "state": current.tenant.state if current.tenant else None,
+                    "step_runs": [run_view(run) for run in current.step_runs],
+                }
+            )
             return
         snapshot = (job.status, job.progress, job.attempts, job.error_detail)
         if not watch:
             render_job(job)
             if current.tenant:
                 click.echo(f"state     {current.tenant.state}")
+            render_history(current.step_runs)
             return
         if snapshot != last:
             line = {**job.view(), "at": time.strftime("%H:%M:%S")}

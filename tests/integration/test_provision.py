@@ -299,3 +299,17 @@ def test_provision_refuses_a_control_schema_not_at_head(
     )
     with database.owner() as conn:
         assert conn.execute("SELECT count(*) FROM control.platform_jobs").fetchone() == (0,)
+
+
+def test_status_shows_what_ran_attempt_by_attempt(settings: Settings) -> None:
+    service.provision(settings, "acme")
+    runner, env = CliRunner(), settings_env(settings)
+    human = runner.invoke(main, ["status", "acme"], env=env)
+    assert human.exit_code == 0
+    history = human.stdout.split("history\n", 1)[1].splitlines()
+    assert [line.split()[3] for line in history] == list(STEPS)
+    assert all("succeeded" in line for line in history)
+    view = json.loads(runner.invoke(main, ["status", "acme", "--json"], env=env).stdout)
+    assert [(r["attempt"], r["step"], r["outcome"]) for r in view["step_runs"]] == [
+        (1, step, "succeeded") for step in STEPS
+    ]

@@ -64,7 +64,6 @@ def raw_script(
 ) -> str:
     """Plain SQL that builds the tenant's end state in one transaction."""
     ident = sql.Identifier(schema)
-    role = sql.Identifier(local_pg.APP_ROLE)
     parts: list[sql.Composable] = [
         sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(ident),
         sql.SQL("SET LOCAL search_path TO {}").format(ident),
@@ -72,22 +71,7 @@ def raw_script(
     ]
     if not ddl_only:
         parts += [
-            sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(ident, role),
-            sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(ident, role),
-            sql.SQL(
-                "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
-                "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
-            ).format(ident, role),
-            sql.SQL(
-                "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
-                "GRANT USAGE, SELECT ON SEQUENCES TO {}"
-            ).format(ident, role),
-            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(
-                sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables), role
-            ),
-            sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
-                sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences), role
-            ),
+            *tenant_schema.grant_statements(schema, local_pg.APP_ROLE, tables, sequences),
             sql.SQL(
                 "INSERT INTO {}.role_profiles (key, name, permissions, is_default) VALUES {}"
             ).format(

@@ -159,17 +159,13 @@ def object_count(conn: Conn, schema: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def grant_app_role(conn: Conn, schema: str, app_role: str) -> None:
-    """USAGE on the schema, DML on its tables, USAGE/SELECT on its sequences, and default
-    privileges so tables a later migration creates are covered too. Never CREATE.
-
-    Grants name each table rather than ``ON ALL TABLES IN SCHEMA``, whose cost grows with the
-    number of tables in the whole database. The statements go in one round trip, and the check
-    that follows (every table, every privilege, with ``has_table_privilege``) in one more.
-    """
+def grant_statements(
+    schema: str, app_role: str, tables: list[str], sequences: list[str]
+) -> list[sql.Composable]:
+    """The grant step's statements for the named tables and sequences (also used by the raw-SQL
+    benchmark baseline, so both measure the same work)."""
     schema_id, role_id = sql.Identifier(schema), sql.Identifier(app_role)
-    tables, sequences = relations(conn, schema)
-    statements = [
+    statements: list[sql.Composable] = [
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema_id, role_id),
         sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema_id, role_id),
         sql.SQL(
@@ -193,6 +189,19 @@ def grant_app_role(conn: Conn, schema: str, app_role: str) -> None:
                 sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences), role_id
             )
         )
+    return statements
+
+
+def grant_app_role(conn: Conn, schema: str, app_role: str) -> None:
+    """USAGE on the schema, DML on its tables, USAGE/SELECT on its sequences, and default
+    privileges so tables a later migration creates are covered too. Never CREATE.
+
+    Grants name each table rather than ``ON ALL TABLES IN SCHEMA``, whose cost grows with the
+    number of tables in the whole database. The statements go in one round trip, and the check
+    that follows (every table, every privilege, with ``has_table_privilege``) in one more.
+    """
+    tables, sequences = relations(conn, schema)
+    statements = grant_statements(schema, app_role, tables, sequences)
     with conn.cursor() as cur:
         # No parameters: psycopg sends the statements as one simple query.
         cur.execute(sql.SQL("; ").join(statements))

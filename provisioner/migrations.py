@@ -13,17 +13,18 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from psycopg import sql
 from psycopg.rows import tuple_row
 
 from provisioner.db import sqlalchemy_url, translated
+
+# Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
+# never migrate (status, enqueue, jobs, health) start without it.
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 CONTROL_SCHEMA = "control"
 
@@ -33,6 +34,8 @@ def _tree(package: str) -> Path:
 
 
 def control_config(**attributes: Any) -> Config:
+    from alembic.config import Config
+
     config = Config(str(_tree("provisioner.control_migrations") / "alembic.ini"))
     config.set_main_option("script_location", str(_tree("provisioner.control_migrations")))
     config.attributes.update(attributes)
@@ -46,6 +49,8 @@ def tenant_tree() -> Path:
 
 def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -> Config:
     """Alembic config for one tenant schema; ``tree`` points at another copy of the tree."""
+    from alembic.config import Config
+
     tree = tree or tenant_tree()
     config = Config(str(tree / "alembic.ini"))
     config.set_main_option("script_location", str(tree))
@@ -55,6 +60,8 @@ def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -
 
 @cache
 def control_heads() -> frozenset[str]:
+    from alembic.script import ScriptDirectory
+
     return frozenset(ScriptDirectory.from_config(control_config()).get_heads())
 
 
@@ -102,6 +109,8 @@ def _digest(tree: Path, signature: tuple[tuple[str, int, int, int], ...]) -> str
 @cache
 def _heads_of(tree: Path, digest: str) -> frozenset[str]:
     # Keyed by digest: the heads are read again only when the files changed.
+    from alembic.script import ScriptDirectory
+
     return frozenset(ScriptDirectory.from_config(tenant_config("tenant_x", tree=tree)).get_heads())
 
 
@@ -118,6 +127,8 @@ def tenant_heads() -> frozenset[str]:
 
 def upgrade_control(owner_url: str, app_role: str = "app_rw") -> tuple[str | None, str | None]:
     """Bring the control schema to head; returns (revision before, revision after)."""
+    from alembic import command
+
     engine = sa.create_engine(sqlalchemy_url(owner_url), poolclass=sa.pool.NullPool)
     try:
         with translated():
@@ -130,6 +141,8 @@ def upgrade_control(owner_url: str, app_role: str = "app_rw") -> tuple[str | Non
 
 
 def control_revision_sa(engine: sa.Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     with engine.connect() as connection:
         context = MigrationContext.configure(
             connection, opts={"version_table_schema": CONTROL_SCHEMA}
@@ -139,6 +152,8 @@ def control_revision_sa(engine: sa.Engine) -> str | None:
 
 def upgrade_tenant(connection: sa.Connection, schema: str) -> None:
     """Run the tenant template to head inside ``schema``, in the caller's transaction."""
+    from alembic import command
+
     command.upgrade(tenant_config(schema, connection=connection), "head")
 
 
@@ -163,6 +178,8 @@ class _StatementRecorder:
 def tenant_offline_sql(schema: str, *, tree: Path | None = None) -> list[str]:
     """The statements ``upgrade head --sql`` emits for ``schema`` (never connects), in order,
     each as Alembic wrote it (comments and ``BEGIN``/``COMMIT`` included)."""
+    from alembic import command
+
     recorder = _StatementRecorder()
     config = tenant_config(schema, tree=tree)
     config.output_buffer = recorder  # type: ignore[assignment]

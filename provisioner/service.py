@@ -51,7 +51,10 @@ def resolve(settings: Settings, *, migrate: bool = True) -> Settings:
         object_store_path=settings.object_store_path or urls.objects,
     )
     if migrate:
-        migrations.upgrade_control(urls.owner, resolved.app_role)
+        with closing(db.connect(urls.owner)) as conn, db.translated():
+            at_head = migrations.control_at_head(conn)
+        if not at_head:  # one query when it is, instead of an Alembic run
+            migrations.upgrade_control(urls.owner, resolved.app_role)
     return resolved
 
 

@@ -15,7 +15,6 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from psycopg.rows import dict_row
-from sqlalchemy.engine import make_url
 
 from provisioner.errors import DatabaseUnavailable, ProvisionerError
 from provisioner.settings import redact
@@ -38,14 +37,6 @@ def libpq_url(url: str) -> str:
 def sqlalchemy_url(url: str) -> str:
     """The URL SQLAlchemy needs to pick the psycopg 3 driver."""
     return "postgresql+psycopg://" + libpq_url(url)[len("postgresql://") :]
-
-
-def safe_url(url: str) -> str:
-    """The URL with its password hidden, for messages."""
-    try:
-        return make_url(sqlalchemy_url(url)).render_as_string(hide_password=True)
-    except Exception:
-        return redact(url)
 
 
 def _is_connectivity(exc: BaseException) -> bool:

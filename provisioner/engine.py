@@ -49,11 +49,13 @@ ProgressCallback = Callable[[StepEvent], None]
 StopRequested = Callable[[], bool]
 
 
-def _ignore(event: StepEvent) -> None:
+def ignore_progress(event: StepEvent) -> None:
+    """The default progress callback: report nothing."""
     return None
 
 
-def _never() -> bool:
+def never_stop() -> bool:
+    """The default stop request: run every step."""
     return False
 
 
@@ -143,8 +145,8 @@ class Engine:
         self,
         job: Job,
         *,
-        on_progress: ProgressCallback = _ignore,
-        should_stop: StopRequested = _never,
+        on_progress: ProgressCallback = ignore_progress,
+        should_stop: StopRequested = never_stop,
     ) -> Job:
         """Run the job's missing steps, then complete it; on failure, retry or fail it.
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 Conn = psycopg.Connection[Any]
@@ -39,10 +38,10 @@ CONNECTED_AS_SUPERUSER = "SELECT rolsuper FROM pg_roles WHERE rolname = current_
 
 
 def connected_as_superuser(conn: Conn) -> bool:
-    with conn.cursor() as cur:
+    with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(CONNECTED_AS_SUPERUSER)
         row = cur.fetchone()
-    return bool(row and (row["rolsuper"] if isinstance(row, dict) else row[0]))
+    return bool(row and row[0])
 
 
 def beat(conn: Conn, component: str, instance_id: str, detail: dict[str, Any]) -> None:
@@ -116,12 +115,3 @@ def readiness(
             reason, ready = "ok", True
         verdicts.append(ComponentHealth(component, ready, reason, row["instance_id"], age, detail))
     return HealthReport(all(v.ready for v in verdicts), verdicts)
-
-
-def latest_beat(conn: Conn, component: str) -> datetime | None:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(READ_ALL)
-        for row in cur.fetchall():
-            if row["component"] == component:
-                return row["heartbeat_at"]  # type: ignore[no-any-return]
-    return None

@@ -18,7 +18,7 @@ from uuid import UUID
 import psycopg
 
 from provisioner import db, heartbeats, local_pg, migrations, queue, tenants
-from provisioner.engine import Engine, ProgressCallback, StopRequested, _ignore, _never
+from provisioner.engine import Engine, ProgressCallback, StopRequested, ignore_progress, never_stop
 from provisioner.errors import (
     ConfigurationError,
     InvalidInput,
@@ -103,8 +103,8 @@ def provision(
     settings: Settings,
     tenant_id: str,
     *,
-    on_progress: ProgressCallback = _ignore,
-    should_stop: StopRequested = _never,
+    on_progress: ProgressCallback = ignore_progress,
+    should_stop: StopRequested = never_stop,
     holder: str | None = None,
 ) -> ProvisionResult:
     """Provision one tenant now, in this process, through its job row and the step engine.

@@ -121,10 +121,12 @@ UPDATE control.platform_jobs AS j
 RETURNING j.*
 """
 
-# Record one finished step with the new progress, fenced by the lease.
+# Record one finished step with the new progress, fenced by the lease. The lease is renewed
+# with clock_timestamp(): now() is the start of the step's transaction, which may be older
+# than the lease itself after a long step.
 RECORD_STEP = """
 UPDATE control.platform_jobs
-   SET steps_completed = %(steps)s, progress = %(progress)s, locked_at = now(),
+   SET steps_completed = %(steps)s, progress = %(progress)s, locked_at = clock_timestamp(),
        updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
 RETURNING *

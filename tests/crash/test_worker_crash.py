@@ -170,7 +170,7 @@ def test_a_live_worker_keeps_its_job_through_a_step_longer_than_the_lease(
 
     worker.wait_for("succeeded", 60, tenant_id="marathon")
     row = job_row(database, "marathon")
-    assert (row["status"], row["attempts"]) == ("succeeded", 1)
+    assert (row["status"], row["attempts"]) == ("succeeded", 1), worker.output()
     assert outcomes(database, "marathon") == [(1, step, "succeeded", holder) for step in STEPS]
     assert worker.events("recovered") == [] and worker.events("lease_lost") == []
     assert worker.stop() == 0

@@ -325,6 +325,18 @@ def test_renew_leases_touches_only_the_holders_jobs(database: Database) -> None:
     assert row(database, mine.id)["status"] == "running"
 
 
+def test_recording_a_step_renews_the_lease_as_of_the_record_not_the_transaction_start(
+    database: Database,
+) -> None:
+    job = claim(database)
+    with app(database) as conn:
+        conn.execute("SELECT pg_sleep(1.2)")  # a long step, in the transaction that records it
+        queue.record_step(conn, job.lease, ["create_schema"])
+        conn.commit()
+        assert queue.recover_stale(conn, 1.0) == []
+    assert row(database, job.id)["status"] == "running"
+
+
 def test_app_role_cannot_delete_or_truncate_jobs(database: Database) -> None:
     claim(database)
     with database.app() as conn:

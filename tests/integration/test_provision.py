@@ -6,9 +6,11 @@ import json
 
 import psycopg
 import pytest
+import sqlalchemy as sa
+from alembic import command as alembic_command
 from click.testing import CliRunner
 
-from provisioner import queue, service, tenant_schema
+from provisioner import db, migrations, queue, service, tenant_schema
 from provisioner.cli import main
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import LeaseLost
@@ -129,6 +131,33 @@ def test_dropped_schema_is_repaired_by_a_rerun(settings: Settings, database: Dat
     assert fingerprint(database, "acme") == clean
     details = [d for _, s, o, d in step_runs(database, "acme")[len(STEPS) :]]
     assert all("effect was missing" in d for d in details)
+
+
+def test_a_tenant_behind_the_template_head_is_upgraded_by_a_rerun(
+    settings: Settings, database: Database
+) -> None:
+    """After a deploy adds tenant_template revisions, provisioning an existing tenant again
+    runs only the migration step, in place, up to the new head."""
+    service.provision(settings, "acme")
+    clean = fingerprint(database, "acme")
+    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:  # the tenant as the previous release left it
+            alembic_command.downgrade(
+                migrations.tenant_config("tenant_acme", connection=conn), "t003"
+            )
+    finally:
+        engine.dispose()
+    events: list[StepEvent] = []
+    result = service.provision(settings, "acme", on_progress=events.append)
+    assert result.job.status is JobStatus.SUCCEEDED
+    assert [(e.step, e.outcome) for e in events if e.outcome != "skipped"] == [
+        ("run_tenant_migrations", "started"),
+        ("run_tenant_migrations", "repaired"),
+    ]
+    detail = step_runs(database, "acme")[-1][3]
+    assert "effect was missing" in detail and "upgraded in place" in detail
+    assert fingerprint(database, "acme") == clean
 
 
 def test_revoked_grant_is_repaired_and_only_that_step_reruns(

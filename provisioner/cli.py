@@ -18,7 +18,7 @@ import click
 
 from provisioner import __version__, logs, service
 from provisioner.engine import StepEvent
-from provisioner.errors import ProvisionerError
+from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.models import STEPS, Job
 from provisioner.settings import Settings, parse_job_types
 from provisioner.worker import WorkerOptions, run_worker
@@ -166,6 +166,64 @@ def enqueue(ctx: click.Context, tenant_id: str) -> None:
     service.TenantId(tenant_id)
     result = service.enqueue(settings_of(ctx), tenant_id)
     click.echo(str(result.job.id))
+
+
+@main.command()
+@click.argument("tenant_ids", nargs=-1, metavar="[TENANT_ID]...")
+@click.option("--all", "every", is_flag=True, help="Every provisioned tenant.")
+@click.option("--dry-run", is_flag=True, help="Say which tenants are behind; queue nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+@fail_cleanly
+def upgrade(
+    ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, dry_run: bool, as_json: bool
+) -> None:
+    """Queue provisioned tenants whose schema is behind the template's head for a worker.
+
+    Run it after a release that adds tenant_template revisions (migrate, roll the workers,
+    then upgrade --all). Only run_tenant_migrations runs again, in place.
+    """
+    if every == bool(tenant_ids):
+        raise InvalidInput("name tenants to upgrade, or pass --all (not both)")
+    for tenant_id in tenant_ids:
+        service.TenantId(tenant_id)
+    report = service.upgrade(settings_of(ctx), list(tenant_ids) or None, dry_run=dry_run)
+    if as_json:
+        emit_json(upgrade_view(report))
+        return
+    click.echo(
+        f"tenant template head {','.join(sorted(report.heads))}: {report.checked} provisioned "
+        f"tenant(s) checked, {len(report.behind)} behind"
+    )
+    for item in report.behind:
+        at = ",".join(sorted(item.versions)) or "(no version table)"
+        click.echo(f"  {item.job.tenant_id:<24} at {at:<20} {item.action}  job {item.job.id}")
+    if report.unfinished:
+        click.echo(
+            f"{len(report.unfinished)} tenant(s) not checked, their job has not succeeded "
+            f"(they reach head when it runs; see `provisioner jobs list`): "
+            + ", ".join(f"{j.tenant_id} ({j.status.value})" for j in report.unfinished)
+        )
+
+
+def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
+    return {
+        "heads": sorted(report.heads),
+        "checked": report.checked,
+        "behind": [
+            {
+                "tenant_id": item.job.tenant_id,
+                "versions": sorted(item.versions),
+                "action": item.action,
+                "job_id": str(item.job.id),
+            }
+            for item in report.behind
+        ],
+        "unfinished": [
+            {"tenant_id": j.tenant_id, "job_id": str(j.id), "status": j.status.value}
+            for j in report.unfinished
+        ],
+    }
 
 
 @main.command()

@@ -210,3 +210,8 @@ def control_at_head(pg_conn: Any) -> bool:
 
 def tenant_at_head(pg_conn: Any, schema: str) -> bool:
     return _versions(pg_conn, schema) == tenant_heads()
+
+
+def tenant_versions(pg_conn: Any, schema: str) -> frozenset[str] | None:
+    """The revisions a tenant schema records; None when it has no version table (or no schema)."""
+    return _versions(pg_conn, schema)

@@ -214,6 +214,14 @@ SELECT * FROM control.platform_jobs
  ORDER BY created_at DESC LIMIT 1
 """
 
+# The provisioning job of each tenant (all tenants, or the named ones), by tenant id.
+PROVISION_JOBS = """
+SELECT DISTINCT ON (tenant_id) * FROM control.platform_jobs
+ WHERE job_type = %(job_type)s AND tenant_id IS NOT NULL
+   AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY(%(tenants)s))
+ ORDER BY tenant_id, created_at DESC
+"""
+
 # Operator view: running first, then newest.
 LIST_JOBS = """
 SELECT * FROM control.platform_jobs
@@ -480,10 +488,19 @@ def retry(conn: Conn, job_id: UUID) -> Job:
     return Job.from_row(row)
 
 
-def reopen(conn: Conn, job_id: UUID) -> Job:
-    """Queue a succeeded job again (its steps are re-checked against the catalog on the run)."""
+def reopen(conn: Conn, job_id: UUID, *, wake_workers: bool = False) -> Job:
+    """Queue a succeeded job again (its steps are re-checked against the catalog on the run).
+
+    ``wake_workers`` sends the NOTIFY with the commit; a one-off provisioning that claims the
+    job itself right after leaves it off, so no worker races it for the claim.
+    """
     row = _one(conn, REOPEN_SUCCEEDED, {"id": job_id})
-    return Job.from_row(row) if row else get_job(conn, job_id)
+    if row is None:
+        return get_job(conn, job_id)
+    job = Job.from_row(row)
+    if wake_workers:
+        _notify(conn, job.job_type)
+    return job
 
 
 def get_job(conn: Conn, job_id: UUID) -> Job:
@@ -498,6 +515,13 @@ def latest_for_tenant(
 ) -> Job | None:
     row = _one(conn, LATEST_FOR_TENANT, {"tenant_id": tenant.value, "job_type": job_type})
     return Job.from_row(row) if row else None
+
+
+def provision_jobs(conn: Conn, tenants: list[TenantId] | None = None) -> list[Job]:
+    """Each tenant's provisioning job (the newest), ordered by tenant id; None means all."""
+    names = None if tenants is None else [t.value for t in tenants]
+    rows = _all(conn, PROVISION_JOBS, {"job_type": PROVISION_JOB_TYPE, "tenants": names})
+    return [Job.from_row(r) for r in rows]
 
 
 def list_jobs(conn: Conn, *, status: str | None = None, limit: int = 50) -> list[Job]:

@@ -1,0 +1,150 @@
+"""``provisioner upgrade``: tenants left behind by a new tenant_template head are queued, and a
+real worker brings them to head by re-running the migration step alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from alembic import command as alembic_command
+
+from provisioner import db, migrations, queue, service, tenant_schema
+from provisioner.errors import InvalidInput, UnknownTenant
+from provisioner.models import STEPS, JobStatus, TenantId
+from provisioner.settings import Settings
+from tests.conftest import Database, run_cli
+
+HEAD = ",".join(sorted(migrations.tenant_heads()))
+
+
+def downgrade(database: Database, tenant: str, revision: str) -> None:
+    """Leave the tenant as an earlier release built it."""
+    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            config = migrations.tenant_config(f"tenant_{tenant}", connection=conn)
+            alembic_command.downgrade(config, revision)
+    finally:
+        engine.dispose()
+
+
+def job_of(database: Database, tenant: str) -> dict:
+    with database.owner() as conn:
+        job = queue.latest_for_tenant(conn, TenantId(tenant))
+    assert job is not None
+    return {"status": job.status.value, "attempts": job.attempts, "updated_at": job.updated_at}
+
+
+def fingerprint(database: Database, tenant: str) -> dict:
+    with database.owner() as conn:
+        return tenant_schema.fingerprint(conn, f"tenant_{tenant}")
+
+
+@pytest.fixture
+def fleet(settings: Settings, database: Database) -> list[str]:
+    """Three provisioned tenants; two of them behind the head."""
+    for tenant in ("current", "older", "oldest"):
+        assert service.provision(settings, tenant).job.status is JobStatus.SUCCEEDED
+    downgrade(database, "older", "t003")
+    downgrade(database, "oldest", "t002")
+    return ["current", "older", "oldest"]
+
+
+def test_dry_run_names_the_tenants_behind_and_changes_nothing(
+    settings: Settings, database: Database, fleet: list[str]
+) -> None:
+    before = {t: job_of(database, t) for t in fleet}
+    report = service.upgrade(settings, dry_run=True)
+    assert report.checked == 3 and report.unfinished == []
+    assert [(i.job.tenant_id, sorted(i.versions), i.action) for i in report.behind] == [
+        ("older", ["t003"], "would queue"),
+        ("oldest", ["t002"], "would queue"),
+    ]
+    assert {t: job_of(database, t) for t in fleet} == before
+
+
+def test_a_worker_brings_the_queued_tenants_to_head_running_only_the_migrations(
+    settings: Settings, database: Database, fleet: list[str]
+) -> None:
+    untouched = job_of(database, "current")
+    report = service.upgrade(settings)
+    assert [(i.job.tenant_id, i.job.status.value, i.action) for i in report.behind] == [
+        ("older", "queued", "queued"),
+        ("oldest", "queued", "queued"),
+    ]
+    assert job_of(database, "current") == untouched
+
+    drained = run_cli(settings, "worker", "--once", "--log-format", "json")
+    assert drained.returncode == 0, drained.stderr
+
+    reference = fingerprint(database, "current")
+    with database.owner() as conn:
+        for tenant in ("older", "oldest"):
+            assert migrations.tenant_at_head(conn, f"tenant_{tenant}")
+            assert fingerprint(database, tenant) == reference
+            job = queue.latest_for_tenant(conn, TenantId(tenant))
+            assert job is not None and job.status is JobStatus.SUCCEEDED
+            assert job.steps_completed == list(STEPS)
+            reran = conn.execute(
+                "SELECT step, detail FROM control.job_step_runs WHERE tenant_id = %s "
+                "ORDER BY id OFFSET %s",
+                (tenant, len(STEPS)),
+            ).fetchall()
+            assert [step for step, _ in reran] == ["run_tenant_migrations"]
+            assert "effect was missing" in reran[0][1] and "upgraded in place" in reran[0][1]
+    assert job_of(database, "current") == untouched
+    assert service.upgrade(settings).behind == []
+
+
+def test_named_tenants_only_and_unfinished_jobs_are_left_alone(
+    settings: Settings, database: Database, fleet: list[str]
+) -> None:
+    with database.app() as conn:
+        job = queue.latest_for_tenant(conn, TenantId("oldest"))
+        assert job is not None
+        conn.execute("UPDATE control.platform_jobs SET status = 'failed' WHERE id = %s", (job.id,))
+    report = service.upgrade(settings, ["current", "older", "oldest"])
+    assert [i.job.tenant_id for i in report.behind] == ["older"]
+    assert [(j.tenant_id, j.status.value) for j in report.unfinished] == [("oldest", "failed")]
+    assert job_of(database, "oldest")["status"] == "failed"
+
+
+def test_unknown_or_bad_tenants_are_refused_before_anything_is_queued(
+    settings: Settings, database: Database, fleet: list[str]
+) -> None:
+    before = {t: job_of(database, t) for t in fleet}
+    with pytest.raises(UnknownTenant, match="ghost"):
+        service.upgrade(settings, ["older", "ghost"])
+    with pytest.raises(InvalidInput):
+        service.upgrade(settings, ["Not-A-Tenant"])
+    assert {t: job_of(database, t) for t in fleet} == before
+
+
+def test_cli_upgrade(settings: Settings, database: Database, fleet: list[str]) -> None:
+    neither = run_cli(settings, "upgrade")
+    assert neither.returncode == 2
+    assert neither.stderr.strip() == "error: name tenants to upgrade, or pass --all (not both)"
+    assert run_cli(settings, "upgrade", "older", "--all").returncode == 2
+    bad = run_cli(settings, "upgrade", "Bad Id")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    unknown = run_cli(settings, "upgrade", "ghost")
+    assert unknown.returncode == 3 and "ghost" in unknown.stderr
+
+    preview = run_cli(settings, "upgrade", "--all", "--dry-run")
+    assert preview.returncode == 0, preview.stderr
+    assert f"tenant template head {HEAD}: 3 provisioned tenant(s) checked, 2 behind" in (
+        preview.stdout
+    )
+    assert "older" in preview.stdout and "would queue" in preview.stdout
+    assert job_of(database, "older")["status"] == "succeeded"
+
+    done = run_cli(settings, "upgrade", "--all", "--json")
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert view["heads"] == [HEAD] and view["checked"] == 3
+    assert [(b["tenant_id"], b["versions"], b["action"]) for b in view["behind"]] == [
+        ("older", ["t003"], "queued"),
+        ("oldest", ["t002"], "queued"),
+    ]
+    assert job_of(database, "older")["status"] == "queued"

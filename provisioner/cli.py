@@ -199,10 +199,12 @@ def upgrade(
         at = ",".join(sorted(item.versions)) or "(no version table)"
         click.echo(f"  {item.job.tenant_id:<24} at {at:<20} {item.action}  job {item.job.id}")
     if report.unfinished:
+        shown = ", ".join(f"{j.tenant_id} ({j.status.value})" for j in report.unfinished[:10])
+        more = len(report.unfinished) - 10
         click.echo(
             f"{len(report.unfinished)} tenant(s) not checked, their job has not succeeded "
-            f"(they reach head when it runs; see `provisioner jobs list`): "
-            + ", ".join(f"{j.tenant_id} ({j.status.value})" for j in report.unfinished)
+            f"(they reach head when it runs; see `provisioner jobs list`): {shown}"
+            + (f" and {more} more" if more > 0 else "")
         )
 
 

@@ -148,3 +148,9 @@ def test_cli_upgrade(settings: Settings, database: Database, fleet: list[str]) -
         ("oldest", ["t002"], "queued"),
     ]
     assert job_of(database, "older")["status"] == "queued"
+
+    again = run_cli(settings, "upgrade", "--all")
+    assert again.returncode == 0, again.stderr
+    assert "1 provisioned tenant(s) checked, 0 behind" in again.stdout
+    assert "2 tenant(s) not checked, their job has not succeeded" in again.stdout
+    assert "older (queued), oldest (queued)" in again.stdout

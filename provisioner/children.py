@@ -11,7 +11,7 @@ The parent and a child talk over one pipe, in tuples:
     parent -> child   ("run", job)        run this claimed job
                       ("stop",)           finish the running step, then release the job
                       ("quit",)           exit when idle
-    child -> parent   ("ready", holder, pid)
+    child -> parent   ("ready", holder)
                       ("step", job_id, step, outcome, seconds, detail)   each StepEvent
                       ("result", job, stopped)    the job as the engine left it
                       ("lease_lost", job_id, detail)    another holder took the job: nothing
@@ -46,7 +46,6 @@ from provisioner.engine import Engine, StepEvent, describe
 from provisioner.errors import InvalidInput, LeaseLost, PermanentError
 from provisioner.models import Job
 from provisioner.settings import Settings
-from provisioner.storage import store_from_settings
 
 PR_SET_PDEATHSIG = 1
 
@@ -83,16 +82,10 @@ def child_main(conn: Connection, settings: Settings, parent_pid: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, _interrupt)
     holder = service.holder_id("worker")
-    engine = Engine(
-        settings.owner_url,
-        holder=holder,
-        app_role=settings.app_role,
-        store=store_from_settings(settings),
-        stale_after_seconds=settings.job_stale_after_seconds,
-    )
+    engine = Engine.from_settings(settings, holder)
     try:
         child = _ChildLoop(conn, engine)
-        child.send(("ready", holder, os.getpid()))
+        child.send(("ready", holder))
         child.serve()
     finally:
         engine.close()
@@ -145,6 +138,7 @@ class _ChildLoop:
     def run(self, job: Job) -> None:
         self.stopping = False
         try:
+            self.engine.refresh_control()
             done = self.engine.run(job, on_progress=self.progress, should_stop=self.should_stop)
         except LeaseLost as exc:
             self.send(("lease_lost", job.id, describe(exc)))
@@ -164,7 +158,6 @@ class EngineProcess:
     process: BaseProcess
     conn: Connection
     holder: str | None = None
-    pid: int | None = None
     job: Job | None = None
     step: str | None = None
     #: "<step>: <detail>" of the last failed step of the running job, for error messages
@@ -184,6 +177,10 @@ class EngineProcess:
         process.start()
         child_end.close()
         return cls(process=process, conn=parent_end)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
 
     @property
     def ready(self) -> bool:
@@ -208,9 +205,9 @@ class EngineProcess:
     def interrupt(self) -> None:
         """Cut the running step short (its transaction rolls back)."""
         self.interrupted_at = time.monotonic()
-        if self.process.pid:
+        if self.pid:
             with suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGUSR1)
+                os.kill(self.pid, signal.SIGUSR1)
 
     def reap(self, timeout: float) -> int | None:
         """Wait for the process to end, killing it after ``timeout``; its exit code."""

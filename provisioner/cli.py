@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from provisioner import __version__, logs, service
+from provisioner import __version__, logs, migrations, service
 from provisioner.engine import StepEvent
 from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.models import STEPS, Job
@@ -40,9 +40,10 @@ def fail_cleanly(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def settings_of(ctx: click.Context, *, embedded_ok: bool = True) -> Settings:
+def settings_of(ctx: click.Context) -> Settings:
+    """The settings, with the embedded database filled in when no URL is set."""
     settings: Settings = ctx.obj
-    return service.resolve(settings) if embedded_ok else settings
+    return service.resolve(settings)
 
 
 def emit_json(value: Any) -> None:
@@ -192,11 +193,11 @@ def upgrade(
         emit_json(upgrade_view(report))
         return
     click.echo(
-        f"tenant template head {','.join(sorted(report.heads))}: {report.checked} provisioned "
+        f"tenant template head {migrations.head_label(report.heads)}: {report.checked} provisioned "
         f"tenant(s) checked, {len(report.behind)} behind"
     )
     for item in report.behind:
-        at = ",".join(sorted(item.versions)) or "(no version table)"
+        at = migrations.head_label(item.versions) or "(no version table)"
         click.echo(f"  {item.job.tenant_id:<24} at {at:<20} {item.action}  job {item.job.id}")
     if report.unfinished:
         shown = ", ".join(f"{j.tenant_id} ({j.status.value})" for j in report.unfinished[:10])
@@ -297,37 +298,25 @@ SECONDS = click.FloatRange(min=0, min_open=True)
 @click.option(
     "--poll-interval",
     type=SECONDS,
-    envvar="PROVISIONER_POLL_SECONDS",
     help="Seconds between polls when no wake-up arrives (default 5).",
 )
 @click.option(
     "--stale-after",
     type=SECONDS,
-    envvar="PROVISIONER_JOB_STALE_AFTER_SECONDS",
     help="Seconds after which a running job's lease has expired (default 900).",
 )
 @click.option(
     "--heartbeat",
     type=SECONDS,
-    envvar="PROVISIONER_HEARTBEAT_SECONDS",
     help="Seconds between heartbeats and lease renewals (default 10).",
 )
 @click.option(
     "--drain-timeout",
     type=SECONDS,
-    envvar="PROVISIONER_DRAIN_TIMEOUT_SECONDS",
     help="On SIGTERM/SIGINT, seconds the running step gets to finish (default 30).",
 )
-@click.option(
-    "--component",
-    envvar="PROVISIONER_WORKER_COMPONENT",
-    help="Heartbeat component name (default provisioner-worker).",
-)
-@click.option(
-    "--job-types",
-    envvar="PROVISIONER_WORKER_JOB_TYPES",
-    help="Comma-separated job types to claim (default provision_tenant).",
-)
+@click.option("--component", help="Heartbeat component name (default provisioner-worker).")
+@click.option("--job-types", help="Comma-separated job types to claim (default provision_tenant).")
 @click.option(
     "--allow-superuser",
     is_flag=True,
@@ -370,28 +359,29 @@ def worker(
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print what was seen as JSON.")
-@click.option(
-    "--component",
-    envvar="PROVISIONER_WORKER_COMPONENT",
-    default="provisioner-worker",
-    show_default=True,
-)
+@click.option("--component", help="Component to check (default provisioner-worker).")
 @click.option(
     "--job-types",
-    envvar="PROVISIONER_WORKER_JOB_TYPES",
-    default="provision_tenant",
-    show_default=True,
-    help="Comma-separated job types the component must advertise.",
+    help="Comma-separated job types the component must advertise (default provision_tenant).",
 )
 @click.option("--check-storage", is_flag=True, help="Also check the object store from here.")
 @click.pass_context
 @fail_cleanly
 def health(
-    ctx: click.Context, as_json: bool, component: str, job_types: str, check_storage: bool
+    ctx: click.Context,
+    as_json: bool,
+    component: str | None,
+    job_types: str | None,
+    check_storage: bool,
 ) -> None:
     """Ready (exit 0) when the worker's heartbeat is fresh and advertises its job types."""
+    base = settings_of(ctx)
     settings = replace(
-        settings_of(ctx), worker_component=component, worker_job_types=parse_job_types(job_types)
+        base,
+        worker_component=component or base.worker_component,
+        worker_job_types=(
+            parse_job_types(job_types) if job_types is not None else base.worker_job_types
+        ),
     )
     report = service.health(settings)
     view = report.view()

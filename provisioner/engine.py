@@ -17,7 +17,7 @@ the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,10 @@ import psycopg
 
 from provisioner import db, queue
 from provisioner.errors import LeaseLost, PermanentError, ProvisionerError
-from provisioner.models import STEPS, Job, Lease, TenantId, progress_of
+from provisioner.models import STEPS, Job, Lease, TenantId
+from provisioner.settings import Settings
 from provisioner.steps import PROVISION_STEPS, Step, StepContext
-from provisioner.storage import ObjectStore
+from provisioner.storage import ObjectStore, store_from_settings
 
 #: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
 TENANT_LOCK_CLASS = 0x70726F76
@@ -83,7 +84,6 @@ class Engine:
         self.holder = holder
         self.app_role = app_role
         self.store = store
-        self._owner_url = owner_url
         self._db = db.Database(
             owner_url,
             application_name=holder,
@@ -109,11 +109,28 @@ class Engine:
         if self._control is not None:
             self._control.close()
         return db.connect(
-            self._owner_url,
+            self._db.url,
             application_name=self.holder,
             autocommit=True,
             options={"synchronous_commit": "off"},
         )
+
+    @classmethod
+    def from_settings(cls, settings: Settings, holder: str) -> Engine:
+        """The engine a worker child or a one-off provisioning runs, from the settings."""
+        return cls(
+            settings.owner_url,
+            holder=holder,
+            app_role=settings.app_role,
+            store=store_from_settings(settings),
+            stale_after_seconds=settings.job_stale_after_seconds,
+        )
+
+    def refresh_control(self) -> None:
+        """Reopen the control session if the server dropped it (e.g. it restarted) since the
+        last job: a long-lived worker child calls this before each job."""
+        if self._control is not None and not db.is_alive(self._control):
+            self._control = self._open_control()
 
     def close(self) -> None:
         if self._control is not None:
@@ -128,16 +145,10 @@ class Engine:
 
     # -- catalog ------------------------------------------------------------------------------
 
-    def missing_effects(self, tenant: TenantId, recorded: list[str] | None = None) -> list[str]:
-        """Recorded steps whose effect the catalog no longer shows (all steps by default)."""
-        ctx = self._context(tenant)
-        names = STEPS if recorded is None else tuple(s for s in STEPS if s in recorded)
+    def missing_effects(self, tenant: TenantId) -> list[str]:
+        """Steps whose effect the catalog does not show."""
         with self._db.transaction() as tx:
-            return [
-                step.name
-                for step in PROVISION_STEPS
-                if step.name in names and step.uses_database and not step.effect_present(tx, ctx)
-            ]
+            return _vanished(tx, self._context(tenant), STEPS)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -159,8 +170,6 @@ class Engine:
         tenant = TenantId(job.tenant_id)
         lease = job.lease
         ctx = self._context(tenant)
-        if self._control is not None and not db.is_alive(self._control):
-            self._control = self._open_control()  # e.g. the server restarted since the last job
         journal = self.control
         current = "resume check"
         try:
@@ -193,17 +202,11 @@ class Engine:
         if not job.steps_completed:
             return job, set()
         with self._db.transaction() as tx:
-            gone = [
-                step.name
-                for step in PROVISION_STEPS
-                if step.name in job.steps_completed
-                and step.uses_database
-                and not step.effect_present(tx, ctx)
-            ]
+            gone = _vanished(tx, ctx, job.steps_completed)
             if not gone:
                 return job, set()
             kept = [s for s in job.steps_completed if s not in gone]
-            job = queue.forget_steps(tx.pg, lease, gone, progress_of(kept))
+            job = queue.record_step(tx.pg, lease, kept)
         return job, set(gone)
 
     def _run_step(
@@ -221,8 +224,7 @@ class Engine:
         try:
             with self._db.transaction() as tx:
                 self._lock_tenant(tx, ctx.tenant)
-                with db.translated():
-                    run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
+                run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
                 on_progress(StepEvent(job, step.name, "started"))
                 detail = step.run(tx, ctx)
                 if repairing:
@@ -262,6 +264,16 @@ class Engine:
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self._db.transaction() as tx:
             return write(tx.pg)
+
+
+def _vanished(tx: db.Transaction, ctx: StepContext, names: Iterable[str]) -> list[str]:
+    """Of the steps ``names``, those that use the database and whose effect is gone."""
+    wanted = set(names)
+    return [
+        step.name
+        for step in PROVISION_STEPS
+        if step.name in wanted and step.uses_database and not step.effect_present(tx, ctx)
+    ]
 
 
 def describe(exc: BaseException) -> str:

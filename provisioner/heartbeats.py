@@ -11,11 +11,6 @@ from psycopg.types.json import Jsonb
 
 Conn = psycopg.Connection[Any]
 
-#: What a deployment needs running, per component (the contract's required worker job types).
-REQUIRED_COMPONENTS: dict[str, frozenset[str]] = {
-    "provisioner-worker": frozenset({"provision_tenant"}),
-}
-
 # One row per component: the newest instance's beat wins.
 UPSERT = """
 INSERT INTO control.runtime_heartbeats (component, instance_id, heartbeat_at, detail)

@@ -9,6 +9,7 @@ owner. It listens on 127.0.0.1 and a socket inside its folder, on a port recorde
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import os
 import pwd
@@ -29,8 +30,9 @@ OWNER_ROLE = "provisioner_owner"
 APP_ROLE = "app_rw"
 
 
+@functools.cache
 def find_bin_dir() -> Path:
-    """The newest PostgreSQL server binaries available here."""
+    """The newest PostgreSQL server binaries available here (looked up once per process)."""
     candidates = sorted(
         Path("/usr/lib/postgresql").glob("*/bin"),
         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
@@ -58,6 +60,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@functools.cache
 def _service_user() -> str | None:
     """The unprivileged user to run as when we are root; None when we are not root."""
     if os.geteuid() != 0:

@@ -65,6 +65,11 @@ def control_heads() -> frozenset[str]:
     return frozenset(ScriptDirectory.from_config(control_config()).get_heads())
 
 
+def head_label(revisions: frozenset[str]) -> str:
+    """Revisions as one label, e.g. ``t004`` (or ``a,b`` for a tree with two heads)."""
+    return ",".join(sorted(revisions))
+
+
 @dataclass(frozen=True)
 class TreeState:
     """What a tenant tree holds right now: a digest of its files and its heads."""
@@ -74,7 +79,7 @@ class TreeState:
 
     @property
     def head_label(self) -> str:
-        return ",".join(sorted(self.heads))
+        return head_label(self.heads)
 
 
 def _tree_files(tree: Path) -> list[Path]:

@@ -132,17 +132,6 @@ UPDATE control.platform_jobs
 RETURNING *
 """
 
-# Forget recorded steps whose effect the catalog no longer shows, fenced by the lease.
-FORGET_STEPS = """
-UPDATE control.platform_jobs
-   SET steps_completed = COALESCE(
-           (SELECT jsonb_agg(s) FROM jsonb_array_elements_text(steps_completed) AS s
-             WHERE s <> ALL(%(steps)s)), '[]'::jsonb),
-       progress = %(progress)s, updated_at = now()
- WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
-RETURNING *
-"""
-
 # Finish a job successfully, fenced by the lease.
 COMPLETE = """
 UPDATE control.platform_jobs
@@ -431,10 +420,6 @@ def record_step(conn: Conn, lease: Lease, done: list[str]) -> Job:
     return _fenced(conn, RECORD_STEP, lease, steps=Jsonb(ordered), progress=progress_of(ordered))
 
 
-def forget_steps(conn: Conn, lease: Lease, steps: list[str], progress: int) -> Job:
-    return _fenced(conn, FORGET_STEPS, lease, steps=steps, progress=progress)
-
-
 def complete(conn: Conn, lease: Lease) -> Job:
     return _fenced(conn, COMPLETE, lease)
 
@@ -478,14 +463,15 @@ def cancel(conn: Conn, job_id: UUID) -> Job:
 
 def retry(conn: Conn, job_id: UUID) -> Job:
     """Queue a failed or cancelled job again (attempts reset, recorded steps kept)."""
-    job = get_job(conn, job_id)
     row = _one(conn, REQUEUE_TERMINAL, {"id": job_id})
     if row is None:
+        job = get_job(conn, job_id)  # raises UnknownJob when there is no such job
         raise InvalidInput(
             f"job {job_id} is {job.status.value}; only failed or cancelled jobs can be retried"
         )
+    job = Job.from_row(row)
     _notify(conn, job.job_type)
-    return Job.from_row(row)
+    return job
 
 
 def reopen(conn: Conn, job_id: UUID, *, wake_workers: bool = False) -> Job:

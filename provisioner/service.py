@@ -113,15 +113,8 @@ def provision(
     says so when there is nothing to do. Raises TenantBusy if a live process holds the job.
     """
     tenant = TenantId(tenant_id)
-    store = store_from_settings(settings)
     holder = holder or holder_id("cli")
-    with Engine(
-        settings.owner_url,
-        holder=holder,
-        app_role=settings.app_role,
-        store=store,
-        stale_after_seconds=settings.job_stale_after_seconds,
-    ) as engine:
+    with Engine.from_settings(settings, holder) as engine:
         # One owner session does the bookkeeping (the engine's own): each new connection costs
         # several milliseconds, a large share of a provisioning that takes a few dozen.
         conn = engine.control
@@ -229,9 +222,6 @@ class TenantStatus:
     job: Job
     tenant: tenants.Tenant | None
     step_runs: list[dict[str, Any]]
-
-    def view(self) -> dict[str, Any]:
-        return self.job.view()
 
 
 def status(settings: Settings, tenant_id: str) -> TenantStatus:

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from provisioner.errors import ConfigurationError
+from provisioner.models import PROVISION_JOB_TYPE
 
 DEFAULT_COMPONENT = "provisioner-worker"
-DEFAULT_JOB_TYPES = ("provision_tenant",)
+DEFAULT_JOB_TYPES = (PROVISION_JOB_TYPE,)
 OBJECT_STORE_PROVIDERS = ("filesystem", "s3", "azure")
 
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*(?P<tail>@)", re.I)
@@ -81,16 +82,24 @@ class Settings:
         return cls(
             migrations_database_url=env.get("MIGRATIONS_DATABASE_URL") or None,
             app_database_url=env.get("APP_DATABASE_URL") or None,
-            app_role=env.get("PROVISIONER_APP_ROLE") or "app_rw",
+            app_role=env.get("PROVISIONER_APP_ROLE") or cls.app_role,
             worker_component=env.get("PROVISIONER_WORKER_COMPONENT") or DEFAULT_COMPONENT,
             worker_job_types=parse_job_types(
                 env.get("PROVISIONER_WORKER_JOB_TYPES") or ",".join(DEFAULT_JOB_TYPES)
             ),
-            job_stale_after_seconds=_float(env, "PROVISIONER_JOB_STALE_AFTER_SECONDS", 900.0),
-            heartbeat_seconds=_float(env, "PROVISIONER_HEARTBEAT_SECONDS", 10.0),
-            poll_interval_seconds=_float(env, "PROVISIONER_POLL_SECONDS", 5.0),
-            drain_timeout_seconds=_float(env, "PROVISIONER_DRAIN_TIMEOUT_SECONDS", 30.0),
-            object_store_provider=(env.get("OBJECT_STORE_PROVIDER") or "filesystem").lower(),
+            job_stale_after_seconds=_float(
+                env, "PROVISIONER_JOB_STALE_AFTER_SECONDS", cls.job_stale_after_seconds
+            ),
+            heartbeat_seconds=_float(env, "PROVISIONER_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
+            poll_interval_seconds=_float(
+                env, "PROVISIONER_POLL_SECONDS", cls.poll_interval_seconds
+            ),
+            drain_timeout_seconds=_float(
+                env, "PROVISIONER_DRAIN_TIMEOUT_SECONDS", cls.drain_timeout_seconds
+            ),
+            object_store_provider=(
+                env.get("OBJECT_STORE_PROVIDER") or cls.object_store_provider
+            ).lower(),
             object_store_path=Path(path) if path else None,
             s3_bucket=env.get("S3_BUCKET") or None,
             s3_endpoint_url=env.get("S3_ENDPOINT_URL") or None,
@@ -99,7 +108,7 @@ class Settings:
             azure_connection_string=env.get("AZURE_STORAGE_CONNECTION_STRING") or None,
             azure_account_url=env.get("AZURE_STORAGE_ACCOUNT_URL") or None,
             azure_container=env.get("AZURE_STORAGE_CONTAINER") or None,
-            state_dir=Path(env.get("PROVISIONER_STATE_DIR") or ".provisioner"),
+            state_dir=Path(env.get("PROVISIONER_STATE_DIR") or cls.state_dir),
         )
 
     @property
@@ -122,14 +131,12 @@ class Settings:
         return url
 
     def describe(self) -> dict[str, object]:
-        """Non-secret settings, for logs and ``--json`` output."""
-        hidden = {"migrations_database_url", "app_database_url", "azure_connection_string"}
+        """Settings for logs and ``--json`` output; fields hidden from ``repr`` are redacted."""
         out: dict[str, object] = {}
         for f in fields(self):
-            if f.name in hidden:
-                value = getattr(self, f.name)
+            value = getattr(self, f.name)
+            if not f.repr:
                 out[f.name] = redact(value) if value else None
             else:
-                value = getattr(self, f.name)
                 out[f.name] = str(value) if isinstance(value, Path) else value
         return out

@@ -479,30 +479,29 @@ def store_from_settings(
             region=settings.s3_region,
             addressing_style=style,
         )
-    if provider == "azure":
-        if not settings.azure_container:
+    # azure, the last of OBJECT_STORE_PROVIDERS
+    if not settings.azure_container:
+        raise ConfigurationError(
+            "OBJECT_STORE_PROVIDER=azure needs AZURE_STORAGE_CONTAINER (the container name)"
+        )
+    if not settings.azure_connection_string and not settings.azure_account_url:
+        raise ConfigurationError(
+            "OBJECT_STORE_PROVIDER=azure needs AZURE_STORAGE_CONNECTION_STRING or "
+            "AZURE_STORAGE_ACCOUNT_URL"
+        )
+    if settings.azure_connection_string:
+        pairs = _connection_string_pairs(settings.azure_connection_string)
+        if "blobendpoint" not in pairs and "accountname" not in pairs:
             raise ConfigurationError(
-                "OBJECT_STORE_PROVIDER=azure needs AZURE_STORAGE_CONTAINER (the container name)"
+                "AZURE_STORAGE_CONNECTION_STRING names neither AccountName nor BlobEndpoint"
             )
-        if not settings.azure_connection_string and not settings.azure_account_url:
-            raise ConfigurationError(
-                "OBJECT_STORE_PROVIDER=azure needs AZURE_STORAGE_CONNECTION_STRING or "
-                "AZURE_STORAGE_ACCOUNT_URL"
-            )
-        if settings.azure_connection_string:
-            pairs = _connection_string_pairs(settings.azure_connection_string)
-            if "blobendpoint" not in pairs and "accountname" not in pairs:
-                raise ConfigurationError(
-                    "AZURE_STORAGE_CONNECTION_STRING names neither AccountName nor BlobEndpoint"
-                )
-            return AzureBlobStore(
-                container=settings.azure_container,
-                connection_string=settings.azure_connection_string,
-            )
-        env = os.environ if environ is None else environ
         return AzureBlobStore(
             container=settings.azure_container,
-            account_url=settings.azure_account_url,
-            credential=env.get(AZURE_CREDENTIAL_ENV) or None,
+            connection_string=settings.azure_connection_string,
         )
-    raise ConfigurationError(f"OBJECT_STORE_PROVIDER={provider!r} is not available yet")
+    env = os.environ if environ is None else environ
+    return AzureBlobStore(
+        container=settings.azure_container,
+        account_url=settings.azure_account_url,
+        credential=env.get(AZURE_CREDENTIAL_ENV) or None,
+    )

@@ -25,7 +25,6 @@ from provisioner.errors import GrantVerificationFailed, PermanentError
 Conn = psycopg.Connection[Any]
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
-SEQUENCE_PRIVILEGES = ("USAGE", "SELECT")
 
 #: Role profiles every tenant starts with, keyed by ``role_profiles.key``.
 DEFAULT_ROLE_PROFILES: tuple[dict[str, Any], ...] = (
@@ -47,8 +46,10 @@ DEFAULT_ROLE_PROFILES: tuple[dict[str, Any], ...] = (
 
 # -- statements ---------------------------------------------------------------------------------
 
+# The schema's owner (NULL when there is no such schema) and the connected role, in one trip.
 SCHEMA_OWNER = """
-SELECT pg_get_userbyid(nspowner) AS owner FROM pg_namespace WHERE nspname = %(schema)s
+SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = %(schema)s) AS owner,
+       current_user AS me
 """
 
 # The relations (tables, sequences, views) of one schema, through the schema's pg_depend
@@ -105,19 +106,13 @@ SEEDED_KEYS = "SELECT key FROM {schema}.role_profiles WHERE key = ANY(%(keys)s)"
 # -- operations ---------------------------------------------------------------------------------
 
 
-def schema_owner(conn: Conn, schema: str) -> str | None:
-    with conn.cursor(row_factory=dict_row) as cur:
+def schema_owner(conn: Conn, schema: str) -> tuple[str | None, str]:
+    """(the schema's owner, or None when it does not exist; the connected role)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(SCHEMA_OWNER, {"schema": schema})
         row = cur.fetchone()
-    return None if row is None else str(row["owner"])
-
-
-def current_role(conn: Conn) -> str:
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute("SELECT current_user")
-        row = cur.fetchone()
     assert row is not None
-    return str(row[0])
+    return row[0], str(row[1])
 
 
 def create_schema(conn: Conn, schema: str) -> None:
@@ -128,7 +123,7 @@ def create_schema(conn: Conn, schema: str) -> None:
                 sql.Identifier(schema)
             )
         )
-    owner, me = schema_owner(conn, schema), current_role(conn)
+    owner, me = schema_owner(conn, schema)
     if owner != me:
         raise PermanentError(
             f"schema {schema} already exists and is owned by role {owner}, not {me}; "
@@ -137,8 +132,8 @@ def create_schema(conn: Conn, schema: str) -> None:
 
 
 def schema_ready(conn: Conn, schema: str) -> bool:
-    owner = schema_owner(conn, schema)
-    return owner is not None and owner == current_role(conn)
+    owner, me = schema_owner(conn, schema)
+    return owner == me
 
 
 def relations(conn: Conn, schema: str) -> tuple[list[str], list[str]]:

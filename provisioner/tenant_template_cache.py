@@ -71,7 +71,7 @@ class Template:
 
     @property
     def head_label(self) -> str:
-        return ",".join(sorted(self.heads))
+        return migrations.head_label(self.heads)
 
     @classmethod
     def capture(cls, tree: Path | None = None) -> Template:
@@ -118,7 +118,7 @@ class Outcome:
     def detail(self) -> str:
         """The step record: ``path=template head=t004`` or ``path=alembic (fallback: ...) ...``."""
         via = self.path if self.reason is None else f"{self.path} (fallback: {self.reason})"
-        return f"path={via} head={','.join(sorted(self.heads))}"
+        return f"path={via} head={migrations.head_label(self.heads)}"
 
 
 def database_key(tx: Transaction) -> tuple[str, ...]:

@@ -463,7 +463,7 @@ class Worker:
     def _on_message(self, child: EngineProcess, message: tuple[Any, ...]) -> None:
         kind, job = message[0], child.job
         if kind == "ready":
-            child.holder, child.pid = message[1], message[2]
+            child.holder = message[1]
             event(self.log, "child_started", pid=child.pid, holder=child.holder)
         elif job is None:
             return

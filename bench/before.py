@@ -3,8 +3,8 @@ benchmark run can measure, in the same run, what replacing it bought. Not used b
 
 * the fingerprint: six queries joining ``pg_class.relnamespace`` (or ``pg_indexes``) by schema
   name, one round trip each;
-* the grant step: the relations by the same kind of join, one round trip per statement, then a
-  three-query check.
+* the grant step: the relations by the same kind of join, one round trip per statement (the
+  statements themselves are the package's own, unchanged since), then a three-query check.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg import sql
+
+from provisioner import tenant_schema
 
 FINGERPRINT_QUERIES = (
     """SELECT c.relname, c.relkind::text, coalesce(c.relacl::text, '') FROM pg_class c
@@ -66,25 +67,8 @@ def grant_app_role(conn: psycopg.Connection[Any], schema: str, role: str) -> Non
     rows = conn.execute(RELATIONS, {"schema": schema}).fetchall()
     tables = [name for name, kind in rows if kind in ("r", "p")]
     sequences = [name for name, kind in rows if kind == "S"]
-    schema_id, role_id = sql.Identifier(schema), sql.Identifier(role)
-    statements = [
-        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema_id, role_id),
-        sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema_id, role_id),
-        sql.SQL(
-            "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
-        ).format(schema_id, role_id),
-        sql.SQL(
-            "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
-            "GRANT USAGE, SELECT ON SEQUENCES TO {}"
-        ).format(schema_id, role_id),
-        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(
-            sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables), role_id
-        ),
-        sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
-            sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences), role_id
-        ),
-    ]
+    # The statements themselves are unchanged; how they are sent (one trip each) is the former way.
+    statements = tenant_schema.grant_statements(schema, role, tables, sequences)
     for statement in statements:
         conn.execute(statement)
     params = {

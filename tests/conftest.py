@@ -22,12 +22,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import sqlalchemy as sa
+from alembic import command as alembic_command
 from psycopg import sql
 
-from provisioner import local_pg, migrations
+from provisioner import db, local_pg, migrations, service, tenant_schema
 from provisioner.settings import Settings
 
-pytest_plugins = ["tests.storage_fixtures"]
+pytest_plugins = ["tests.storage_fixtures", "tests.workers"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOTSTRAP_SQL = ROOT / "infra" / "postgres" / "bootstrap.sql"
@@ -179,3 +181,27 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+def fingerprint(database: Database, tenant: str) -> dict:
+    """The catalog fingerprint of the tenant's schema, read as the owner."""
+    with database.owner() as conn:
+        return tenant_schema.fingerprint(conn, f"tenant_{tenant}")
+
+
+@pytest.fixture
+def clean_fingerprint(settings: Settings, database: Database) -> dict:
+    """The fingerprint of a tenant provisioned in one clean run, to compare others with."""
+    service.provision(settings, "reference")
+    return fingerprint(database, "reference")
+
+
+def downgrade_tenant(database: Database, tenant: str, revision: str) -> None:
+    """Leave the tenant as an earlier release built it (its schema at ``revision``)."""
+    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            config = migrations.tenant_config(f"tenant_{tenant}", connection=conn)
+            alembic_command.downgrade(config, revision)
+    finally:
+        engine.dispose()

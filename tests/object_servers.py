@@ -102,10 +102,6 @@ class MotoS3Server:
             wsgi_server.server_close()
         _wait(lambda: not port_open(self.port), f"moto S3 server on {self.endpoint_url} not down")
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
     def _post(self, path: str, body: bytes = b"") -> bytes:
         url = self.endpoint_url + path  # always http://127.0.0.1:<port>/...
         # text/plain: with urllib's default form type, werkzeug eats the body as form fields.
@@ -114,10 +110,6 @@ class MotoS3Server:
         )
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
             return bytes(response.read())
-
-    def reset(self) -> None:
-        """Wipe every moto backend (all buckets, IAM users...)."""
-        self._post("/moto-api/reset")
 
     def enforce_auth(self, after_requests: int = 0) -> None:
         """Check IAM signatures and policies on every request after the next ``after_requests``."""
@@ -251,10 +243,6 @@ class AzuriteServer:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
         _wait(lambda: not port_open(self.port), f"azurite on port {self.port} not down")
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
     def close(self) -> None:
         self.stop()

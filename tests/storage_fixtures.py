@@ -5,11 +5,10 @@ Load it from the root conftest with ``pytest_plugins = ["tests.storage_fixtures"
 Session fixtures (started once, stopped at the end; a server that cannot start FAILS the test):
 
 * ``moto_server`` -> :class:`tests.object_servers.MotoS3Server`: ``endpoint_url``, ``port``,
-  ``stop()``, ``start()``, ``restart()``, ``running``, ``reset()``, ``enforce_auth()``,
-  ``disable_auth()``.
+  ``stop()``, ``start()``, ``running``, ``enforce_auth()``, ``disable_auth()``.
 * ``azurite_server`` -> :class:`tests.object_servers.AzuriteServer`: ``endpoint_url`` (=
   ``account_url``), ``port``, ``connection_string``, ``connection_string_with_key(key)``,
-  ``stop()``, ``start()``, ``restart()``, ``running``.
+  ``stop()``, ``start()``, ``running``.
 
 Function fixtures (a new, empty, uniquely named bucket/container each; the server is restarted
 first if an earlier test left it stopped; removed afterwards):

@@ -6,8 +6,10 @@ to the group) when the test ends, so nothing lingers even after a failed asserti
 
 To freeze a worker *inside* a step without test hooks in product code, the test holds a lock the
 step needs: :func:`tenant_row_locked` locks the tenant's row in ``control.tenants`` (the
-``create_schema`` step updates it after creating the schema), :func:`tenant_lock_held` takes the
-engine's per-tenant advisory lock (every step takes it first).
+``create_schema`` step updates it after creating the schema).
+
+Loaded as a pytest plugin (``tests/conftest.py``): the :func:`workers` fixture starts workers with
+the test module's own ``fast`` settings.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
-from provisioner.engine import TENANT_LOCK_CLASS
 from provisioner.settings import Settings
 from tests.conftest import Database, settings_env
 
@@ -218,6 +220,16 @@ def waiting_on_lock(database: Database, holder: str) -> bool:
     return bool(row and row[0])
 
 
+def wait_blocked_mid_step(database: Database, tenant: str) -> str:
+    """Wait until a worker claimed the tenant's job and blocks inside a step; its holder id."""
+    running = wait_until(
+        lambda: (row := job_row(database, tenant))["status"] == "running" and row, 60, "a claim"
+    )
+    holder = str(running["locked_by"])
+    wait_until(lambda: waiting_on_lock(database, holder), 30, f"{holder} to block mid-step")
+    return holder
+
+
 @contextmanager
 def tenant_row_locked(database: Database, tenant: str) -> Iterator[psycopg.Connection[Any]]:
     """Hold ``control.tenants`` row of the tenant FOR UPDATE: create_schema blocks inside.
@@ -237,12 +249,8 @@ def tenant_row_locked(database: Database, tenant: str) -> Iterator[psycopg.Conne
         conn.close()
 
 
-@contextmanager
-def tenant_lock_held(database: Database, tenant: str) -> Iterator[psycopg.Connection[Any]]:
-    """Hold the engine's advisory lock of the tenant: every step waits before it starts."""
-    conn = psycopg.connect(database.owner_url, autocommit=True)
-    try:
-        conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (TENANT_LOCK_CLASS, tenant))
-        yield conn
-    finally:
-        conn.close()
+@pytest.fixture
+def workers(fast: Settings, tmp_path: Path) -> Iterator[Workers]:
+    """Worker processes started with the test module's ``fast`` settings, all stopped at the end."""
+    with running_workers(fast, tmp_path) as started:
+        yield started

@@ -58,13 +58,6 @@ def committed_steps(database: Database, tenant: str) -> list[str]:
     return list(row[0]) if row else []
 
 
-@pytest.fixture
-def clean_fingerprint(settings: Settings, database: Database) -> dict:
-    service.provision(settings, "reference")
-    with database.owner() as conn:
-        return tenant_schema.fingerprint(conn, "tenant_reference")
-
-
 @pytest.mark.parametrize("index", range(len(STEPS)), ids=list(STEPS))
 def test_sigkill_after_each_step_resumes_with_the_missing_steps(
     settings: Settings, database: Database, clean_fingerprint: dict, index: int

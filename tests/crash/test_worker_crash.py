@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -28,11 +26,10 @@ from tests.workers import (
     alive,
     job_row,
     overlapping_step_runs,
-    running_workers,
     step_runs,
     tenant_row_locked,
+    wait_blocked_mid_step,
     wait_until,
-    waiting_on_lock,
 )
 
 STALE = 3.0
@@ -43,31 +40,14 @@ def fast(settings: Settings) -> Settings:
     return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=STALE)
 
 
-@pytest.fixture
-def workers(fast: Settings, tmp_path: Path) -> Iterator[Workers]:
-    with running_workers(fast, tmp_path) as started:
-        yield started
-
-
-@pytest.fixture
-def clean_fingerprint(fast: Settings, database: Database) -> dict:
-    service.provision(fast, "reference")
-    with database.owner() as conn:
-        return tenant_schema.fingerprint(conn, "tenant_reference")
-
-
 def blocked_mid_step(database: Database, tenant: str) -> str:
     """Wait until a worker claimed the tenant's job and blocks inside create_schema."""
-    running = wait_until(
-        lambda: (row := job_row(database, tenant))["status"] == "running" and row, 60, "a claim"
-    )
-    holder = running["locked_by"]
-    wait_until(lambda: waiting_on_lock(database, holder), 30, f"{holder} to block mid-step")
+    holder = wait_blocked_mid_step(database, tenant)
     runs = step_runs(database, tenant)
     assert [(r["step"], r["outcome"], r["worker"]) for r in runs] == [
         ("create_schema", "running", holder)
     ]
-    return str(holder)
+    return holder
 
 
 def outcomes(database: Database, tenant: str) -> list[tuple[int, str, str, str]]:

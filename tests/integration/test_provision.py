@@ -6,24 +6,17 @@ import json
 
 import psycopg
 import pytest
-import sqlalchemy as sa
-from alembic import command as alembic_command
 from click.testing import CliRunner
 
-from provisioner import db, migrations, queue, service, tenant_schema
+from provisioner import queue, service
 from provisioner.cli import main
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import LeaseLost
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
-from tests.conftest import Database, run_cli, settings_env
+from tests.conftest import Database, downgrade_tenant, fingerprint, run_cli, settings_env
 from tests.unit.test_models import BAD_TENANT_IDS
-
-
-def fingerprint(database: Database, tenant: str) -> dict:
-    with database.owner() as conn:
-        return tenant_schema.fingerprint(conn, f"tenant_{tenant}")
 
 
 def step_runs(database: Database, tenant: str) -> list[tuple]:
@@ -140,14 +133,7 @@ def test_a_tenant_behind_the_template_head_is_upgraded_by_a_rerun(
     runs only the migration step, in place, up to the new head."""
     service.provision(settings, "acme")
     clean = fingerprint(database, "acme")
-    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
-    try:
-        with engine.begin() as conn:  # the tenant as the previous release left it
-            alembic_command.downgrade(
-                migrations.tenant_config("tenant_acme", connection=conn), "t003"
-            )
-    finally:
-        engine.dispose()
+    downgrade_tenant(database, "acme", "t003")  # the tenant as the previous release left it
     events: list[StepEvent] = []
     result = service.provision(settings, "acme", on_progress=events.append)
     assert result.job.status is JobStatus.SUCCEEDED

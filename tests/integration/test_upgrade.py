@@ -6,27 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import sqlalchemy as sa
-from alembic import command as alembic_command
 
-from provisioner import db, migrations, queue, service, tenant_schema
+from provisioner import migrations, queue, service
 from provisioner.errors import InvalidInput, UnknownTenant
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
-from tests.conftest import Database, run_cli
+from tests.conftest import Database, downgrade_tenant, fingerprint, run_cli
 
 HEAD = ",".join(sorted(migrations.tenant_heads()))
-
-
-def downgrade(database: Database, tenant: str, revision: str) -> None:
-    """Leave the tenant as an earlier release built it."""
-    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
-    try:
-        with engine.begin() as conn:
-            config = migrations.tenant_config(f"tenant_{tenant}", connection=conn)
-            alembic_command.downgrade(config, revision)
-    finally:
-        engine.dispose()
 
 
 def job_of(database: Database, tenant: str) -> dict:
@@ -36,18 +23,13 @@ def job_of(database: Database, tenant: str) -> dict:
     return {"status": job.status.value, "attempts": job.attempts, "updated_at": job.updated_at}
 
 
-def fingerprint(database: Database, tenant: str) -> dict:
-    with database.owner() as conn:
-        return tenant_schema.fingerprint(conn, f"tenant_{tenant}")
-
-
 @pytest.fixture
 def fleet(settings: Settings, database: Database) -> list[str]:
     """Three provisioned tenants; two of them behind the head."""
     for tenant in ("current", "older", "oldest"):
         assert service.provision(settings, tenant).job.status is JobStatus.SUCCEEDED
-    downgrade(database, "older", "t003")
-    downgrade(database, "oldest", "t002")
+    downgrade_tenant(database, "older", "t003")
+    downgrade_tenant(database, "oldest", "t002")
     return ["current", "older", "oldest"]
 
 

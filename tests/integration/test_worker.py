@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,10 +25,9 @@ from tests.conftest import Database, run_cli, settings_env
 from tests.workers import (
     Workers,
     job_row,
-    running_workers,
     tenant_row_locked,
+    wait_blocked_mid_step,
     wait_until,
-    waiting_on_lock,
 )
 
 
@@ -37,12 +35,6 @@ from tests.workers import (
 def fast(settings: Settings) -> Settings:
     """Short heartbeats and lease, so liveness shows within a second or two."""
     return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=3.0)
-
-
-@pytest.fixture
-def workers(fast: Settings, tmp_path: Path) -> Iterator[Workers]:
-    with running_workers(fast, tmp_path) as started:
-        yield started
 
 
 def heartbeat(database: Database) -> dict:
@@ -288,21 +280,18 @@ def test_operator_sees_the_running_job_and_watches_it_finish(
     service.enqueue(fast, "vista")
     with tenant_row_locked(database, "vista") as lock:
         worker = workers.start()
-        running = wait_until(
-            lambda: (r := job_row(database, "vista"))["status"] == "running" and r, 60, "claim"
-        )
-        wait_until(lambda: waiting_on_lock(database, running["locked_by"]), 30, "mid-step")
+        holder = wait_blocked_mid_step(database, "vista")
         current = wait_until(lambda: heartbeat(database)["current_jobs"], 10, "a beat")
         assert [(j["tenant_id"], j["step"], j["holder"]) for j in current] == [
-            ("vista", "create_schema", running["locked_by"])
+            ("vista", "create_schema", holder)
         ]
 
         listed = run_cli(fast, "jobs", "list")
         line = next(ln for ln in listed.stdout.splitlines() if "vista" in ln)
-        assert "running" in line and running["locked_by"] in line
+        assert "running" in line and holder in line
         as_json = json.loads(run_cli(fast, "jobs", "list", "--json").stdout)
         assert [(j["tenant_id"], j["status"], j["locked_by"]) for j in as_json] == [
-            ("vista", "running", running["locked_by"])
+            ("vista", "running", holder)
         ]
 
         watch = subprocess.Popen(

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +17,7 @@ from provisioner import service
 from provisioner.models import STEPS
 from provisioner.settings import Settings
 from tests.conftest import Database
-from tests.workers import Workers, overlapping_step_runs, running_workers, wait_until
+from tests.workers import Workers, overlapping_step_runs, wait_until
 
 TENANTS = [f"fleet_{i:02d}" for i in range(60)]
 
@@ -27,12 +25,6 @@ TENANTS = [f"fleet_{i:02d}" for i in range(60)]
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
     return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=10.0)
-
-
-@pytest.fixture
-def workers(fast: Settings, tmp_path: Path) -> Iterator[Workers]:
-    with running_workers(fast, tmp_path) as started:
-        yield started
 
 
 def succeeded(database: Database) -> int:

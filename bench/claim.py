@@ -58,9 +58,7 @@ def _claims(app_url: str) -> tuple[list[float], list[float]]:
             conn.commit()
             with conn.cursor() as cur:
                 began = time.perf_counter()
-                cur.execute(
-                    queue.CLAIM_NEXT, {"job_types": [PROVISION_JOB_TYPE], "worker": "bench"}
-                )
+                cur.execute(queue.CLAIM_NEXT, CLAIM_PARAMS)
                 row = cur.fetchone()
                 middle = time.perf_counter()
             conn.commit()
@@ -78,13 +76,20 @@ def _claims(app_url: str) -> tuple[list[float], list[float]]:
     return statement, commit
 
 
+CLAIM_PARAMS = {
+    "job_types": [PROVISION_JOB_TYPE],
+    "worker": "bench",
+    "lock_class": queue.TENANT_JOB_LOCK_CLASS,
+}
+
+
 def _explain(app_url: str) -> str:
     with psycopg.connect(app_url) as conn:
         queue.enqueue(conn, PROVISION_JOB_TYPE, payload={"bench": True})
         conn.commit()
         rows: list[Any] = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + queue.CLAIM_NEXT,
-            {"job_types": [PROVISION_JOB_TYPE], "worker": "bench"},
+            CLAIM_PARAMS,
         ).fetchall()
         conn.rollback()
     return "\n".join(row[0] for row in rows)

@@ -6,7 +6,8 @@ For one claimed job it
 2. runs every missing step in order, each in ONE transaction together with its entry in
    ``steps_completed`` and the new ``progress`` (PostgreSQL DDL is transactional): a crash leaves
    a step done and recorded, or neither. The transaction holds the tenant's advisory lock, so two
-   engines never run a step of one tenant at the same time;
+   engines never run a step of one tenant at the same time, whatever the jobs' kinds (and the
+   queue never claims a job while another job of its tenant runs);
 3. completes the job, or hands the failure to the queue (backoff, or failed at once when the
    error is permanent).
 
@@ -23,11 +24,17 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, queue
-from provisioner.errors import LeaseLost, PermanentError, ProvisionerError
-from provisioner.models import STEPS, Job, Lease, TenantId
+from provisioner import db, kinds, queue
+from provisioner.errors import (
+    InvalidInput,
+    LeaseLost,
+    PermanentError,
+    ProvisionerError,
+    WrongState,
+)
+from provisioner.kinds import JobKind, KindRegistry, Step, StepContext
+from provisioner.models import PROVISION_JOB_TYPE, Job, Lease, TenantId
 from provisioner.settings import Settings
-from provisioner.steps import PROVISION_STEPS, Step, StepContext
 from provisioner.storage import ObjectStore, store_from_settings
 
 #: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
@@ -44,6 +51,14 @@ class StepEvent:
     outcome: str
     seconds: float = 0.0
     detail: str | None = None
+
+
+class StepFailed(Exception):
+    """A step (or the resume check before the steps) raised; the cause is chained."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(step)
+        self.step = step
 
 
 ProgressCallback = Callable[[StepEvent], None]
@@ -70,7 +85,8 @@ def idle_timeout_ms(stale_after_seconds: float) -> int:
 
 
 class Engine:
-    """Runs ``provision_tenant`` jobs for one lease holder (a CLI process or a worker child)."""
+    """Runs jobs of every kind in its registry for one lease holder (a CLI process or a worker
+    child); the steps of a job are its kind's (:mod:`provisioner.kinds`)."""
 
     def __init__(
         self,
@@ -80,10 +96,12 @@ class Engine:
         app_role: str,
         store: ObjectStore,
         stale_after_seconds: float = 900.0,
+        job_kinds: KindRegistry = kinds.BUILTIN,
     ) -> None:
         self.holder = holder
         self.app_role = app_role
         self.store = store
+        self.kinds = job_kinds
         self._db = db.Database(
             owner_url,
             application_name=holder,
@@ -124,6 +142,7 @@ class Engine:
             app_role=settings.app_role,
             store=store_from_settings(settings),
             stale_after_seconds=settings.job_stale_after_seconds,
+            job_kinds=settings.job_kinds,
         )
 
     def refresh_control(self) -> None:
@@ -145,10 +164,11 @@ class Engine:
 
     # -- catalog ------------------------------------------------------------------------------
 
-    def missing_effects(self, tenant: TenantId) -> list[str]:
-        """Steps whose effect the catalog does not show."""
+    def missing_effects(self, tenant: TenantId, job_type: str = PROVISION_JOB_TYPE) -> list[str]:
+        """Steps of the kind whose effect the catalog does not show."""
+        kind = self.kinds[job_type]
         with self._db.transaction() as tx:
-            return _vanished(tx, self._context(tenant), STEPS)
+            return _vanished(tx, self._context(tenant), kind.steps, kind.step_names)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -171,10 +191,33 @@ class Engine:
         lease = job.lease
         ctx = self._context(tenant)
         journal = self.control
+        try:
+            kind = self.kinds[job.job_type]
+            return self._run_steps(kind, job, lease, ctx, journal, on_progress, should_stop)
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            where, cause = (exc.step, exc.__cause__) if isinstance(exc, StepFailed) else ("", exc)
+            permanent = isinstance(cause, PermanentError | InvalidInput | WrongState)
+            message = f"{where or 'start'}: {describe(cause or exc)}"
+            return self._finish(
+                lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
+            )
+
+    def _run_steps(
+        self,
+        kind: JobKind,
+        job: Job,
+        lease: Lease,
+        ctx: StepContext,
+        journal: psycopg.Connection[Any],
+        on_progress: ProgressCallback,
+        should_stop: StopRequested,
+    ) -> Job:
         current = "resume check"
         try:
-            job, repaired = self._forget_vanished(job, lease, ctx)
-            for step in PROVISION_STEPS:
+            job, repaired = self._forget_vanished(kind, job, lease, ctx)
+            for step in kind.steps:
                 if step.name in job.steps_completed:
                     on_progress(StepEvent(job, step.name, "skipped"))
                     continue
@@ -182,35 +225,34 @@ class Engine:
                     return self._finish(lambda c: queue.release(c, lease))
                 current = step.name
                 job = self._run_step(
-                    job, lease, step, ctx, journal, on_progress, step.name in repaired
+                    kind, job, lease, step, ctx, journal, on_progress, step.name in repaired
                 )
             current = "complete"
             return self._finish(lambda c: queue.complete(c, lease))
         except LeaseLost:
             raise
         except Exception as exc:
-            permanent = isinstance(exc, PermanentError)
-            message = f"{current}: {describe(exc)}"
-            return self._finish(
-                lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
-            )
+            raise StepFailed(current) from exc
 
     def _context(self, tenant: TenantId) -> StepContext:
         return StepContext(tenant=tenant, app_role=self.app_role, store=self.store)
 
-    def _forget_vanished(self, job: Job, lease: Lease, ctx: StepContext) -> tuple[Job, set[str]]:
+    def _forget_vanished(
+        self, kind: JobKind, job: Job, lease: Lease, ctx: StepContext
+    ) -> tuple[Job, set[str]]:
         if not job.steps_completed:
             return job, set()
         with self._db.transaction() as tx:
-            gone = _vanished(tx, ctx, job.steps_completed)
+            gone = _vanished(tx, ctx, kind.steps, job.steps_completed)
             if not gone:
                 return job, set()
-            kept = [s for s in job.steps_completed if s not in gone]
-            job = queue.record_step(tx.pg, lease, kept)
+            kept = kind.ordered(s for s in job.steps_completed if s not in gone)
+            job = queue.record_step(tx.pg, lease, kept, kind.progress(kept))
         return job, set(gone)
 
     def _run_step(
         self,
+        kind: JobKind,
         job: Job,
         lease: Lease,
         step: Step,
@@ -231,7 +273,8 @@ class Engine:
                     detail = "; ".join(
                         filter(None, ["re-ran: its effect was missing from the catalog", detail])
                     )
-                job = queue.record_step(tx.pg, lease, [*job.steps_completed, step.name])
+                done = kind.ordered([*job.steps_completed, step.name])
+                job = queue.record_step(tx.pg, lease, done, kind.progress(done))
                 queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
         except BaseException as exc:
             outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
@@ -266,12 +309,14 @@ class Engine:
             return write(tx.pg)
 
 
-def _vanished(tx: db.Transaction, ctx: StepContext, names: Iterable[str]) -> list[str]:
+def _vanished(
+    tx: db.Transaction, ctx: StepContext, steps: tuple[Step, ...], names: Iterable[str]
+) -> list[str]:
     """Of the steps ``names``, those that use the database and whose effect is gone."""
     wanted = set(names)
     return [
         step.name
-        for step in PROVISION_STEPS
+        for step in steps
         if step.name in wanted and step.uses_database and not step.effect_present(tx, ctx)
     ]
 

@@ -3,6 +3,7 @@
     ProvisionerError (exit 1)
     ├── InvalidInput (2)            bad tenant id, unknown job type, bad flag value
     ├── ConfigurationError (2)      settings that cannot work (missing URL, unknown provider)
+    ├── WrongState (2)              the tenant's lifecycle state does not allow the command
     ├── UnknownTenant (3)           no control row and no job for that tenant
     ├── UnknownJob (3)              no job with that id
     ├── LeaseLost (1)               another process took this job over; record nothing
@@ -35,6 +36,14 @@ class InvalidInput(ProvisionerError):
 
 class ConfigurationError(ProvisionerError):
     """The settings cannot work; nothing was attempted."""
+
+    exit_code = 2
+
+
+class WrongState(ProvisionerError):
+    """The tenant's state (``control.tenants.state``) does not allow this command or step.
+
+    Also permanent for a job: a step that meets it fails at once, without retries."""
 
     exit_code = 2
 

@@ -12,15 +12,12 @@ from uuid import UUID
 
 from provisioner.errors import InvalidInput
 
+#: The job type of provisioning (the contract's name); every kind is described in
+#: :mod:`provisioner.kinds`.
 PROVISION_JOB_TYPE = "provision_tenant"
 
-#: Every job type the platform knows. The provisioner worker handles only the first; the others
-#: belong to the product worker and are accepted by ``enqueue`` so both share one queue.
-SUPPORTED_JOB_TYPES: frozenset[str] = frozenset(
-    {PROVISION_JOB_TYPE, "train_tenant_model", "materialize_insights", "send_email"}
-)
-
-#: The six provisioning steps, in the order they run.
+#: The six provisioning steps' names, in the order they run (the contract's names; the steps
+#: themselves are ``provisioner.steps.PROVISION_STEPS``).
 STEPS: tuple[str, ...] = (
     "create_schema",
     "run_tenant_migrations",
@@ -80,11 +77,6 @@ class TenantId:
         return self.value
 
 
-def progress_of(done: list[str] | tuple[str, ...]) -> int:
-    """Percentage of the six steps recorded, rounded down."""
-    return len([s for s in done if s in STEPS]) * 100 // len(STEPS)
-
-
 class JobStatus(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -111,6 +103,8 @@ class Job:
     attempts: int
     max_attempts: int
     payload: dict[str, Any] = field(default_factory=dict)
+    #: the job's run: 1, then one more each time it is re-opened (attempts restart per run)
+    run: int = 1
     idempotency_key: str | None = None
     available_at: datetime | None = None
     locked_at: datetime | None = None
@@ -132,6 +126,7 @@ class Job:
             attempts=row["attempts"],
             max_attempts=row["max_attempts"],
             payload=dict(row.get("payload") or {}),
+            run=int(row.get("run") or 1),
             idempotency_key=row.get("idempotency_key"),
             available_at=row.get("available_at"),
             locked_at=row.get("locked_at"),
@@ -145,16 +140,18 @@ class Job:
     def lease(self) -> Lease:
         if self.locked_by is None:
             raise LookupError(f"job {self.id} is not claimed")
-        return Lease(job_id=self.id, locked_by=self.locked_by, attempts=self.attempts)
+        return Lease(job_id=self.id, locked_by=self.locked_by, attempts=self.attempts, run=self.run)
 
     def view(self) -> dict[str, Any]:
         """The documented ``--json`` object of ``status`` and ``provision``."""
         return {
             "tenant_id": self.tenant_id,
             "job_id": str(self.id),
+            "job_type": self.job_type,
             "status": self.status.value,
             "progress": self.progress,
             "steps_completed": list(self.steps_completed),
+            "run": self.run,
             "attempts": self.attempts,
             "error_detail": self.error_detail,
         }
@@ -167,3 +164,5 @@ class Lease:
     job_id: UUID
     locked_by: str
     attempts: int
+    #: which run of the job the attempt belongs to (for the step history; not part of the fence)
+    run: int = 1

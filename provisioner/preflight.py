@@ -11,26 +11,25 @@ import logging
 from contextlib import closing
 from typing import Any
 
-from provisioner import db, heartbeats, migrations, queue, service
+from provisioner import db, heartbeats, migrations, service
 from provisioner.errors import ConfigurationError
 from provisioner.logs import event
-from provisioner.models import PROVISION_JOB_TYPE
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
-
-#: The job types this worker has a handler for (the product worker runs the others).
-HANDLED_JOB_TYPES: frozenset[str] = frozenset({PROVISION_JOB_TYPE})
 
 
 def check_configuration(settings: Settings) -> None:
     """Refuse settings this worker cannot run with; touches nothing outside the process."""
-    queue.check_job_types(settings.worker_job_types)  # InvalidInput for an unknown type
-    unhandled = sorted(set(settings.worker_job_types) - HANDLED_JOB_TYPES)
+    registry = settings.job_kinds  # ConfigurationError for a kind module that cannot load
+    registry.check(settings.worker_job_types)  # InvalidInput for an unknown type
+    unhandled = sorted(set(settings.worker_job_types) - registry.handled)
     if unhandled:
         raise ConfigurationError(
             f"this worker has no handler for job type(s) {', '.join(unhandled)}: it runs "
-            f"{', '.join(sorted(HANDLED_JOB_TYPES))} only (PROVISIONER_WORKER_JOB_TYPES)"
+            f"{', '.join(sorted(registry.handled))} only (PROVISIONER_WORKER_JOB_TYPES)"
         )
+    for name in settings.worker_job_types:
+        registry[name].steps  # noqa: B018 -- a step module that does not import refuses here
     for name, value in (
         ("MIGRATIONS_DATABASE_URL", settings.migrations_database_url),
         ("APP_DATABASE_URL", settings.app_database_url),

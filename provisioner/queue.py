@@ -22,21 +22,15 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from provisioner.errors import InvalidInput, LeaseLost, UnknownJob
-from provisioner.models import (
-    PROVISION_JOB_TYPE,
-    STEPS,
-    SUPPORTED_JOB_TYPES,
-    Job,
-    Lease,
-    TenantId,
-    progress_of,
-)
+from provisioner.models import PROVISION_JOB_TYPE, Job, Lease, TenantId
 from provisioner.settings import redact
 
 NOTIFY_CHANNEL = "provisioner_jobs"
 ERROR_DETAIL_LIMIT = 4000
 BACKOFF_CAP_SECONDS = 300
 RECOVERED_DETAIL = "Recovered after worker lease expired."
+#: First key of the advisory lock a claim takes on the job's tenant for its transaction ('jobs').
+TENANT_JOB_LOCK_CLASS = 0x6A6F6273
 
 # -- statements ---------------------------------------------------------------------------------
 
@@ -52,23 +46,34 @@ RETURNING *
 # The job already holding an idempotency key.
 BY_IDEMPOTENCY_KEY = "SELECT * FROM control.platform_jobs WHERE idempotency_key = %(key)s"
 
-# Put a failed or cancelled job back in the queue with a fresh set of attempts.
+# Put a failed or cancelled job back in the queue: a new run, with a fresh set of attempts.
 REQUEUE_TERMINAL = """
 UPDATE control.platform_jobs
-   SET status = 'queued', attempts = 0, available_at = now(), locked_at = NULL,
+   SET status = 'queued', attempts = 0, run = run + 1, available_at = now(), locked_at = NULL,
        locked_by = NULL, finished_at = NULL, updated_at = now()
  WHERE id = %(id)s AND status IN ('failed', 'cancelled')
 RETURNING *
 """
 
-# Open a succeeded job again because the catalog shows part of its effect is gone.
+# Open a succeeded job again (part of its effect is gone, or the request is made anew): a new
+# run, with a fresh set of attempts.
 REOPEN_SUCCEEDED = """
 UPDATE control.platform_jobs
-   SET status = 'queued', attempts = 0, available_at = now(), finished_at = NULL,
+   SET status = 'queued', attempts = 0, run = run + 1, available_at = now(), finished_at = NULL,
        updated_at = now()
  WHERE id = %(id)s AND status = 'succeeded'
 RETURNING *
 """
+
+# Say which kind and which command started a run of a job (its first, or a re-opening).
+RUN_START = """
+INSERT INTO control.job_runs (job_id, run, job_type, started_by)
+VALUES (%(job_id)s, %(run)s, %(job_type)s, %(started_by)s)
+ON CONFLICT (job_id, run) DO NOTHING
+"""
+
+# Every run of a job, oldest first.
+RUNS_FOR_JOB = "SELECT * FROM control.job_runs WHERE job_id = %(job_id)s ORDER BY run"
 
 # Wake idle workers once the surrounding transaction commits; the payload is the job type.
 NOTIFY = "SELECT pg_notify(%(channel)s, %(job_type)s)"
@@ -83,11 +88,16 @@ VALUES (%(tenant_id)s, %(schema)s)
 ON CONFLICT (tenant_id) DO NOTHING
 """
 
-# Claim the oldest claimable job of the allowed types; SKIP LOCKED keeps claimants apart.
+# Claim the oldest claimable job of the allowed types; SKIP LOCKED keeps claimants apart. A job
+# whose tenant has another job running waits (jobs of one tenant never run at the same time,
+# whatever their kinds); the try-lock keeps two claimants from taking two jobs of one tenant.
 CLAIM_NEXT = """
 WITH next AS (
-    SELECT id FROM control.platform_jobs
+    SELECT id FROM control.platform_jobs q
      WHERE status = 'queued' AND available_at <= now() AND job_type = ANY(%(job_types)s)
+       AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
+                        WHERE r.tenant_id = q.tenant_id AND r.status = 'running')
+       AND (tenant_id IS NULL OR pg_try_advisory_xact_lock(%(lock_class)s, hashtext(tenant_id)))
      ORDER BY available_at, created_at
      LIMIT 1
        FOR UPDATE SKIP LOCKED
@@ -100,13 +110,18 @@ UPDATE control.platform_jobs AS j
 RETURNING j.*
 """
 
-# Claim one given job that is queued (ready or not): a one-off provisioning does it now.
+# Claim one given job that is queued (ready or not): a one-off command does it now, unless
+# another job of its tenant runs under a live holder.
 CLAIM_QUEUED_JOB = """
-UPDATE control.platform_jobs
-   SET status = 'running', attempts = attempts + 1, locked_at = now(),
+UPDATE control.platform_jobs AS j
+   SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
        locked_by = %(worker)s, available_at = now(), updated_at = now()
- WHERE id = %(id)s AND status = 'queued'
-RETURNING *
+ WHERE j.id = %(id)s AND j.status = 'queued'
+   AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
+                    WHERE r.tenant_id = j.tenant_id AND r.id <> j.id AND r.status = 'running'
+                      AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                                   WHERE a.application_name = r.locked_by))
+RETURNING j.*
 """
 
 # Take over one running job whose holder has no live session (a one-off CLI that was killed).
@@ -223,8 +238,8 @@ SELECT * FROM control.platform_jobs
 
 # A step begins (written on its own autocommit connection, so a crash leaves the trace).
 STEP_RUN_START = """
-INSERT INTO control.job_step_runs (job_id, tenant_id, attempt, step, worker)
-VALUES (%(job_id)s, %(tenant_id)s, %(attempt)s, %(step)s, %(worker)s)
+INSERT INTO control.job_step_runs (job_id, tenant_id, run, attempt, step, worker)
+VALUES (%(job_id)s, %(tenant_id)s, %(run)s, %(attempt)s, %(step)s, %(worker)s)
 RETURNING id
 """
 
@@ -289,17 +304,6 @@ def _all(conn: Conn, statement: str, params: dict[str, Any]) -> list[dict[str, A
         return cur.fetchall()
 
 
-def check_job_types(job_types: tuple[str, ...] | list[str] | frozenset[str]) -> None:
-    unknown = sorted(set(job_types) - SUPPORTED_JOB_TYPES)
-    if unknown:
-        raise InvalidInput(
-            f"unsupported job type(s) {', '.join(unknown)}; supported: "
-            f"{', '.join(sorted(SUPPORTED_JOB_TYPES))}"
-        )
-    if not job_types:
-        raise InvalidInput("at least one job type is required")
-
-
 def bounded_error(text: str) -> str:
     """Secrets redacted, then cut to the column's budget."""
     text = redact(text).strip() or "unknown error"
@@ -317,13 +321,16 @@ def enqueue(
     idempotency_key: str | None = None,
     max_attempts: int = 5,
     retry_terminal: bool = False,
+    started_by: str = "enqueue",
 ) -> Enqueued:
     """Insert a job in the caller's transaction, or return the one holding the key.
 
     With ``retry_terminal``, an existing failed or cancelled job is queued again with its
     attempts reset (its ``steps_completed`` stay, so the work resumes where it stopped).
+    The caller checks ``job_type`` against the kind registry (:mod:`provisioner.kinds`).
     """
-    check_job_types((job_type,))
+    if not job_type:
+        raise InvalidInput("a job needs a job type")
     if max_attempts < 1:
         raise InvalidInput("max_attempts must be at least 1")
     params = {
@@ -335,17 +342,32 @@ def enqueue(
     }
     row = _one(conn, ENQUEUE, params)
     if row is not None:
+        _start_run(conn, job := Job.from_row(row), started_by)
         _notify(conn, job_type)
-        return Enqueued(Job.from_row(row), created=True)
+        return Enqueued(job, created=True)
     existing = _one(conn, BY_IDEMPOTENCY_KEY, {"key": idempotency_key})
     assert existing is not None, "ON CONFLICT fired, so the key exists"
     job = Job.from_row(existing)
     if retry_terminal and job.status in ("failed", "cancelled"):
         requeued = _one(conn, REQUEUE_TERMINAL, {"id": job.id})
         if requeued is not None:
+            _start_run(conn, job := Job.from_row(requeued), started_by)
             _notify(conn, job_type)
-            return Enqueued(Job.from_row(requeued), created=False, requeued=True)
+            return Enqueued(job, created=False, requeued=True)
     return Enqueued(job, created=False)
+
+
+def _start_run(conn: Conn, job: Job, started_by: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(
+            RUN_START,
+            {"job_id": job.id, "run": job.run, "job_type": job.job_type, "started_by": started_by},
+        )
+
+
+def runs(conn: Conn, job_id: UUID) -> list[dict[str, Any]]:
+    """Each run of the job: its number, kind, the command that started it, when."""
+    return _all(conn, RUNS_FOR_JOB, {"job_id": job_id})
 
 
 def _notify(conn: Conn, job_type: str) -> None:
@@ -368,23 +390,48 @@ def provision_key(tenant: TenantId) -> str:
     return f"provision:{tenant.value}"
 
 
-def ensure_provision_job(conn: Conn, tenant: TenantId, *, retry_terminal: bool = False) -> Enqueued:
+def ensure_provision_job(
+    conn: Conn, tenant: TenantId, *, retry_terminal: bool = False, started_by: str = "enqueue"
+) -> Enqueued:
     """The tenant's control row and its one ``provision_tenant`` job, created if missing."""
+    return ensure_tenant_job(
+        conn,
+        tenant,
+        PROVISION_JOB_TYPE,
+        provision_key(tenant),
+        retry_terminal=retry_terminal,
+        started_by=started_by,
+    )
+
+
+def ensure_tenant_job(
+    conn: Conn,
+    tenant: TenantId,
+    job_type: str,
+    idempotency_key: str | None,
+    *,
+    retry_terminal: bool = False,
+    started_by: str = "enqueue",
+) -> Enqueued:
+    """The tenant's control row and its job of ``job_type`` under the key, created if missing."""
     with conn.cursor() as cur:
         cur.execute(ENSURE_TENANT, {"tenant_id": tenant.value, "schema": tenant.schema})
     return enqueue(
         conn,
-        PROVISION_JOB_TYPE,
+        job_type,
         tenant_id=tenant.value,
-        idempotency_key=provision_key(tenant),
+        idempotency_key=idempotency_key,
         retry_terminal=retry_terminal,
+        started_by=started_by,
     )
 
 
 def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) -> Job | None:
     """Claim the oldest ready job of ``job_types`` for ``worker`` and commit the claim."""
-    check_job_types(tuple(job_types))
-    row = _one(conn, CLAIM_NEXT, {"job_types": list(job_types), "worker": worker})
+    if not job_types:
+        raise InvalidInput("at least one job type is required")
+    params = {"job_types": list(job_types), "worker": worker, "lock_class": TENANT_JOB_LOCK_CLASS}
+    row = _one(conn, CLAIM_NEXT, params)
     conn.commit()
     return Job.from_row(row) if row else None
 
@@ -414,10 +461,11 @@ def _fenced(conn: Conn, statement: str, lease: Lease, **params: Any) -> Job:
     return Job.from_row(row)
 
 
-def record_step(conn: Conn, lease: Lease, done: list[str]) -> Job:
-    """Record the finished steps (in their canonical order) and the progress they make."""
-    ordered = [step for step in STEPS if step in done]
-    return _fenced(conn, RECORD_STEP, lease, steps=Jsonb(ordered), progress=progress_of(ordered))
+def record_step(conn: Conn, lease: Lease, done: list[str], progress: int) -> Job:
+    """Record the finished steps (the caller orders them) and the progress they make."""
+    if not 0 <= progress <= 100:
+        raise InvalidInput(f"progress must be between 0 and 100, got {progress}")
+    return _fenced(conn, RECORD_STEP, lease, steps=Jsonb(list(done)), progress=progress)
 
 
 def complete(conn: Conn, lease: Lease) -> Job:
@@ -461,8 +509,8 @@ def cancel(conn: Conn, job_id: UUID) -> Job:
     return Job.from_row(row)
 
 
-def retry(conn: Conn, job_id: UUID) -> Job:
-    """Queue a failed or cancelled job again (attempts reset, recorded steps kept)."""
+def retry(conn: Conn, job_id: UUID, *, started_by: str = "jobs retry") -> Job:
+    """Queue a failed or cancelled job again: a new run (attempts reset, recorded steps kept)."""
     row = _one(conn, REQUEUE_TERMINAL, {"id": job_id})
     if row is None:
         job = get_job(conn, job_id)  # raises UnknownJob when there is no such job
@@ -470,11 +518,14 @@ def retry(conn: Conn, job_id: UUID) -> Job:
             f"job {job_id} is {job.status.value}; only failed or cancelled jobs can be retried"
         )
     job = Job.from_row(row)
+    _start_run(conn, job, started_by)
     _notify(conn, job.job_type)
     return job
 
 
-def reopen(conn: Conn, job_id: UUID, *, wake_workers: bool = False) -> Job:
+def reopen(
+    conn: Conn, job_id: UUID, *, wake_workers: bool = False, started_by: str = "upgrade"
+) -> Job:
     """Queue a succeeded job again (its steps are re-checked against the catalog on the run).
 
     ``wake_workers`` sends the NOTIFY with the commit; a one-off provisioning that claims the
@@ -484,6 +535,7 @@ def reopen(conn: Conn, job_id: UUID, *, wake_workers: bool = False) -> Job:
     if row is None:
         return get_job(conn, job_id)
     job = Job.from_row(row)
+    _start_run(conn, job, started_by)
     if wake_workers:
         _notify(conn, job.job_type)
     return job
@@ -521,6 +573,7 @@ def start_step_run(conn: Conn, lease: Lease, tenant_id: str | None, step: str) -
         {
             "job_id": lease.job_id,
             "tenant_id": tenant_id,
+            "run": lease.run,
             "attempt": lease.attempts,
             "step": step,
             "worker": lease.locked_by,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
@@ -17,15 +16,24 @@ from uuid import UUID
 
 import psycopg
 
-from provisioner import db, heartbeats, local_pg, migrations, queue, tenants
+from provisioner import (
+    db,
+    heartbeats,
+    local_pg,
+    migrations,
+    queue,
+    runner,
+    tenant_lifecycle,
+    tenants,
+)
 from provisioner.engine import Engine, ProgressCallback, StopRequested, ignore_progress, never_stop
 from provisioner.errors import (
     ConfigurationError,
     InvalidInput,
     StorageMisconfigured,
     StorageUnavailable,
-    TenantBusy,
     UnknownTenant,
+    WrongState,
 )
 from provisioner.models import Job, JobStatus, TenantId
 
@@ -85,10 +93,25 @@ def require_control_at_head(conn: psycopg.Connection[Any]) -> None:
             )
 
 
+def refuse_inactive(conn: psycopg.Connection[Any], tenant: TenantId, command: str) -> None:
+    """WrongState (exit 2) for a suspended, archived or deleted tenant: control.tenants.state
+    is authoritative, and provisioning would give the application role its access back."""
+    with db.translated():
+        state = tenants.state_of(conn, tenant)
+    if state in tenants.INACTIVE_STATES:
+        hint = {
+            "suspended": "`provisioner restore` it first",
+            "archived": "`provisioner restore` it first",
+            "deleted": "pass --reuse-deleted to `provisioner provision` to start it from scratch",
+        }[str(state)]
+        raise WrongState(f"tenant {tenant} is {state}: {command} leaves it alone; {hint}")
+
+
 def enqueue(settings: Settings, tenant_id: str) -> queue.Enqueued:
     """Idempotently enqueue the tenant's provisioning job (re-queues a failed one)."""
     tenant = TenantId(tenant_id)
     with app_connection(settings) as conn:
+        refuse_inactive(conn, tenant, "enqueue")
         return queue.ensure_provision_job(conn, tenant, retry_terminal=True)
 
 
@@ -106,51 +129,115 @@ def provision(
     on_progress: ProgressCallback = ignore_progress,
     should_stop: StopRequested = never_stop,
     holder: str | None = None,
+    reuse_deleted: bool = False,
 ) -> ProvisionResult:
     """Provision one tenant now, in this process, through its job row and the step engine.
 
     Resumes a half-done tenant; repairs a provisioned one whose schema lost part of its effect;
-    says so when there is nothing to do. Raises TenantBusy if a live process holds the job.
+    says so when there is nothing to do. Raises TenantBusy if a live process holds the job,
+    WrongState for a suspended, archived or deleted tenant (a deleted one is provisioned again
+    from scratch with ``reuse_deleted``).
     """
     tenant = TenantId(tenant_id)
     holder = holder or holder_id("cli")
+    started_by = "provision --reuse-deleted" if reuse_deleted else "provision"
     with Engine.from_settings(settings, holder) as engine:
         # One owner session does the bookkeeping (the engine's own): each new connection costs
         # several milliseconds, a large share of a provisioning that takes a few dozen.
         conn = engine.control
         require_control_at_head(conn)
         with db.translated(), conn.transaction():
-            job = queue.ensure_provision_job(conn, tenant, retry_terminal=True).job
+            if reuse_deleted:
+                tenants.reuse_deleted(conn, tenant)
+            refuse_inactive(conn, tenant, "provision")
+            job = queue.ensure_provision_job(
+                conn, tenant, retry_terminal=True, started_by=started_by
+            ).job
         if job.status is JobStatus.SUCCEEDED:
             if not engine.missing_effects(tenant):
                 return ProvisionResult(job, already_provisioned=True)
             with db.translated():
-                job = queue.reopen(conn, job.id)
-        claimed = _claim_when_free(conn, job.id, holder)
-        if claimed is None:
-            with db.translated():
-                current = queue.get_job(conn, job.id)
-            raise TenantBusy(
-                f"tenant {tenant} is being provisioned by {current.locked_by} "
-                f"({current.status.value}, {current.progress}%); follow it with "
-                f"`provisioner status {tenant} --watch`"
-            )
-        return ProvisionResult(
-            engine.run(claimed, on_progress=on_progress, should_stop=should_stop)
+                job = queue.reopen(conn, job.id, started_by=f"{started_by} (repair)")
+        outcome = runner.claim_and_run(
+            engine, job.id, on_progress=on_progress, should_stop=should_stop
         )
+        return ProvisionResult(runner.settled_job(outcome))
 
 
-def _claim_when_free(
-    conn: psycopg.Connection[Any], job_id: UUID, holder: str, grace_seconds: float = 3.0
-) -> Job | None:
-    """Claim the job, waiting briefly for a just-killed holder's sessions to disappear."""
-    deadline = time.monotonic() + grace_seconds
-    while True:
+@dataclass(frozen=True)
+class LifecycleResult:
+    """How a suspend, restore, deprovision or purge request ended."""
+
+    tenant: TenantId
+    job_type: str
+    #: the job as it was left (None: nothing to do and no job of that kind yet)
+    job: Job | None
+    #: control.tenants.state afterwards
+    state: str
+    #: True when the tenant was already there and the catalog confirmed it: nothing ran
+    already: bool = False
+    #: True when the job was queued for a worker instead of run here
+    queued: bool = False
+
+
+def change_lifecycle(
+    settings: Settings,
+    tenant_id: str,
+    job_type: str,
+    *,
+    queue_only: bool = False,
+    on_progress: ProgressCallback = ignore_progress,
+    should_stop: StopRequested = never_stop,
+    holder: str | None = None,
+) -> LifecycleResult:
+    """Suspend, restore, deprovision or purge one tenant (``job_type`` names the kind), here
+    through its job row and the step engine, or queued for a worker (``queue_only``).
+
+    UnknownTenant without a control row; WrongState when the tenant's state does not allow it;
+    a tenant already there (and the catalog agreeing) is left alone. A half-done earlier
+    request of the same kind is resumed.
+    """
+    tenant = TenantId(tenant_id)
+    kind = settings.job_kinds[job_type]
+    rule = tenant_lifecycle.RULES[job_type]
+    holder = holder or holder_id("cli")
+    command = f"{kind.command or job_type}{' (queued)' if queue_only else ''}"
+    with Engine.from_settings(settings, holder) as engine:
+        conn = engine.control
+        require_control_at_head(conn)
         with db.translated():
-            claimed = queue.claim_job(conn, job_id, holder)
-        if claimed is not None or time.monotonic() >= deadline:
-            return claimed
-        time.sleep(0.1)
+            found = tenants.get_tenant(conn, tenant)
+            job = queue.latest_for_tenant(conn, tenant, job_type)
+        if found is None:
+            raise UnknownTenant(f"unknown tenant {tenant}: it has no control row")
+        unfinished = job is not None and job.status is not JobStatus.SUCCEEDED
+        if found.state not in rule.from_states and not (
+            unfinished and found.state in rule.done_states
+        ):
+            if found.state in rule.done_states and job_type != tenant_lifecycle.RESTORE_JOB_TYPE:
+                if not engine.missing_effects(tenant, job_type):
+                    return LifecycleResult(tenant, job_type, job, found.state, already=True)
+            else:
+                raise WrongState(
+                    f"tenant {tenant} is {found.state}: {kind.command or job_type} applies to "
+                    f"{' or '.join(rule.from_states)} tenants"
+                )
+        key = kind.idempotency_key(tenant) if kind.idempotency_key else None
+        with db.translated(), conn.transaction():
+            job = queue.ensure_tenant_job(
+                conn, tenant, job_type, key, retry_terminal=True, started_by=command
+            ).job
+            if job.status is JobStatus.SUCCEEDED:
+                job = queue.reopen(conn, job.id, wake_workers=queue_only, started_by=command)
+        if queue_only:
+            return LifecycleResult(tenant, job_type, job, found.state, queued=True)
+        outcome = runner.claim_and_run(
+            engine, job.id, on_progress=on_progress, should_stop=should_stop
+        )
+        job = runner.settled_job(outcome)
+        with db.translated():
+            state = tenants.state_of(conn, tenant) or found.state
+        return LifecycleResult(tenant, job_type, job, state)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from provisioner import kinds
 from provisioner.errors import ConfigurationError
-from provisioner.models import PROVISION_JOB_TYPE
 
 DEFAULT_COMPONENT = "provisioner-worker"
-DEFAULT_JOB_TYPES = (PROVISION_JOB_TYPE,)
+#: What a worker drains without PROVISIONER_WORKER_JOB_TYPES: the kinds the registry marks so.
+DEFAULT_JOB_TYPES = kinds.BUILTIN.default_worker
 OBJECT_STORE_PROVIDERS = ("filesystem", "s3", "azure")
 
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*(?P<tail>@)", re.I)
@@ -60,6 +61,8 @@ class Settings:
     app_role: str = "app_rw"
     worker_component: str = DEFAULT_COMPONENT
     worker_job_types: tuple[str, ...] = DEFAULT_JOB_TYPES
+    #: importable modules whose ``JOB_KINDS`` join the registry (PROVISIONER_JOB_KIND_MODULES)
+    job_kind_modules: tuple[str, ...] = ()
     job_stale_after_seconds: float = 900.0
     heartbeat_seconds: float = 10.0
     poll_interval_seconds: float = 5.0
@@ -79,14 +82,15 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         path = env.get("OBJECT_STORE_PATH")
+        kind_modules = parse_job_types(env.get("PROVISIONER_JOB_KIND_MODULES") or "")
         return cls(
             migrations_database_url=env.get("MIGRATIONS_DATABASE_URL") or None,
             app_database_url=env.get("APP_DATABASE_URL") or None,
             app_role=env.get("PROVISIONER_APP_ROLE") or cls.app_role,
             worker_component=env.get("PROVISIONER_WORKER_COMPONENT") or DEFAULT_COMPONENT,
-            worker_job_types=parse_job_types(
-                env.get("PROVISIONER_WORKER_JOB_TYPES") or ",".join(DEFAULT_JOB_TYPES)
-            ),
+            worker_job_types=parse_job_types(env.get("PROVISIONER_WORKER_JOB_TYPES") or "")
+            or kinds.registry(kind_modules).default_worker,
+            job_kind_modules=kind_modules,
             job_stale_after_seconds=_float(
                 env, "PROVISIONER_JOB_STALE_AFTER_SECONDS", cls.job_stale_after_seconds
             ),
@@ -129,6 +133,12 @@ class Settings:
         if not url:
             raise ConfigurationError("APP_DATABASE_URL is not set (the app_rw role's URL)")
         return url
+
+    @property
+    def job_kinds(self) -> kinds.KindRegistry:
+        """The job kinds this process knows: the built-in ones and those of
+        ``job_kind_modules`` (a worker's spawned children rebuild it from the same settings)."""
+        return kinds.registry(self.job_kind_modules)
 
     def describe(self) -> dict[str, object]:
         """Settings for logs and ``--json`` output; fields hidden from ``repr`` are redacted."""

@@ -7,29 +7,12 @@ present; a step whose effect vanished (a dropped schema, revoked grants) runs ag
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from provisioner import migrations, tenant_schema, tenant_template_cache, tenants
 from provisioner.db import Transaction
-from provisioner.models import STEPS, TenantId
-from provisioner.storage import ObjectStore
+from provisioner.kinds import Step, StepContext
+from provisioner.models import STEPS
 
-
-@dataclass(frozen=True)
-class StepContext:
-    tenant: TenantId
-    app_role: str
-    store: ObjectStore
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    run: Callable[[Transaction, StepContext], str | None]
-    effect_present: Callable[[Transaction, StepContext], bool]
-    #: False for the storage check: it touches no database and has no catalog to consult.
-    uses_database: bool = True
+__all__ = ["PROVISION_STEPS", "Step", "StepContext"]
 
 
 def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:

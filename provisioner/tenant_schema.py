@@ -95,6 +95,29 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
 """
 )
 
+# What the role still holds in the schema, granted to it directly: on the schema itself, on its
+# relations, and as default privileges for what a later migration creates. Empty when the schema
+# does not exist. aclexplode reads the ACLs the REVOKEs below empty.
+APP_ROLE_HOLDINGS = (
+    SCHEMA_RELATIONS_CTE
+    + """
+, role AS (SELECT oid FROM pg_roles WHERE rolname = %(role)s)
+SELECT 'schema ' || n.nspname || ': ' || a.privilege_type AS held
+  FROM pg_namespace n, aclexplode(n.nspacl) a, role
+ WHERE n.nspname = %(schema)s AND a.grantee = role.oid
+UNION ALL
+SELECT r.relname || ': ' || a.privilege_type
+  FROM rels r, aclexplode(r.relacl) a, role WHERE a.grantee = role.oid
+UNION ALL
+SELECT 'default privileges on ' || d.defaclobjtype::text || ': ' || a.privilege_type
+  FROM pg_namespace n JOIN pg_default_acl d ON d.defaclnamespace = n.oid
+       CROSS JOIN aclexplode(d.defaclacl) a CROSS JOIN role
+ WHERE n.nspname = %(schema)s AND d.defaclrole = (SELECT oid FROM pg_roles
+                                                  WHERE rolname = current_user)
+   AND a.grantee = role.oid
+"""
+)
+
 SEED_ROLE_PROFILE = """
 INSERT INTO {schema}.role_profiles (key, name, permissions, is_default)
 VALUES (%(key)s, %(name)s, %(permissions)s, %(is_default)s)
@@ -201,6 +224,64 @@ def grant_app_role(conn: Conn, schema: str, app_role: str) -> None:
         # No parameters: psycopg sends the statements as one simple query.
         cur.execute(sql.SQL("; ").join(statements))
     verify_app_grants(conn, schema, app_role)
+
+
+def revoke_statements(
+    schema: str, app_role: str, tables: list[str], sequences: list[str]
+) -> list[sql.Composable]:
+    """Undo of :func:`grant_statements`, and everything else the role might hold there."""
+    schema_id, role_id = sql.Identifier(schema), sql.Identifier(app_role)
+    statements: list[sql.Composable] = [
+        sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(schema_id, role_id),
+        sql.SQL(
+            "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
+            "REVOKE ALL ON TABLES FROM {}"
+        ).format(schema_id, role_id),
+        sql.SQL(
+            "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
+            "REVOKE ALL ON SEQUENCES FROM {}"
+        ).format(schema_id, role_id),
+    ]
+    if tables:
+        statements.append(
+            sql.SQL("REVOKE ALL ON TABLE {} FROM {}").format(
+                sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables), role_id
+            )
+        )
+    if sequences:
+        statements.append(
+            sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}").format(
+                sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences), role_id
+            )
+        )
+    return statements
+
+
+def revoke_app_role(conn: Conn, schema: str, app_role: str) -> None:
+    """Take every privilege of the application role on the schema away, in the caller's
+    transaction (all at once on commit): its next query gets ``permission denied``. A missing
+    schema has nothing to revoke."""
+    if schema_owner(conn, schema)[0] is None:
+        return
+    tables, sequences = relations(conn, schema)
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("; ").join(revoke_statements(schema, app_role, tables, sequences)))
+    held = app_role_holdings(conn, schema, app_role)
+    if held:
+        raise PermanentError(f"{app_role} still holds in {schema}: {'; '.join(held[:10])}")
+
+
+def app_role_holdings(conn: Conn, schema: str, app_role: str) -> list[str]:
+    """What the application role holds in the schema (granted to it by name); [] when none."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(APP_ROLE_HOLDINGS, {"role": app_role, "schema": schema})
+        return [str(row[0]) for row in cur.fetchall()]
+
+
+def drop_schema(conn: Conn, schema: str) -> None:
+    """``DROP SCHEMA ... CASCADE``: the tenant's tables and data are gone on commit."""
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def missing_app_grants(conn: Conn, schema: str, app_role: str) -> list[str]:

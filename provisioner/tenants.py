@@ -1,4 +1,14 @@
-"""The tenant's row in ``control.tenants`` and its lifecycle state."""
+"""The tenant's row in ``control.tenants`` and its lifecycle state (authoritative).
+
+    pending -> provisioning -> onboarding -> (active)
+    onboarding/active -> suspended -> (restore) -> the state before suspension
+    onboarding/active/suspended -> archived -> (restore) -> the state before suspension
+    any state but deleted -> deleted (the schema dropped; the row and history kept)
+    deleted -> pending (provision --reuse-deleted)
+
+Each transition is one guarded UPDATE: it moves the tenant only from the states it allows, and
+a tenant already in the target state is left alone (a re-run step is a no-op).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +19,19 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from provisioner.errors import WrongState
 from provisioner.models import TenantId
 
 Conn = psycopg.Connection[Any]
 
 # States in which onboarding has begun; activation never moves a tenant backwards.
 ONBOARDED_STATES = ("onboarding", "active", "suspended", "archived")
+#: States in which the tenant is in use: suspend and deprovision start from these.
+LIVE_STATES = ("onboarding", "active")
+#: States in which provision, enqueue (and upgrade) leave the tenant alone.
+INACTIVE_STATES = ("suspended", "archived", "deleted")
+#: States restore starts from.
+RESTORABLE_STATES = ("suspended", "archived")
 
 GET_TENANT = "SELECT * FROM control.tenants WHERE tenant_id = %(tenant_id)s"
 
@@ -33,6 +50,47 @@ UPDATE control.tenants
 """
 
 
+# onboarding/active -> suspended, remembering where it was.
+SUSPEND = """
+UPDATE control.tenants SET previous_state = state, state = 'suspended', updated_at = now()
+ WHERE tenant_id = %(tenant_id)s AND state IN ('onboarding', 'active')
+RETURNING state
+"""
+
+# onboarding/active/suspended -> archived; a suspended tenant keeps its earlier state.
+ARCHIVE = """
+UPDATE control.tenants
+   SET previous_state = CASE WHEN state = 'suspended' THEN previous_state ELSE state END,
+       state = 'archived', updated_at = now()
+ WHERE tenant_id = %(tenant_id)s AND state IN ('onboarding', 'active', 'suspended')
+RETURNING state
+"""
+
+# suspended/archived -> the state before suspension.
+RESTORE = """
+UPDATE control.tenants
+   SET state = coalesce(previous_state, 'onboarding'), previous_state = NULL, updated_at = now()
+ WHERE tenant_id = %(tenant_id)s AND state IN ('suspended', 'archived')
+RETURNING state
+"""
+
+# any state but deleted -> deleted (purge); the row stays as the audit record.
+DELETE = """
+UPDATE control.tenants SET state = 'deleted', deleted_at = now(), updated_at = now()
+ WHERE tenant_id = %(tenant_id)s AND state <> 'deleted'
+RETURNING state
+"""
+
+# deleted -> pending: provision --reuse-deleted starts the tenant again from scratch.
+REUSE_DELETED = """
+UPDATE control.tenants
+   SET state = 'pending', previous_state = NULL, onboarding_started_at = NULL,
+       activated_at = NULL, updated_at = now()
+ WHERE tenant_id = %(tenant_id)s AND state = 'deleted'
+RETURNING state
+"""
+
+
 @dataclass(frozen=True)
 class Tenant:
     tenant_id: str
@@ -40,6 +98,9 @@ class Tenant:
     state: str
     created_at: datetime
     onboarding_started_at: datetime | None
+    #: the state before suspension or archival, which restore returns to
+    previous_state: str | None = None
+    deleted_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Tenant:
@@ -49,6 +110,8 @@ class Tenant:
             state=row["state"],
             created_at=row["created_at"],
             onboarding_started_at=row["onboarding_started_at"],
+            previous_state=row.get("previous_state"),
+            deleted_at=row.get("deleted_at"),
         )
 
 
@@ -76,3 +139,31 @@ def onboarding_active(conn: Conn, tenant: TenantId) -> bool:
         and found.state in ONBOARDED_STATES
         and found.onboarding_started_at is not None
     )
+
+
+def transition(conn: Conn, tenant: TenantId, statement: str, target: tuple[str, ...]) -> str:
+    """Run one guarded transition; the new state. A tenant already in ``target`` stays there;
+    any other state refuses with :class:`WrongState` (the step fails for good)."""
+    with conn.cursor() as cur:
+        cur.execute(statement, {"tenant_id": tenant.value})
+        moved = cur.fetchone()
+    if moved is not None:
+        return str(moved[0])
+    found = get_tenant(conn, tenant)
+    if found is None:
+        raise WrongState(f"tenant {tenant} has no control row")
+    if found.state in target:
+        return found.state
+    raise WrongState(f"tenant {tenant} is {found.state}: this transition does not apply")
+
+
+def reuse_deleted(conn: Conn, tenant: TenantId) -> bool:
+    """deleted -> pending; False when the tenant was not deleted."""
+    with conn.cursor() as cur:
+        cur.execute(REUSE_DELETED, {"tenant_id": tenant.value})
+        return cur.fetchone() is not None
+
+
+def state_of(conn: Conn, tenant: TenantId) -> str | None:
+    found = get_tenant(conn, tenant)
+    return found.state if found else None

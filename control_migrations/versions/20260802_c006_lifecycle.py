@@ -1,0 +1,93 @@
+"""Tenant lifecycle after onboarding, and numbered runs of a job.
+
+* ``control.tenants.state`` gains ``deleted`` (a purged tenant: schema dropped, row kept as the
+  audit record); ``previous_state`` is the state restore returns to; ``deleted_at`` stamps purge.
+* ``control.platform_jobs.run`` counts the runs of a job: re-opening it (upgrade, repair,
+  ``jobs retry``, a second suspend) starts run n+1 with its attempts from 1. Step runs record
+  their run, and ``control.job_runs`` says which kind and which command started each run.
+
+Revision ID: 20260802_c006
+Revises: 20260728_c004
+Create Date: 2026-08-02
+"""
+
+from alembic import op
+
+from provisioner.control_migrations.privileges import grant_to_app_role, revoke_from_app_role
+
+revision = "20260802_c006"
+down_revision = "20260728_c004"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute("ALTER TABLE control.tenants DROP CONSTRAINT tenants_state_check")
+    op.execute(
+        """
+        ALTER TABLE control.tenants
+            ADD CONSTRAINT tenants_state_check
+                CHECK (state IN ('pending', 'provisioning', 'onboarding', 'active',
+                                 'suspended', 'archived', 'deleted')) NOT VALID,
+            ADD COLUMN previous_state TEXT,
+            ADD COLUMN deleted_at TIMESTAMPTZ
+        """
+    )
+    op.execute("ALTER TABLE control.tenants VALIDATE CONSTRAINT tenants_state_check")
+    op.execute(
+        """
+        ALTER TABLE control.tenants
+            ADD CONSTRAINT tenants_previous_state_check
+                CHECK (previous_state IN ('onboarding', 'active')) NOT VALID
+        """
+    )
+    op.execute("ALTER TABLE control.tenants VALIDATE CONSTRAINT tenants_previous_state_check")
+    op.execute("ALTER TABLE control.platform_jobs ADD COLUMN run INTEGER NOT NULL DEFAULT 1")
+    op.execute("ALTER TABLE control.job_step_runs ADD COLUMN run INTEGER NOT NULL DEFAULT 1")
+    op.execute(
+        """
+        CREATE TABLE control.job_runs (
+            job_id      UUID NOT NULL
+                        REFERENCES control.platform_jobs (id) ON DELETE CASCADE,
+            run         INTEGER NOT NULL,
+            job_type    TEXT NOT NULL,
+            started_by  TEXT NOT NULL,
+            started_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (job_id, run)
+        )
+        """
+    )
+    op.execute(
+        """
+        INSERT INTO control.job_runs (job_id, run, job_type, started_by, started_at)
+        SELECT id, 1, job_type, 'unknown (before run numbers)', created_at
+          FROM control.platform_jobs
+        """
+    )
+    grant_to_app_role("SELECT, INSERT", "TABLE control.job_runs")
+
+
+def downgrade() -> None:
+    revoke_from_app_role("ALL", "TABLE control.job_runs")
+    op.execute("DROP TABLE control.job_runs")
+    op.execute("ALTER TABLE control.job_step_runs DROP COLUMN run")
+    op.execute("ALTER TABLE control.platform_jobs DROP COLUMN run")
+    op.execute("UPDATE control.tenants SET state = 'archived' WHERE state = 'deleted'")
+    op.execute(
+        """
+        ALTER TABLE control.tenants
+            DROP CONSTRAINT tenants_previous_state_check,
+            DROP CONSTRAINT tenants_state_check,
+            DROP COLUMN deleted_at,
+            DROP COLUMN previous_state
+        """
+    )
+    op.execute(
+        """
+        ALTER TABLE control.tenants
+            ADD CONSTRAINT tenants_state_check
+                CHECK (state IN ('pending', 'provisioning', 'onboarding', 'active',
+                                 'suspended', 'archived')) NOT VALID
+        """
+    )
+    op.execute("ALTER TABLE control.tenants VALIDATE CONSTRAINT tenants_state_check")

@@ -1,0 +1,130 @@
+"""The one owner of a job's life in a process: claim it, run its steps, settle it, and say how
+it ended as a typed :data:`Outcome`.
+
+A one-off command (``provision``, ``suspend``...) calls :func:`claim_and_run` with the job's id;
+a worker's engine process calls :func:`run_claimed` for the job its parent claimed for it. The
+engine settles every outcome it can (complete, retry or fail, release) in the same place; what
+it could not settle (:class:`Unsettled`: the database was down when a step failed) and what a
+dead engine process left are settled by the worker's parent, and only those.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import assert_never
+from uuid import UUID
+
+from provisioner import db, queue
+from provisioner.engine import Engine, ProgressCallback, StopRequested, describe
+from provisioner.errors import (
+    InvalidInput,
+    LeaseLost,
+    PermanentError,
+    ProvisionerError,
+    TenantBusy,
+    WrongState,
+)
+from provisioner.models import Job
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The engine recorded the outcome: succeeded, failed, queued again (backoff), or released
+    (``stopped``: a stop request arrived between steps, progress kept)."""
+
+    job: Job
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
+class Busy:
+    """The job (or another job of its tenant) is held by a live process: nothing ran."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class LostLease:
+    """Another holder took the job over (recovery, a take-over, a cancel): nothing recorded."""
+
+    job_id: UUID
+    detail: str
+
+
+@dataclass(frozen=True)
+class Unsettled:
+    """The engine could not record the outcome (the database failed with the step): whoever
+    supervises the process settles the job with ``detail`` once the database answers."""
+
+    job: Job
+    detail: str
+    permanent: bool
+
+
+Outcome = Settled | Busy | LostLease | Unsettled
+
+
+def run_claimed(
+    engine: Engine,
+    job: Job,
+    *,
+    on_progress: ProgressCallback,
+    should_stop: StopRequested,
+) -> Outcome:
+    """Run a job this process holds, and settle it; never raises for a job's failure."""
+    try:
+        engine.refresh_control()
+        done = engine.run(job, on_progress=on_progress, should_stop=should_stop)
+    except LeaseLost as exc:
+        return LostLease(job.id, describe(exc))
+    except Exception as exc:
+        permanent = isinstance(exc, PermanentError | InvalidInput | WrongState)
+        return Unsettled(job, describe(exc), permanent)
+    return Settled(done, stopped=done.status.value == "queued" and should_stop())
+
+
+def claim_and_run(
+    engine: Engine,
+    job_id: UUID,
+    *,
+    on_progress: ProgressCallback,
+    should_stop: StopRequested,
+    grace_seconds: float = 3.0,
+) -> Outcome:
+    """Claim one job now (waiting briefly for a just-killed holder's sessions to go), run it,
+    settle it. :class:`Busy` when a live process holds it or another job of its tenant."""
+    conn = engine.control
+    deadline = time.monotonic() + grace_seconds
+    while True:
+        with db.translated():
+            claimed = queue.claim_job(conn, job_id, engine.holder)
+        if claimed is not None:
+            break
+        if time.monotonic() >= deadline:
+            with db.translated():
+                return Busy(queue.get_job(conn, job_id))
+        time.sleep(0.1)
+    return run_claimed(engine, claimed, on_progress=on_progress, should_stop=should_stop)
+
+
+def settled_job(outcome: Outcome) -> Job:
+    """The job of a one-off run's outcome; the other outcomes raise the one-line error the
+    command reports."""
+    match outcome:
+        case Settled(job=job):
+            return job
+        case Busy(job=job):
+            raise TenantBusy(
+                f"tenant {job.tenant_id} is busy: its {job.job_type} job {job.id} is "
+                f"{job.status.value}"
+                + (f" under {job.locked_by}" if job.locked_by else ", behind another of its jobs")
+                + f"; follow it with `provisioner status {job.tenant_id} --watch`"
+            )
+        case LostLease(detail=detail):
+            raise LeaseLost(detail)
+        case Unsettled(detail=detail):
+            # This process's sessions end with it: the next run takes the job over.
+            raise ProvisionerError(f"the outcome could not be recorded ({detail}); run it again")
+        case _:
+            assert_never(outcome)

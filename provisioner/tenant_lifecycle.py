@@ -1,0 +1,109 @@
+"""The steps of a tenant's life after onboarding: suspend, restore, deprovision, purge.
+
+Each kind (registered in :mod:`provisioner.kinds`) runs through a job row like provisioning:
+every step in one transaction with its record, skipped on a resume only when the catalog (or
+``control.tenants``) still shows its effect, so a SIGKILL at any point resumes to the same end.
+
+* ``suspend_tenant``: revoke_app_rw, mark_suspended. ``app_rw`` loses every privilege on the
+  schema in one transaction (its next query gets ``permission denied``); the data stays.
+* ``restore_tenant``: grant_app_rw (the provisioning step's own grants and catalog check),
+  mark_restored (back to the state before suspension or archival).
+* ``deprovision_tenant``: revoke_app_rw, mark_archived (data kept, restorable).
+* ``purge_tenant``: revoke_app_rw, drop_schema (``DROP SCHEMA ... CASCADE``), mark_deleted. The
+  control rows and every job's history stay as the audit record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from provisioner import tenant_schema, tenants
+from provisioner.db import Transaction
+from provisioner.kinds import Step, StepContext
+from provisioner.steps import PROVISION_STEPS
+
+SUSPEND_JOB_TYPE = "suspend_tenant"
+RESTORE_JOB_TYPE = "restore_tenant"
+DEPROVISION_JOB_TYPE = "deprovision_tenant"
+PURGE_JOB_TYPE = "purge_tenant"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Which states a lifecycle kind starts from, and the states that mean it is done."""
+
+    job_type: str
+    from_states: tuple[str, ...]
+    done_states: tuple[str, ...]
+    verb: str
+
+
+RULES: dict[str, Rule] = {
+    SUSPEND_JOB_TYPE: Rule(SUSPEND_JOB_TYPE, tenants.LIVE_STATES, ("suspended",), "suspended"),
+    RESTORE_JOB_TYPE: Rule(
+        RESTORE_JOB_TYPE, tenants.RESTORABLE_STATES, tenants.LIVE_STATES, "restored"
+    ),
+    DEPROVISION_JOB_TYPE: Rule(
+        DEPROVISION_JOB_TYPE, (*tenants.LIVE_STATES, "suspended"), ("archived",), "archived"
+    ),
+    PURGE_JOB_TYPE: Rule(
+        PURGE_JOB_TYPE,
+        ("pending", "provisioning", *tenants.LIVE_STATES, "suspended", "archived"),
+        ("deleted",),
+        "purged",
+    ),
+}
+
+
+def _revoke_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
+    tenant_schema.revoke_app_role(tx.pg, ctx.tenant.schema, ctx.app_role)
+    return None
+
+
+def _revoked(tx: Transaction, ctx: StepContext) -> bool:
+    return not tenant_schema.app_role_holdings(tx.pg, ctx.tenant.schema, ctx.app_role)
+
+
+def _drop_schema(tx: Transaction, ctx: StepContext) -> str | None:
+    tenant_schema.drop_schema(tx.pg, ctx.tenant.schema)
+    return None
+
+
+def _schema_gone(tx: Transaction, ctx: StepContext) -> bool:
+    return tenant_schema.object_count(tx.pg, ctx.tenant.schema) is None
+
+
+def _mark(name: str, statement: str, target: tuple[str, ...]) -> Step:
+    """A step moving ``control.tenants.state`` with one guarded transition; its effect is the
+    tenant being in ``target``."""
+
+    def run(tx: Transaction, ctx: StepContext) -> str | None:
+        return f"state {tenants.transition(tx.pg, ctx.tenant, statement, target)}"
+
+    def present(tx: Transaction, ctx: StepContext) -> bool:
+        return tenants.state_of(tx.pg, ctx.tenant) in target
+
+    return Step(name, run, present)
+
+
+REVOKE_APP_RW = Step("revoke_app_rw", _revoke_app_rw, _revoked)
+GRANT_APP_RW = next(step for step in PROVISION_STEPS if step.name == "grant_app_rw")
+DROP_SCHEMA = Step("drop_schema", _drop_schema, _schema_gone)
+
+SUSPEND_STEPS: tuple[Step, ...] = (
+    REVOKE_APP_RW,
+    _mark("mark_suspended", tenants.SUSPEND, ("suspended",)),
+)
+RESTORE_STEPS: tuple[Step, ...] = (
+    GRANT_APP_RW,
+    _mark("mark_restored", tenants.RESTORE, tenants.LIVE_STATES),
+)
+DEPROVISION_STEPS: tuple[Step, ...] = (
+    REVOKE_APP_RW,
+    _mark("mark_archived", tenants.ARCHIVE, ("archived",)),
+)
+PURGE_STEPS: tuple[Step, ...] = (
+    REVOKE_APP_RW,
+    DROP_SCHEMA,
+    _mark("mark_deleted", tenants.DELETE, ("deleted",)),
+)

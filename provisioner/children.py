@@ -6,19 +6,18 @@ Each child has its own lease holder id, ``worker:<host>:<pid>``, which is also t
 ``application_name`` of its sessions, and dies with its parent (``PR_SET_PDEATHSIG``, with a
 watchdog thread as the fallback): a SIGKILLed worker leaves no engine running behind it.
 
-The parent and a child talk over one pipe, in tuples:
+The parent and a child talk over one pipe, in frozen dataclasses (matched with ``match`` and
+closed with ``assert_never`` on both ends):
 
-    parent -> child   ("run", job)        run this claimed job
-                      ("stop",)           finish the running step, then release the job
-                      ("quit",)           exit when idle
-    child -> parent   ("ready", holder)
-                      ("step", job_id, step, outcome, seconds, detail)   each StepEvent
-                      ("result", job, stopped)    the job as the engine left it
-                      ("lease_lost", job_id, detail)    another holder took the job: nothing
-                                                        was recorded
-                      ("interrupted", job_id, detail)   the drain timeout cut the step short
-                      ("error", job_id, detail, permanent)    the engine could not record the
-                                                              outcome (the database is down)
+    parent -> child   RunJob(job)      run this claimed job
+                      Stop()           finish the running step, then release the job
+                      Quit()           exit when idle
+    child -> parent   Ready(holder)
+                      StepReport(...)  each StepEvent of the running job
+                      JobEnded(outcome)     the job's :data:`~provisioner.runner.Outcome`:
+                                            settled, lease lost, or unsettled (the database
+                                            was down: the parent settles it)
+                      Interrupted_(job_id, detail)  the drain timeout cut the step short
 
 Children ignore SIGINT and SIGTERM: the parent decides when a step stops. When the drain timeout
 expires the parent sends SIGUSR1, which raises :class:`Interrupted` (a ``KeyboardInterrupt``,
@@ -39,13 +38,71 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import assert_never
+from uuid import UUID
 
-from provisioner import service
+from provisioner import runner, service
 from provisioner.engine import Engine, StepEvent, describe
-from provisioner.errors import InvalidInput, LeaseLost, PermanentError
 from provisioner.models import Job
 from provisioner.settings import Settings
+
+# -- messages -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """Parent -> child: run this job, claimed for the child's holder id."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Parent -> child: finish the running step, then release the job."""
+
+
+@dataclass(frozen=True)
+class Quit:
+    """Parent -> child: exit when idle."""
+
+
+ToChild = RunJob | Stop | Quit
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Child -> parent: the engine is up; its lease holder id."""
+
+    holder: str
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """Child -> parent: one StepEvent of the running job."""
+
+    job_id: UUID
+    step: str
+    outcome: str
+    seconds: float
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class JobEnded:
+    """Child -> parent: how the job's run ended (the child is free again)."""
+
+    outcome: runner.Outcome
+
+
+@dataclass(frozen=True)
+class StepInterrupted:
+    """Child -> parent: the drain timeout cut the step short; the parent releases the job."""
+
+    job_id: UUID
+    detail: str
+
+
+FromChild = Ready | StepReport | JobEnded | StepInterrupted
 
 PR_SET_PDEATHSIG = 1
 
@@ -85,7 +142,7 @@ def child_main(conn: Connection, settings: Settings, parent_pid: int) -> None:
     engine = Engine.from_settings(settings, holder)
     try:
         child = _ChildLoop(conn, engine)
-        child.send(("ready", holder))
+        child.send(Ready(holder))
         child.serve()
     finally:
         engine.close()
@@ -98,7 +155,7 @@ class _ChildLoop:
         self.stopping = False
         self.quitting = False
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: FromChild) -> None:
         """Send whole: an interrupt arriving meanwhile is delivered after the message."""
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         try:
@@ -114,41 +171,42 @@ class _ChildLoop:
                 return
             except Interrupted:
                 continue  # it raced with the end of a job: nothing runs now
-            if message[0] == "quit":
-                return
-            if message[0] == "run":
-                try:
-                    self.run(message[1])
-                except Interrupted:
-                    continue  # arrived after the job's outcome was sent
+            match message:
+                case Quit():
+                    return
+                case Stop():
+                    continue  # no job runs: nothing to stop
+                case RunJob(job=job):
+                    try:
+                        self.run(job)
+                    except Interrupted:
+                        continue  # arrived after the job's outcome was sent
+                case _:
+                    assert_never(message)
 
     def should_stop(self) -> bool:
         try:
             while self.conn.poll():
-                kind = self.conn.recv()[0]
-                self.stopping = self.stopping or kind in ("stop", "quit")
-                self.quitting = self.quitting or kind == "quit"
+                message: ToChild = self.conn.recv()
+                self.stopping = self.stopping or isinstance(message, Stop | Quit)
+                self.quitting = self.quitting or isinstance(message, Quit)
         except EOFError:
             self.stopping = self.quitting = True
         return self.stopping
 
     def progress(self, ev: StepEvent) -> None:
-        self.send(("step", ev.job.id, ev.step, ev.outcome, round(ev.seconds, 3), ev.detail))
+        self.send(StepReport(ev.job.id, ev.step, ev.outcome, round(ev.seconds, 3), ev.detail))
 
     def run(self, job: Job) -> None:
         self.stopping = False
         try:
-            self.engine.refresh_control()
-            done = self.engine.run(job, on_progress=self.progress, should_stop=self.should_stop)
-        except LeaseLost as exc:
-            self.send(("lease_lost", job.id, describe(exc)))
+            outcome = runner.run_claimed(
+                self.engine, job, on_progress=self.progress, should_stop=self.should_stop
+            )
         except Interrupted as exc:
-            self.send(("interrupted", job.id, describe(exc)))
-        except Exception as exc:
-            permanent = isinstance(exc, PermanentError | InvalidInput)
-            self.send(("error", job.id, describe(exc), permanent))
+            self.send(StepInterrupted(job.id, describe(exc)))
         else:
-            self.send(("result", done, self.stopping))
+            self.send(JobEnded(outcome))
 
 
 @dataclass
@@ -190,7 +248,7 @@ class EngineProcess:
     def idle(self) -> bool:
         return self.ready and self.job is None
 
-    def send(self, *message: Any) -> bool:
+    def send(self, message: ToChild) -> bool:
         """False when the child is gone."""
         try:
             self.conn.send(message)

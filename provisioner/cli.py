@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import click
 
-from provisioner import __version__, logs, migrations, service
+from provisioner import __version__, kinds, logs, migrations, service, tenant_lifecycle
 from provisioner.engine import StepEvent
 from provisioner.errors import InvalidInput, ProvisionerError
-from provisioner.models import STEPS, Job
+from provisioner.models import Job
 from provisioner.settings import Settings, parse_job_types
 from provisioner.worker import WorkerOptions, run_worker
 
@@ -50,12 +50,20 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
-def render_job(job: Job) -> None:
+def step_count(job: Job, registry: kinds.KindRegistry = kinds.BUILTIN) -> str:
+    """ "3/6" for a job of a kind with six steps ("3/?" for a kind this build does not run)."""
+    kind = registry.kinds.get(job.job_type)
+    total = str(len(kind.step_names)) if kind is not None and kind.handled else "?"
+    return f"{len(job.steps_completed)}/{total}"
+
+
+def render_job(job: Job, registry: kinds.KindRegistry = kinds.BUILTIN) -> None:
     click.echo(f"tenant    {job.tenant_id}")
-    click.echo(f"job       {job.id}")
+    click.echo(f"job       {job.id} ({job.job_type})")
     click.echo(f"status    {job.status.value}")
-    click.echo(f"progress  {job.progress}% ({len(job.steps_completed)}/{len(STEPS)} steps)")
+    click.echo(f"progress  {job.progress}% ({step_count(job, registry)} steps)")
     click.echo(f"steps     {', '.join(job.steps_completed) or '-'}")
+    click.echo(f"run       {job.run}")
     click.echo(f"attempts  {job.attempts}/{job.max_attempts}")
     if job.error_detail:
         click.echo(f"error     {job.error_detail}")
@@ -66,22 +74,41 @@ def render_job(job: Job) -> None:
 def run_view(run: dict[str, Any]) -> dict[str, Any]:
     """One row of ``control.job_step_runs`` as JSON-ready values."""
     keys = ("attempt", "step", "worker", "started_at", "finished_at", "outcome", "detail")
-    return {key: run[key] for key in keys}
+    view = {key: run[key] for key in keys}
+    view.update(job_id=str(run["job_id"]), job_type=run.get("job_type"), run=run.get("run", 1))
+    return view
 
 
-def render_history(runs: list[dict[str, Any]]) -> None:
-    """What ran for the job, attempt by attempt: the answer to "what happened to tenant X"."""
-    if not runs:
+def job_run_view(run: dict[str, Any]) -> dict[str, Any]:
+    """One row of ``control.job_runs`` as JSON-ready values."""
+    keys = ("run", "job_type", "started_by", "started_at")
+    return {"job_id": str(run["job_id"]), **{key: run[key] for key in keys}}
+
+
+def render_history(runs: list[dict[str, Any]], step_runs: list[dict[str, Any]]) -> None:
+    """What ran for the tenant, run by run and attempt by attempt: which kind, which command
+    started each run, and each step's outcome. The answer to "what happened to tenant X"."""
+    if not step_runs and not runs:
         return
     click.echo("history")
-    for run in runs:
+    started = {(r["job_id"], r["run"]): r for r in runs}
+    shown: set[tuple[Any, int]] = set()
+    for step_run in step_runs:
+        key = (step_run["job_id"], step_run.get("run", 1))
+        if key not in shown:
+            shown.add(key)
+            header = started.get(key)
+            by = f"started by `{header['started_by']}`" if header else "started by (unknown)"
+            click.echo(f"  run {key[1]}  {step_run.get('job_type') or '?'}  {by}")
         took = ""
-        if run["finished_at"] is not None:
-            took = f"{(run['finished_at'] - run['started_at']).total_seconds() * 1000:.0f} ms"
-        detail = f"  {run['detail']}" if run["detail"] else ""
+        if step_run["finished_at"] is not None:
+            seconds = (step_run["finished_at"] - step_run["started_at"]).total_seconds()
+            took = f"{seconds * 1000:.0f} ms"
+        detail = f"  {step_run['detail']}" if step_run["detail"] else ""
         click.echo(
-            f"  attempt {run['attempt']}  {run['started_at']:%H:%M:%S}  {run['step']:<22} "
-            f"{run['outcome']:<10} {took:>8}  {run['worker']}{detail}"
+            f"    attempt {step_run['attempt']}  {step_run['started_at']:%H:%M:%S}  "
+            f"{step_run['step']:<22} {step_run['outcome']:<10} {took:>8}  "
+            f"{step_run['worker']}{detail}"
         )
 
 
@@ -119,33 +146,43 @@ def migrate(ctx: click.Context) -> None:
 
 
 class StepPrinter:
-    """Prints one line per finished step: position, name, outcome, duration."""
+    """Prints one line per finished step: position in its kind, name, outcome, duration."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, registry: kinds.KindRegistry = kinds.BUILTIN) -> None:
         self.quiet = quiet
+        self.registry = registry
 
     def __call__(self, event: StepEvent) -> None:
         if self.quiet or event.outcome == "started":
             return
-        index = STEPS.index(event.step) + 1
+        index, total = self.registry[event.job.job_type].position(event.step)
         timing = f"{event.seconds * 1000:7.0f} ms" if event.outcome != "skipped" else " " * 10
         note = f"  {event.detail}" if event.detail and event.outcome != "done" else ""
-        click.echo(f"  [{index}/{len(STEPS)}] {event.step:<22} {event.outcome:<9}{timing}{note}")
+        click.echo(f"  [{index}/{total}] {event.step:<22} {event.outcome:<9}{timing}{note}")
 
 
 @main.command()
 @click.argument("tenant_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object, no progress.")
+@click.option(
+    "--reuse-deleted", is_flag=True, help="Provision a purged (deleted) tenant id from scratch."
+)
 @click.pass_context
 @fail_cleanly
-def provision(ctx: click.Context, tenant_id: str, as_json: bool) -> None:
-    """Provision TENANT_ID now; resume it if half done. Exit 0 done, 1 failed, 2 bad input."""
+def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: bool) -> None:
+    """Provision TENANT_ID now; resume it if half done. Exit 0 done, 1 failed, 2 bad input
+    or a suspended, archived or deleted tenant."""
     service.TenantId(tenant_id)  # bad input is refused before anything starts or is created
     settings = settings_of(ctx)
     if not as_json:
         click.echo(f"provisioning tenant {tenant_id}")
     started = time.monotonic()
-    result = service.provision(settings, tenant_id, on_progress=StepPrinter(as_json))
+    result = service.provision(
+        settings,
+        tenant_id,
+        on_progress=StepPrinter(as_json, settings.job_kinds),
+        reuse_deleted=reuse_deleted,
+    )
     job = result.job
     if as_json:
         emit_json({**job.view(), "already_provisioned": result.already_provisioned})
@@ -154,7 +191,7 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool) -> None:
             click.echo(f"tenant {tenant_id} is already provisioned; nothing to do")
         else:
             click.echo(f"finished in {time.monotonic() - started:.2f} s")
-        render_job(job)
+        render_job(job, settings.job_kinds)
     sys.exit(0 if job.status.value == "succeeded" else 1)
 
 
@@ -250,15 +287,16 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
                     **job.view(),
                     "state": current.tenant.state if current.tenant else None,
                     "step_runs": [run_view(run) for run in current.step_runs],
+                    "runs": [job_run_view(run) for run in current.runs],
                 }
             )
             return
         snapshot = (job.status, job.progress, job.attempts, job.error_detail)
         if not watch:
-            render_job(job)
+            render_job(job, settings.job_kinds)
             if current.tenant:
                 click.echo(f"state     {current.tenant.state}")
-            render_history(current.step_runs)
+            render_history(current.runs, current.step_runs)
             return
         if snapshot != last:
             line = {**job.view(), "at": time.strftime("%H:%M:%S")}
@@ -274,6 +312,111 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
         if job.status.terminal:
             sys.exit(0 if job.status.value == "succeeded" else 1)
         time.sleep(interval)
+
+
+def run_lifecycle(
+    ctx: click.Context, tenant_id: str, job_type: str, *, as_json: bool, queue_only: bool
+) -> None:
+    """Run (or queue) one lifecycle kind for the tenant and report it; exits with its code."""
+    service.TenantId(tenant_id)
+    settings = settings_of(ctx)
+    kind = settings.job_kinds[job_type]
+    quiet = as_json or queue_only
+    if not quiet:
+        click.echo(f"{kind.command} tenant {tenant_id}")
+    started = time.monotonic()
+    result = service.change_lifecycle(
+        settings,
+        tenant_id,
+        job_type,
+        queue_only=queue_only,
+        on_progress=StepPrinter(quiet, settings.job_kinds),
+    )
+    job = result.job
+    ok = result.already or result.queued or (job is not None and job.status.value == "succeeded")
+    if as_json:
+        view = job.view() if job is not None else {"tenant_id": tenant_id, "job_id": None}
+        emit_json(
+            {
+                **view,
+                "job_type": job_type,
+                "state": result.state,
+                "already": result.already,
+                "queued": result.queued,
+            }
+        )
+    elif result.queued and job is not None:
+        click.echo(str(job.id))
+    elif result.already:
+        click.echo(f"tenant {tenant_id} is already {result.state}; nothing to do")
+    else:
+        click.echo(f"finished in {time.monotonic() - started:.2f} s; state {result.state}")
+        if job is not None:
+            render_job(job, settings.job_kinds)
+    sys.exit(0 if ok else 1)
+
+
+QUEUE_HELP = "Queue the job for a worker (listed in PROVISIONER_WORKER_JOB_TYPES); print its id."
+
+
+@main.command()
+@click.argument("tenant_id")
+@click.option("--queue", "queue_only", is_flag=True, help=QUEUE_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, no progress.")
+@click.pass_context
+@fail_cleanly
+def suspend(ctx: click.Context, tenant_id: str, queue_only: bool, as_json: bool) -> None:
+    """Take app_rw's access to TENANT_ID's schema away at once; data untouched.
+
+    Exit 0 done, 1 failed, 2 bad input or wrong state, 3 unknown tenant.
+    """
+    run_lifecycle(
+        ctx, tenant_id, tenant_lifecycle.SUSPEND_JOB_TYPE, as_json=as_json, queue_only=queue_only
+    )
+
+
+@main.command()
+@click.argument("tenant_id")
+@click.option("--queue", "queue_only", is_flag=True, help=QUEUE_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, no progress.")
+@click.pass_context
+@fail_cleanly
+def restore(ctx: click.Context, tenant_id: str, queue_only: bool, as_json: bool) -> None:
+    """Give a suspended or archived TENANT_ID its access back, as provisioning grants it.
+
+    The state returns to what it was before suspension. Exit codes as for suspend.
+    """
+    run_lifecycle(
+        ctx, tenant_id, tenant_lifecycle.RESTORE_JOB_TYPE, as_json=as_json, queue_only=queue_only
+    )
+
+
+@main.command()
+@click.argument("tenant_id")
+@click.option("--purge", is_flag=True, help="Drop the tenant's schema and data (state deleted).")
+@click.option("--yes", is_flag=True, help="Do not ask before --purge (needed off a terminal).")
+@click.option("--queue", "queue_only", is_flag=True, help=QUEUE_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, no progress.")
+@click.pass_context
+@fail_cleanly
+def deprovision(
+    ctx: click.Context, tenant_id: str, purge: bool, yes: bool, queue_only: bool, as_json: bool
+) -> None:
+    """Offboard TENANT_ID: revoke app_rw's access and archive it (data kept, restorable).
+
+    With --purge (also on an archived tenant) the schema is dropped and the state is deleted;
+    control rows and job history are kept. Exit codes as for suspend.
+    """
+    service.TenantId(tenant_id)
+    if purge and not yes:
+        if not sys.stdin.isatty():
+            raise InvalidInput("--purge drops the tenant's data: pass --yes to confirm")
+        click.confirm(
+            f"Drop schema tenant_{tenant_id} and every row in it? This cannot be undone",
+            abort=True,
+        )
+    job_type = tenant_lifecycle.PURGE_JOB_TYPE if purge else tenant_lifecycle.DEPROVISION_JOB_TYPE
+    run_lifecycle(ctx, tenant_id, job_type, as_json=as_json, queue_only=queue_only)
 
 
 SECONDS = click.FloatRange(min=0, min_open=True)
@@ -440,7 +583,7 @@ def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json
 def jobs_retry(ctx: click.Context, job_id: str) -> None:
     """Queue a failed or cancelled job again, attempts reset, finished steps kept."""
     job = service.retry_job(settings_of(ctx), job_id)
-    click.echo(f"job {job.id} queued again ({len(job.steps_completed)}/{len(STEPS)} steps done)")
+    click.echo(f"job {job.id} queued again, run {job.run} ({step_count(job)} steps done)")
 
 
 @jobs.command("cancel")

@@ -211,6 +211,12 @@ RETURNING *
 
 GET_JOB = "SELECT * FROM control.platform_jobs WHERE id = %(id)s"
 
+# The tenant's most recently changed job of any kind.
+LATEST_ANY_FOR_TENANT = """
+SELECT * FROM control.platform_jobs WHERE tenant_id = %(tenant_id)s
+ ORDER BY updated_at DESC, created_at DESC LIMIT 1
+"""
+
 # The newest job of a type for a tenant.
 LATEST_FOR_TENANT = """
 SELECT * FROM control.platform_jobs
@@ -277,6 +283,21 @@ UPDATE control.job_step_runs
 """
 
 STEP_RUNS_FOR_JOB = "SELECT * FROM control.job_step_runs WHERE job_id = %(job_id)s ORDER BY id"
+
+# Every step run of a tenant, whatever the job's kind, oldest first.
+STEP_RUNS_FOR_TENANT = """
+SELECT s.*, j.job_type FROM control.job_step_runs s
+  JOIN control.platform_jobs j ON j.id = s.job_id
+ WHERE s.tenant_id = %(tenant_id)s
+ ORDER BY s.id
+"""
+
+# Every run of every job of a tenant (which kind, which command started it), oldest first.
+RUNS_FOR_TENANT = """
+SELECT r.* FROM control.job_runs r JOIN control.platform_jobs j ON j.id = r.job_id
+ WHERE j.tenant_id = %(tenant_id)s
+ ORDER BY r.started_at, r.run
+"""
 
 # -- operations ---------------------------------------------------------------------------------
 
@@ -553,6 +574,20 @@ def latest_for_tenant(
 ) -> Job | None:
     row = _one(conn, LATEST_FOR_TENANT, {"tenant_id": tenant.value, "job_type": job_type})
     return Job.from_row(row) if row else None
+
+
+def latest_any_for_tenant(conn: Conn, tenant: TenantId) -> Job | None:
+    """The tenant's most recently changed job, whatever its kind."""
+    row = _one(conn, LATEST_ANY_FOR_TENANT, {"tenant_id": tenant.value})
+    return Job.from_row(row) if row else None
+
+
+def tenant_history(
+    conn: Conn, tenant: TenantId
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every run of the tenant's jobs, every step run of them), oldest first."""
+    params = {"tenant_id": tenant.value}
+    return _all(conn, RUNS_FOR_TENANT, params), _all(conn, STEP_RUNS_FOR_TENANT, params)
 
 
 def provision_jobs(conn: Conn, tenants: list[TenantId] | None = None) -> list[Job]:

@@ -306,18 +306,23 @@ def upgrade(
 
 @dataclass(frozen=True)
 class TenantStatus:
+    #: the tenant's most recently changed job, whatever its kind
     job: Job
     tenant: tenants.Tenant | None
+    #: every step run of the tenant's jobs (each with its job_type, run and attempt)
     step_runs: list[dict[str, Any]]
+    #: every run of the tenant's jobs: job_id, run, job_type, started_by, started_at
+    runs: list[dict[str, Any]]
 
 
 def status(settings: Settings, tenant_id: str) -> TenantStatus:
     tenant = TenantId(tenant_id)
     with app_connection(settings) as conn:
-        job = queue.latest_for_tenant(conn, tenant)
+        job = queue.latest_any_for_tenant(conn, tenant)
         if job is None:
             raise UnknownTenant(f"unknown tenant {tenant}: no provisioning job; enqueue it first")
-        return TenantStatus(job, tenants.get_tenant(conn, tenant), queue.step_runs(conn, job.id))
+        runs, step_runs = queue.tenant_history(conn, tenant)
+        return TenantStatus(job, tenants.get_tenant(conn, tenant), step_runs, runs)
 
 
 def list_jobs(settings: Settings, *, status: str | None = None, limit: int = 50) -> list[Job]:

@@ -42,12 +42,22 @@ from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, assert_never
 
 import psycopg
 
-from provisioner import __version__, db, logs, queue, service
-from provisioner.children import EngineProcess
+from provisioner import __version__, db, logs, queue, runner, service
+from provisioner.children import (
+    EngineProcess,
+    FromChild,
+    JobEnded,
+    Quit,
+    Ready,
+    RunJob,
+    StepInterrupted,
+    StepReport,
+    Stop,
+)
 from provisioner.engine import describe
 from provisioner.errors import (
     DatabaseUnavailable,
@@ -210,7 +220,7 @@ class Worker:
     def _shutdown(self) -> int:
         self.state = "stopping"
         for child in self._children:
-            child.send("quit")
+            child.send(Quit())
         for child in self._children:
             child.reap(10)
         self._settle_at_exit()
@@ -310,7 +320,7 @@ class Worker:
                 drain_timeout=self.settings.drain_timeout_seconds,
             )
             for child in busy:
-                child.send("stop")
+                child.send(Stop())
         elif self._signals > 1:
             self._deadline = min(self._deadline, now)
 
@@ -425,7 +435,7 @@ class Worker:
                 holder=child.holder,
                 steps_done=len(job.steps_completed),
             )
-            if not child.send("run", job):
+            if not child.send(RunJob(job)):
                 self._orphan(child, "could not hand the job to its engine process", release=True)
 
     def _settle_orphans(self) -> None:
@@ -460,34 +470,46 @@ class Worker:
         except (EOFError, OSError):
             self._on_child_exit(child)
 
-    def _on_message(self, child: EngineProcess, message: tuple[Any, ...]) -> None:
-        kind, job = message[0], child.job
-        if kind == "ready":
-            child.holder = message[1]
-            event(self.log, "child_started", pid=child.pid, holder=child.holder)
-        elif job is None:
-            return
-        elif kind == "step":
-            self._on_step(child, job, *message[2:])
-        elif kind == "result":
-            seconds = round(time.monotonic() - child.claimed_at, 3)
-            self._log_outcome(message[1], released=bool(message[2]), seconds=seconds)
-        elif kind == "lease_lost":
-            self._log_lease_lost(job, message[2])
-        elif kind == "interrupted":
-            self._orphan(child, message[2], release=True)
-        elif kind == "error":
-            reason = f"{child.failure}; then {message[2]}" if child.failure else message[2]
-            self._orphan(child, reason, release=False, permanent=bool(message[3]))
-        if kind in ("result", "lease_lost"):
-            with self._lock:
-                child.assign(None)
-            if self._pending is None and self._deadline is None:
-                self._pending = "drain"
+    def _on_message(self, child: EngineProcess, message: FromChild) -> None:
+        job = child.job
+        match message:
+            case Ready(holder=holder):
+                child.holder = holder
+                event(self.log, "child_started", pid=child.pid, holder=child.holder)
+            case StepReport() if job is not None:
+                self._on_step(child, job, message)
+            case StepInterrupted(detail=detail) if job is not None:
+                self._orphan(child, detail, release=True)
+            case JobEnded(outcome=outcome) if job is not None:
+                self._on_job_ended(child, job, outcome)
+            case StepReport() | StepInterrupted() | JobEnded():
+                return  # a late message about a job the parent already settled
+            case _:
+                assert_never(message)
 
-    def _on_step(
-        self, child: EngineProcess, job: Job, step: str, outcome: str, seconds: float, detail: Any
-    ) -> None:
+    def _on_job_ended(self, child: EngineProcess, job: Job, outcome: runner.Outcome) -> None:
+        """The child's run ended: log it, or settle what the child could not."""
+        match outcome:
+            case runner.Settled(job=done, stopped=stopped):
+                seconds = round(time.monotonic() - child.claimed_at, 3)
+                self._log_outcome(done, released=stopped, seconds=seconds)
+            case runner.LostLease(detail=detail):
+                self._log_lease_lost(job, detail)
+            case runner.Unsettled(detail=detail, permanent=permanent):
+                reason = f"{child.failure}; then {detail}" if child.failure else detail
+                self._orphan(child, reason, release=False, permanent=permanent)
+                return
+            case runner.Busy():
+                pass  # a worker's child never claims: the parent did
+            case _:
+                assert_never(outcome)
+        with self._lock:
+            child.assign(None)
+        if self._pending is None and self._deadline is None:
+            self._pending = "drain"
+
+    def _on_step(self, child: EngineProcess, job: Job, report: StepReport) -> None:
+        step, outcome, seconds, detail = report.step, report.outcome, report.seconds, report.detail
         if outcome == "started":
             with self._lock:
                 child.step = step

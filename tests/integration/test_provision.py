@@ -322,8 +322,9 @@ def test_status_shows_what_ran_attempt_by_attempt(settings: Settings) -> None:
     human = runner.invoke(main, ["status", "acme"], env=env)
     assert human.exit_code == 0
     history = human.stdout.split("history\n", 1)[1].splitlines()
-    assert [line.split()[3] for line in history] == list(STEPS)
-    assert all("succeeded" in line for line in history)
+    assert history[0].split() == ["run", "1", "provision_tenant", "started", "by", "`provision`"]
+    assert [line.split()[3] for line in history[1:]] == list(STEPS)
+    assert all("succeeded" in line for line in history[1:])
     view = json.loads(runner.invoke(main, ["status", "acme", "--json"], env=env).stdout)
     assert [(r["attempt"], r["step"], r["outcome"]) for r in view["step_runs"]] == [
         (1, step, "succeeded") for step in STEPS

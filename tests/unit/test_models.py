@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from provisioner import kinds
 from provisioner.errors import ConfigurationError, InvalidInput
-from provisioner.models import STEPS, JobStatus, TenantId, progress_of
-from provisioner.settings import Settings, parse_job_types, redact
+from provisioner.models import PROVISION_JOB_TYPE, STEPS, JobStatus, TenantId
+from provisioner.settings import DEFAULT_JOB_TYPES, Settings, parse_job_types, redact
 
 BAD_TENANT_IDS = [
     "",  # empty
@@ -44,11 +45,26 @@ def test_good_tenant_ids_map_to_their_schema(good: str) -> None:
     assert TenantId(good).schema == f"tenant_{good}"
 
 
-def test_progress_counts_known_steps() -> None:
-    assert progress_of([]) == 0
-    assert progress_of(list(STEPS[:3])) == 50
-    assert progress_of(list(STEPS)) == 100
-    assert progress_of(["create_schema", "not_a_step"]) == 16
+def test_progress_counts_the_kinds_steps() -> None:
+    provision = kinds.BUILTIN[PROVISION_JOB_TYPE]
+    assert provision.step_names == STEPS
+    assert provision.progress([]) == 0
+    assert provision.progress(list(STEPS[:3])) == 50
+    assert provision.progress(list(STEPS)) == 100
+    assert provision.position("grant_app_rw") == (3, 6)
+
+
+def test_a_step_name_the_kind_does_not_know_is_refused_not_dropped() -> None:
+    with pytest.raises(InvalidInput, match="has no step"):
+        kinds.BUILTIN[PROVISION_JOB_TYPE].ordered(["create_schema", "not_a_step"])
+
+
+def test_the_default_worker_drains_exactly_provision_tenant() -> None:
+    assert kinds.BUILTIN.default_worker == (PROVISION_JOB_TYPE,) == DEFAULT_JOB_TYPES
+    assert {"suspend_tenant", "restore_tenant", "deprovision_tenant", "purge_tenant"} <= (
+        kinds.BUILTIN.handled
+    )
+    assert "send_email" in kinds.BUILTIN.names and "send_email" not in kinds.BUILTIN.handled
 
 
 def test_terminal_statuses() -> None:

@@ -31,13 +31,15 @@ def upgrade() -> None:
     )
     op.execute(
         """
-        -- control.tenants holds one row per tenant; validating it in the migration's
-        -- transaction is a brief scan of a small table.
         -- squawk-ignore constraint-missing-not-valid
+        ALTER TABLE control.tenants ADD CONSTRAINT tenants_state_check
+            CHECK (state IN ('pending', 'provisioning', 'onboarding', 'active', 'suspended',
+                             'archived', 'deleted'))
+        """
+    )
+    op.execute(
+        """
         ALTER TABLE control.tenants
-            ADD CONSTRAINT tenants_state_check
-                CHECK (state IN ('pending', 'provisioning', 'onboarding', 'active',
-                                 'suspended', 'archived', 'deleted')),
             ADD COLUMN previous_state TEXT,
             ADD COLUMN deleted_at TIMESTAMPTZ
         """
@@ -85,9 +87,8 @@ def downgrade() -> None:
     op.execute(
         """
         -- squawk-ignore constraint-missing-not-valid
-        ALTER TABLE control.tenants
-            ADD CONSTRAINT tenants_state_check
-                CHECK (state IN ('pending', 'provisioning', 'onboarding', 'active',
-                                 'suspended', 'archived'))
+        ALTER TABLE control.tenants ADD CONSTRAINT tenants_state_check
+            CHECK (state IN ('pending', 'provisioning', 'onboarding', 'active', 'suspended',
+                             'archived'))
         """
     )

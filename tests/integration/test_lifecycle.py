@@ -1,0 +1,199 @@
+"""suspend, restore, deprovision and purge through the real CLI, each end state checked from
+outside as ``app_rw``; the state machine's refusals; a worker drains these kinds only when told.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import psycopg
+import pytest
+
+from provisioner import queue, service, tenant_schema
+from provisioner.models import TenantId
+from provisioner.settings import Settings
+from tests.conftest import Database, run_cli
+from tests.workers import Workers
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=3.0)
+
+
+def app_reads(database: Database, tenant: str) -> int | str:
+    """As app_rw: the number of role profiles, or the error class when access is refused."""
+    try:
+        with database.app() as conn:
+            row = conn.execute(f"SELECT count(*) FROM tenant_{tenant}.role_profiles").fetchone()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        assert "permission denied" in str(exc)
+        return "permission denied"
+    except psycopg.errors.UndefinedTable:
+        return "no such table"
+    assert row is not None
+    return int(row[0])
+
+
+def state(database: Database, tenant: str) -> tuple[str, str | None]:
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT state, previous_state FROM control.tenants WHERE tenant_id = %s", (tenant,)
+        ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def schema_exists(database: Database, tenant: str) -> bool:
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (f"tenant_{tenant}",)
+        ).fetchone()
+    return row == (1,)
+
+
+def one_line_error(result: object, code: int, *needles: str) -> None:
+    assert result.returncode == code, (result.stdout, result.stderr)  # type: ignore[attr-defined]
+    err = result.stderr  # type: ignore[attr-defined]
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert all(n in err for n in needles), err
+
+
+def test_suspend_restore_deprovision_purge_seen_from_app_rw(
+    settings: Settings, database: Database
+) -> None:
+    service.provision(settings, "acme")
+    with database.owner() as conn:
+        provisioned = tenant_schema.fingerprint(conn, "tenant_acme")
+    assert app_reads(database, "acme") == 4
+
+    suspended = run_cli(settings, "suspend", "acme")
+    assert suspended.returncode == 0, suspended.stderr
+    assert app_reads(database, "acme") == "permission denied"
+    assert state(database, "acme") == ("suspended", "onboarding")
+    with database.owner() as conn:  # the data is untouched
+        assert conn.execute("SELECT count(*) FROM tenant_acme.role_profiles").fetchone() == (4,)
+
+    again = run_cli(settings, "suspend", "acme", "--json")
+    assert again.returncode == 0
+    assert json.loads(again.stdout)["already"] is True
+
+    restored = run_cli(settings, "restore", "acme", "--json")
+    assert restored.returncode == 0, restored.stderr
+    view = json.loads(restored.stdout)
+    assert view["state"] == "onboarding" and view["status"] == "succeeded"
+    assert app_reads(database, "acme") == 4
+    assert state(database, "acme") == ("onboarding", None)
+    with database.owner() as conn:  # privileges exactly as provisioning gave them
+        assert tenant_schema.fingerprint(conn, "tenant_acme") == provisioned
+
+    archived = run_cli(settings, "deprovision", "acme")
+    assert archived.returncode == 0, archived.stderr
+    assert state(database, "acme") == ("archived", "onboarding")
+    assert app_reads(database, "acme") == "permission denied"
+    assert schema_exists(database, "acme")
+
+    refused = run_cli(settings, "deprovision", "acme", "--purge")  # not a terminal, no --yes
+    one_line_error(refused, 2, "--yes")
+    assert schema_exists(database, "acme")
+
+    purged = run_cli(settings, "deprovision", "acme", "--purge", "--yes", "--json")
+    assert purged.returncode == 0, purged.stderr
+    assert json.loads(purged.stdout)["state"] == "deleted"
+    assert not schema_exists(database, "acme")
+    assert app_reads(database, "acme") == "no such table"
+    with database.owner() as conn:  # the control rows and every job's history are kept
+        kinds = conn.execute(
+            "SELECT job_type, status FROM control.platform_jobs WHERE tenant_id = 'acme' "
+            "ORDER BY created_at"
+        ).fetchall()
+        steps = conn.execute(
+            "SELECT count(*) FROM control.job_step_runs WHERE tenant_id = 'acme'"
+        ).fetchone()
+    assert kinds == [
+        ("provision_tenant", "succeeded"),
+        ("suspend_tenant", "succeeded"),
+        ("restore_tenant", "succeeded"),
+        ("deprovision_tenant", "succeeded"),
+        ("purge_tenant", "succeeded"),
+    ]
+    assert steps == (6 + 2 + 2 + 2 + 3,)
+
+    # A purged id comes back only when asked for explicitly, from scratch.
+    one_line_error(run_cli(settings, "provision", "acme"), 2, "deleted", "--reuse-deleted")
+    one_line_error(run_cli(settings, "enqueue", "acme"), 2, "deleted")
+    again = run_cli(settings, "provision", "acme", "--reuse-deleted")
+    assert again.returncode == 0, again.stderr
+    assert app_reads(database, "acme") == 4
+    assert state(database, "acme") == ("onboarding", None)
+    status = run_cli(settings, "status", "acme")
+    assert "run 2  provision_tenant  started by `provision --reuse-deleted (repair)`" in (
+        status.stdout
+    )
+    assert "run 1  purge_tenant  started by `deprovision --purge`" in status.stdout
+
+
+def test_commands_refuse_wrong_states_and_unknown_tenants(
+    settings: Settings, database: Database
+) -> None:
+    one_line_error(run_cli(settings, "suspend", "ghost"), 3, "unknown tenant ghost")
+    service.provision(settings, "acme")
+    one_line_error(run_cli(settings, "restore", "acme"), 2, "acme is onboarding")
+    assert run_cli(settings, "suspend", "acme").returncode == 0
+    one_line_error(run_cli(settings, "provision", "acme"), 2, "suspended", "restore")
+    one_line_error(run_cli(settings, "enqueue", "acme"), 2, "suspended")
+    assert app_reads(database, "acme") == "permission denied"  # provision gave nothing back
+    assert run_cli(settings, "deprovision", "acme").returncode == 0
+    assert state(database, "acme") == ("archived", "onboarding")
+    one_line_error(run_cli(settings, "suspend", "acme"), 2, "acme is archived")
+    assert run_cli(settings, "restore", "acme").returncode == 0
+    assert state(database, "acme") == ("onboarding", None)
+
+
+def test_a_job_waits_while_another_job_of_its_tenant_runs(database: Database) -> None:
+    tenant = TenantId("acme")
+    with psycopg.connect(database.app_url) as conn:
+        provision = queue.ensure_provision_job(conn, tenant).job
+        conn.commit()
+        claimed = queue.claim_next(conn, ["provision_tenant"], "holder-1")
+        assert claimed is not None and claimed.id == provision.id
+        queue.ensure_tenant_job(conn, tenant, "deprovision_tenant", "deprovision_tenant:acme")
+        conn.commit()
+        kinds = ["provision_tenant", "deprovision_tenant"]
+        assert queue.claim_next(conn, kinds, "holder-2") is None  # waits for the provisioning
+        queue.complete(conn, claimed.lease)
+        conn.commit()
+        follows = queue.claim_next(conn, kinds, "holder-2")
+        assert follows is not None and follows.job_type == "deprovision_tenant"
+
+
+@pytest.mark.slow
+def test_the_default_worker_never_claims_a_deprovision_job(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    service.provision(fast, "acme")
+    queued = run_cli(fast, "deprovision", "acme", "--queue")
+    assert queued.returncode == 0, queued.stderr
+    job_id = queued.stdout.strip()
+
+    default = workers.start("--once")
+    assert default.wait() == 0
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT status, attempts FROM control.platform_jobs WHERE id = %s", (job_id,)
+        ).fetchone()
+    assert row == ("queued", 0)
+    assert state(database, "acme") == ("onboarding", None)
+
+    listed = workers.start(
+        "--once", env={"PROVISIONER_WORKER_JOB_TYPES": "provision_tenant,deprovision_tenant"}
+    )
+    assert listed.wait() == 0
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT status FROM control.platform_jobs WHERE id = %s", (job_id,)
+        ).fetchone()
+    assert row == ("succeeded",)
+    assert state(database, "acme") == ("archived", "onboarding")
+    assert app_reads(database, "acme") == "permission denied"

@@ -1,0 +1,102 @@
+"""deprovision, purge and restore killed with SIGKILL at every step boundary (and inside a step)
+finish on re-run with the same end state, seen from outside as ``app_rw``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from provisioner import kinds, service, tenant_schema
+from provisioner.models import JobStatus
+from provisioner.settings import Settings
+from tests.conftest import Database, settings_env
+
+CHILD = Path(__file__).with_name("lifecycle_child.py")
+
+
+def kill_at(settings: Settings, tenant: str, job_type: str, step: str, outcome: str) -> None:
+    with subprocess.Popen(
+        [sys.executable, str(CHILD), tenant, job_type, step, outcome],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=settings_env(settings),
+    ) as child:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        os.kill(child.pid, signal.SIGKILL)
+        _, errors = child.communicate(timeout=10)
+    assert line.strip() == f"FROZEN {step} {outcome}", errors
+    assert child.returncode == -signal.SIGKILL
+
+
+def end_state(database: Database, tenant: str) -> tuple[str, object]:
+    """(control.tenants.state, what app_rw gets from the tenant's role_profiles)."""
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT state FROM control.tenants WHERE tenant_id = %s", (tenant,)
+        ).fetchone()
+    assert row is not None
+    try:
+        with database.app() as conn:
+            seen: object = conn.execute(
+                f"SELECT count(*) FROM tenant_{tenant}.role_profiles"
+            ).fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        seen = "permission denied"
+    except psycopg.errors.UndefinedTable:
+        seen = "schema gone"
+    return row[0], seen
+
+
+CASES = [
+    (kind, step, "done")
+    for kind in ("deprovision_tenant", "purge_tenant", "restore_tenant")
+    for step in kinds.BUILTIN[kind].step_names
+] + [
+    ("deprovision_tenant", "revoke_app_rw", "started"),
+    ("purge_tenant", "drop_schema", "started"),
+    ("restore_tenant", "grant_app_rw", "started"),
+]
+
+EXPECTED = {
+    "deprovision_tenant": ("archived", "permission denied"),
+    "purge_tenant": ("deleted", "schema gone"),
+    "restore_tenant": ("onboarding", (4,)),
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "step", "outcome"), CASES, ids=[f"{k}-{s}-{o}" for k, s, o in CASES]
+)
+def test_sigkill_then_rerun_reaches_the_same_end_state(
+    settings: Settings, database: Database, kind: str, step: str, outcome: str
+) -> None:
+    service.provision(settings, "victim")
+    with database.owner() as conn:
+        provisioned = tenant_schema.fingerprint(conn, "tenant_victim")
+    if kind == "restore_tenant":
+        service.change_lifecycle(settings, "victim", "deprovision_tenant")
+
+    kill_at(settings, "victim", kind, step, outcome)
+    result = service.change_lifecycle(settings, "victim", kind)
+
+    assert result.job is not None and result.job.status is JobStatus.SUCCEEDED
+    assert result.job.attempts == 2  # the killed attempt, then the one that finished
+    assert end_state(database, "victim") == EXPECTED[kind]
+    if kind == "restore_tenant":
+        with database.owner() as conn:
+            assert tenant_schema.fingerprint(conn, "tenant_victim") == provisioned
+    with database.owner() as conn:
+        abandoned = conn.execute(
+            "SELECT step FROM control.job_step_runs WHERE tenant_id = 'victim' "
+            "AND outcome = 'abandoned'"
+        ).fetchall()
+    assert abandoned == ([(step,)] if outcome == "started" else [])

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, kinds, queue
+from provisioner import db, kinds, queue, tenants
 from provisioner.errors import (
     InvalidInput,
     LeaseLost,
@@ -216,6 +216,7 @@ class Engine:
     ) -> Job:
         current = "resume check"
         try:
+            self._check_state(kind, ctx.tenant, journal)
             job, repaired = self._forget_vanished(kind, job, lease, ctx)
             for step in kind.steps:
                 if step.name in job.steps_completed:
@@ -233,6 +234,16 @@ class Engine:
             raise
         except Exception as exc:
             raise StepFailed(current) from exc
+
+    @staticmethod
+    def _check_state(kind: JobKind, tenant: TenantId, journal: psycopg.Connection[Any]) -> None:
+        """WrongState (the job fails at once) when the tenant's state refuses the kind."""
+        if not kind.refused_states:
+            return
+        with db.translated():
+            state = tenants.state_of(journal, tenant)
+        if state in kind.refused_states:
+            raise WrongState(f"tenant {tenant} is {state}: {kind.name} leaves it alone")
 
     def _context(self, tenant: TenantId) -> StepContext:
         return StepContext(tenant=tenant, app_role=self.app_role, store=self.store)

@@ -73,6 +73,10 @@ class JobKind:
     default_worker: bool = False
     #: the CLI command that runs it in the foreground (for history and help)
     command: str | None = None
+    #: tenant states (control.tenants.state) in which a job of this kind fails at once, without
+    #: running a step: whoever queued it, provisioning never gives a suspended, archived or
+    #: deleted tenant its access back
+    refused_states: tuple[str, ...] = ()
     description: str = ""
 
     @property
@@ -124,6 +128,7 @@ BUILTIN_KINDS: tuple[JobKind, ...] = (
         idempotency_key=keyed_by_tenant("provision"),
         default_worker=True,
         command="provision",
+        refused_states=("suspended", "archived", "deleted"),
         description="create, migrate, grant, seed, check storage, start onboarding",
     ),
     JobKind(

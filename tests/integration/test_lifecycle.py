@@ -10,7 +10,8 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from provisioner import queue, service, tenant_schema
+from provisioner import queue, runner, service, tenant_schema
+from provisioner.engine import Engine
 from provisioner.models import TenantId
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli
@@ -195,4 +196,24 @@ def test_the_default_worker_never_claims_a_deprovision_job(
         ).fetchone()
     assert row == ("succeeded",)
     assert state(database, "acme") == ("archived", "onboarding")
+    assert app_reads(database, "acme") == "permission denied"
+
+
+def test_a_provisioning_job_never_gives_an_inactive_tenant_its_access_back(
+    settings: Settings, database: Database
+) -> None:
+    service.provision(settings, "acme")
+    assert run_cli(settings, "suspend", "acme").returncode == 0
+    with psycopg.connect(database.app_url) as conn:  # e.g. an upgrade re-opening the job
+        job = queue.latest_for_tenant(conn, TenantId("acme"))
+        assert job is not None
+        queue.reopen(conn, job.id)
+        conn.commit()
+    with Engine.from_settings(settings, "someone") as engine:
+        outcome = runner.claim_and_run(
+            engine, job.id, on_progress=lambda e: None, should_stop=lambda: False
+        )
+    assert isinstance(outcome, runner.Settled)
+    assert outcome.job.status.value == "failed"
+    assert "acme is suspended" in str(outcome.job.error_detail)
     assert app_reads(database, "acme") == "permission denied"

@@ -15,9 +15,10 @@ closed with ``assert_never`` on both ends):
     child -> parent   Ready(holder)
                       StepReport(...)  each StepEvent of the running job
                       JobEnded(outcome)     the job's :data:`~provisioner.runner.Outcome`:
-                                            settled, lease lost, or unsettled (the database
-                                            was down: the parent settles it)
-                      Interrupted_(job_id, detail)  the drain timeout cut the step short
+                                            settled (also a job the child released after the
+                                            drain timeout cut its step short), lease lost, or
+                                            unsettled (the database was down: the parent
+                                            settles it)
 
 Children ignore SIGINT and SIGTERM: the parent decides when a step stops. When the drain timeout
 expires the parent sends SIGUSR1, which raises :class:`Interrupted` (a ``KeyboardInterrupt``,
@@ -94,15 +95,7 @@ class JobEnded:
     outcome: runner.Outcome
 
 
-@dataclass(frozen=True)
-class StepInterrupted:
-    """Child -> parent: the drain timeout cut the step short; the parent releases the job."""
-
-    job_id: UUID
-    detail: str
-
-
-FromChild = Ready | StepReport | JobEnded | StepInterrupted
+FromChild = Ready | StepReport | JobEnded
 
 PR_SET_PDEATHSIG = 1
 
@@ -204,9 +197,8 @@ class _ChildLoop:
                 self.engine, job, on_progress=self.progress, should_stop=self.should_stop
             )
         except Interrupted as exc:
-            self.send(StepInterrupted(job.id, describe(exc)))
-        else:
-            self.send(JobEnded(outcome))
+            outcome = runner.release(self.engine, job, describe(exc))
+        self.send(JobEnded(outcome))
 
 
 @dataclass

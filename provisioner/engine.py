@@ -315,6 +315,10 @@ class Engine:
         except ProvisionerError:
             pass  # the journal is best effort when the database itself is failing
 
+    def release(self, job: Job) -> Job:
+        """Hand the held job back to the queue, untouched (its attempt is not counted)."""
+        return self._finish(lambda c: queue.release(c, job.lease))
+
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self._db.transaction() as tx:
             return write(tx.pg)

@@ -60,6 +60,8 @@ class Unsettled:
     job: Job
     detail: str
     permanent: bool
+    #: hand the job back untouched (a stop request) instead of counting a failed attempt
+    release: bool = False
 
 
 Outcome = Settled | Busy | LostLease | Unsettled
@@ -82,6 +84,16 @@ def run_claimed(
         permanent = isinstance(exc, PermanentError | InvalidInput | WrongState)
         return Unsettled(job, describe(exc), permanent)
     return Settled(done, stopped=done.status.value == "queued" and should_stop())
+
+
+def release(engine: Engine, job: Job, detail: str) -> Outcome:
+    """Hand back a job whose step was cut short (the drain timeout), progress kept."""
+    try:
+        return Settled(engine.release(job), stopped=True)
+    except LeaseLost as exc:
+        return LostLease(job.id, describe(exc))
+    except Exception as exc:
+        return Unsettled(job, f"{detail}; then {describe(exc)}", permanent=False, release=True)
 
 
 def claim_and_run(

@@ -54,7 +54,6 @@ from provisioner.children import (
     Quit,
     Ready,
     RunJob,
-    StepInterrupted,
     StepReport,
     Stop,
 )
@@ -478,11 +477,9 @@ class Worker:
                 event(self.log, "child_started", pid=child.pid, holder=child.holder)
             case StepReport() if job is not None:
                 self._on_step(child, job, message)
-            case StepInterrupted(detail=detail) if job is not None:
-                self._orphan(child, detail, release=True)
             case JobEnded(outcome=outcome) if job is not None:
                 self._on_job_ended(child, job, outcome)
-            case StepReport() | StepInterrupted() | JobEnded():
+            case StepReport() | JobEnded():
                 return  # a late message about a job the parent already settled
             case _:
                 assert_never(message)
@@ -495,9 +492,9 @@ class Worker:
                 self._log_outcome(done, released=stopped, seconds=seconds)
             case runner.LostLease(detail=detail):
                 self._log_lease_lost(job, detail)
-            case runner.Unsettled(detail=detail, permanent=permanent):
+            case runner.Unsettled(detail=detail, permanent=permanent, release=release):
                 reason = f"{child.failure}; then {detail}" if child.failure else detail
-                self._orphan(child, reason, release=False, permanent=permanent)
+                self._orphan(child, reason, release=release, permanent=permanent)
                 return
             case runner.Busy():
                 pass  # a worker's child never claims: the parent did

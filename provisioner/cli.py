@@ -567,12 +567,15 @@ def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json
     if not found:
         click.echo("no jobs")
         return
-    click.echo(f"{'JOB':<36}  {'TENANT':<20} {'STATUS':<9} {'PROG':>4}  ATT  HOLDER / ERROR")
+    click.echo(
+        f"{'JOB':<36}  {'KIND':<18} {'TENANT':<20} {'STATUS':<9} {'PROG':>4}  RUN  ATT  "
+        "HOLDER / ERROR"
+    )
     for j in found:
         tail = j.locked_by or (j.error_detail or "")[:60]
         click.echo(
-            f"{j.id!s:<36}  {(j.tenant_id or '-'):<20} {j.status.value:<9} {j.progress:>3}%  "
-            f"{j.attempts}/{j.max_attempts}  {tail}"
+            f"{j.id!s:<36}  {j.job_type:<18} {(j.tenant_id or '-'):<20} {j.status.value:<9} "
+            f"{j.progress:>3}%  {j.run:>3}  {j.attempts}/{j.max_attempts}  {tail}"
         )
 
 

@@ -91,25 +91,37 @@ def render_history(runs: list[dict[str, Any]], step_runs: list[dict[str, Any]]) 
     if not step_runs and not runs:
         return
     click.echo("history")
-    started = {(r["job_id"], r["run"]): r for r in runs}
-    shown: set[tuple[Any, int]] = set()
+    by_run: dict[tuple[Any, int], list[dict[str, Any]]] = {}
+    started: dict[tuple[Any, int], Any] = {}
+    for run in runs:
+        key = (run["job_id"], run["run"])
+        by_run.setdefault(key, [])
+        started[key] = run["started_at"]
     for step_run in step_runs:
         key = (step_run["job_id"], step_run.get("run", 1))
-        if key not in shown:
-            shown.add(key)
-            header = started.get(key)
-            by = f"started by `{header['started_by']}`" if header else "started by (unknown)"
-            click.echo(f"  run {key[1]}  {step_run.get('job_type') or '?'}  {by}")
-        took = ""
-        if step_run["finished_at"] is not None:
-            seconds = (step_run["finished_at"] - step_run["started_at"]).total_seconds()
-            took = f"{seconds * 1000:.0f} ms"
-        detail = f"  {step_run['detail']}" if step_run["detail"] else ""
-        click.echo(
-            f"    attempt {step_run['attempt']}  {step_run['started_at']:%H:%M:%S}  "
-            f"{step_run['step']:<22} {step_run['outcome']:<10} {took:>8}  "
-            f"{step_run['worker']}{detail}"
-        )
+        by_run.setdefault(key, []).append(step_run)
+        started.setdefault(key, step_run["started_at"])
+    headers = {(r["job_id"], r["run"]): r for r in runs}
+    for key in sorted(by_run, key=lambda k: (started[k], k[1])):
+        header = headers.get(key)
+        kind = header["job_type"] if header else by_run[key][0].get("job_type") or "?"
+        by = f"started by `{header['started_by']}`" if header else "started by (unknown)"
+        click.echo(f"  run {key[1]}  {kind}  {by}")
+        for step_run in by_run[key]:
+            click.echo(f"    {history_line(step_run)}")
+
+
+def history_line(step_run: dict[str, Any]) -> str:
+    took = ""
+    if step_run["finished_at"] is not None:
+        seconds = (step_run["finished_at"] - step_run["started_at"]).total_seconds()
+        took = f"{seconds * 1000:.0f} ms"
+    detail = f"  {step_run['detail']}" if step_run["detail"] else ""
+    return (
+        f"attempt {step_run['attempt']}  {step_run['started_at']:%H:%M:%S}  "
+        f"{step_run['step']:<22} {step_run['outcome']:<10} {took:>8}  "
+        f"{step_run['worker']}{detail}"
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

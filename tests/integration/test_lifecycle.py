@@ -5,17 +5,33 @@ outside as ``app_rw``; the state machine's refusals; a worker drains these kinds
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 from provisioner import queue, runner, service, tenant_schema
+from provisioner.cli import main
 from provisioner.engine import Engine
 from provisioner.models import TenantId
 from provisioner.settings import Settings
-from tests.conftest import Database, run_cli
+from tests.conftest import Database, run_cli, settings_env
 from tests.workers import Workers
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(settings: Settings, *args: str) -> Ran:
+    """The CLI in this process (click's runner: stdin is not a terminal), as a subprocess would
+    see it: exit code, stdout, stderr."""
+    result = CliRunner().invoke(main, list(args), env=settings_env(settings))
+    return Ran(result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture
@@ -55,7 +71,7 @@ def schema_exists(database: Database, tenant: str) -> bool:
 
 def one_line_error(result: object, code: int, *needles: str) -> None:
     assert result.returncode == code, (result.stdout, result.stderr)  # type: ignore[attr-defined]
-    err = result.stderr  # type: ignore[attr-defined]
+    err: str = result.stderr  # type: ignore[attr-defined]
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert all(n in err for n in needles), err
 
@@ -68,18 +84,18 @@ def test_suspend_restore_deprovision_purge_seen_from_app_rw(
         provisioned = tenant_schema.fingerprint(conn, "tenant_acme")
     assert app_reads(database, "acme") == 4
 
-    suspended = run_cli(settings, "suspend", "acme")
+    suspended = run_cli(settings, "suspend", "acme")  # once as a real process
     assert suspended.returncode == 0, suspended.stderr
     assert app_reads(database, "acme") == "permission denied"
     assert state(database, "acme") == ("suspended", "onboarding")
     with database.owner() as conn:  # the data is untouched
         assert conn.execute("SELECT count(*) FROM tenant_acme.role_profiles").fetchone() == (4,)
 
-    again = run_cli(settings, "suspend", "acme", "--json")
+    again = cli(settings, "suspend", "acme", "--json")
     assert again.returncode == 0
     assert json.loads(again.stdout)["already"] is True
 
-    restored = run_cli(settings, "restore", "acme", "--json")
+    restored = cli(settings, "restore", "acme", "--json")
     assert restored.returncode == 0, restored.stderr
     view = json.loads(restored.stdout)
     assert view["state"] == "onboarding" and view["status"] == "succeeded"
@@ -88,17 +104,17 @@ def test_suspend_restore_deprovision_purge_seen_from_app_rw(
     with database.owner() as conn:  # privileges exactly as provisioning gave them
         assert tenant_schema.fingerprint(conn, "tenant_acme") == provisioned
 
-    archived = run_cli(settings, "deprovision", "acme")
+    archived = cli(settings, "deprovision", "acme")
     assert archived.returncode == 0, archived.stderr
     assert state(database, "acme") == ("archived", "onboarding")
     assert app_reads(database, "acme") == "permission denied"
     assert schema_exists(database, "acme")
 
-    refused = run_cli(settings, "deprovision", "acme", "--purge")  # not a terminal, no --yes
+    refused = cli(settings, "deprovision", "acme", "--purge")  # not a terminal, no --yes
     one_line_error(refused, 2, "--yes")
     assert schema_exists(database, "acme")
 
-    purged = run_cli(settings, "deprovision", "acme", "--purge", "--yes", "--json")
+    purged = cli(settings, "deprovision", "acme", "--purge", "--yes", "--json")
     assert purged.returncode == 0, purged.stderr
     assert json.loads(purged.stdout)["state"] == "deleted"
     assert not schema_exists(database, "acme")
@@ -121,13 +137,13 @@ def test_suspend_restore_deprovision_purge_seen_from_app_rw(
     assert steps == (6 + 2 + 2 + 2 + 3,)
 
     # A purged id comes back only when asked for explicitly, from scratch.
-    one_line_error(run_cli(settings, "provision", "acme"), 2, "deleted", "--reuse-deleted")
-    one_line_error(run_cli(settings, "enqueue", "acme"), 2, "deleted")
-    again = run_cli(settings, "provision", "acme", "--reuse-deleted")
+    one_line_error(cli(settings, "provision", "acme"), 2, "deleted", "--reuse-deleted")
+    one_line_error(cli(settings, "enqueue", "acme"), 2, "deleted")
+    again = cli(settings, "provision", "acme", "--reuse-deleted")
     assert again.returncode == 0, again.stderr
     assert app_reads(database, "acme") == 4
     assert state(database, "acme") == ("onboarding", None)
-    status = run_cli(settings, "status", "acme")
+    status = cli(settings, "status", "acme")
     assert "run 2  provision_tenant  started by `provision --reuse-deleted (repair)`" in (
         status.stdout
     )
@@ -137,17 +153,17 @@ def test_suspend_restore_deprovision_purge_seen_from_app_rw(
 def test_commands_refuse_wrong_states_and_unknown_tenants(
     settings: Settings, database: Database
 ) -> None:
-    one_line_error(run_cli(settings, "suspend", "ghost"), 3, "unknown tenant ghost")
+    one_line_error(cli(settings, "suspend", "ghost"), 3, "unknown tenant ghost")
     service.provision(settings, "acme")
-    one_line_error(run_cli(settings, "restore", "acme"), 2, "acme is onboarding")
-    assert run_cli(settings, "suspend", "acme").returncode == 0
-    one_line_error(run_cli(settings, "provision", "acme"), 2, "suspended", "restore")
-    one_line_error(run_cli(settings, "enqueue", "acme"), 2, "suspended")
+    one_line_error(cli(settings, "restore", "acme"), 2, "acme is onboarding")
+    assert cli(settings, "suspend", "acme").returncode == 0
+    one_line_error(cli(settings, "provision", "acme"), 2, "suspended", "restore")
+    one_line_error(cli(settings, "enqueue", "acme"), 2, "suspended")
     assert app_reads(database, "acme") == "permission denied"  # provision gave nothing back
-    assert run_cli(settings, "deprovision", "acme").returncode == 0
+    assert cli(settings, "deprovision", "acme").returncode == 0
     assert state(database, "acme") == ("archived", "onboarding")
-    one_line_error(run_cli(settings, "suspend", "acme"), 2, "acme is archived")
-    assert run_cli(settings, "restore", "acme").returncode == 0
+    one_line_error(cli(settings, "suspend", "acme"), 2, "acme is archived")
+    assert cli(settings, "restore", "acme").returncode == 0
     assert state(database, "acme") == ("onboarding", None)
 
 
@@ -203,7 +219,7 @@ def test_a_provisioning_job_never_gives_an_inactive_tenant_its_access_back(
     settings: Settings, database: Database
 ) -> None:
     service.provision(settings, "acme")
-    assert run_cli(settings, "suspend", "acme").returncode == 0
+    assert cli(settings, "suspend", "acme").returncode == 0
     with psycopg.connect(database.app_url) as conn:  # e.g. an upgrade re-opening the job
         job = queue.latest_for_tenant(conn, TenantId("acme"))
         assert job is not None
@@ -217,3 +233,35 @@ def test_a_provisioning_job_never_gives_an_inactive_tenant_its_access_back(
     assert outcome.job.status.value == "failed"
     assert "acme is suspended" in str(outcome.job.error_detail)
     assert app_reads(database, "acme") == "permission denied"
+
+
+def test_status_numbers_runs_and_says_what_started_each(
+    settings: Settings, database: Database
+) -> None:
+    service.provision(settings, "acme")
+    with database.owner() as conn:  # damage it: provisioning repairs in a second run
+        conn.execute("REVOKE DELETE ON tenant_acme.members FROM app_rw")
+    service.provision(settings, "acme")
+    assert cli(settings, "suspend", "acme").returncode == 0
+
+    human = cli(settings, "status", "acme").stdout
+    history = human.split("history\n", 1)[1].splitlines()
+    headers = [line.strip() for line in history if line.startswith("  run")]
+    assert headers == [
+        "run 1  provision_tenant  started by `provision`",
+        "run 2  provision_tenant  started by `provision (repair)`",
+        "run 1  suspend_tenant  started by `suspend`",
+    ]
+    view = json.loads(cli(settings, "status", "acme", "--json").stdout)
+    assert view["job_type"] == "suspend_tenant" and view["state"] == "suspended"
+    runs = [(r["job_type"], r["run"], r["attempt"], r["step"]) for r in view["step_runs"]]
+    assert runs[6:] == [
+        ("provision_tenant", 2, 1, "grant_app_rw"),
+        ("suspend_tenant", 1, 1, "revoke_app_rw"),
+        ("suspend_tenant", 1, 1, "mark_suspended"),
+    ]
+    assert [(r["job_type"], r["run"], r["started_by"]) for r in view["runs"]] == [
+        ("provision_tenant", 1, "provision"),
+        ("provision_tenant", 2, "provision (repair)"),
+        ("suspend_tenant", 1, "suspend"),
+    ]

@@ -9,16 +9,17 @@ watchdog thread as the fallback): a SIGKILLed worker leaves no engine running be
 The parent and a child talk over one pipe, in frozen dataclasses (matched with ``match`` and
 closed with ``assert_never`` on both ends):
 
-    parent -> child   RunJob(job)      run this claimed job
+    parent -> child   ClaimNext(job_types)  claim the oldest ready job of these kinds, run it
                       Stop()           finish the running step, then release the job
                       Quit()           exit when idle
     child -> parent   Ready(holder)
+                      Claimed(job)     the child claimed this job and runs it
                       StepReport(...)  each StepEvent of the running job
                       JobEnded(outcome)     the job's :data:`~provisioner.runner.Outcome`:
                                             settled (also a job the child released after the
                                             drain timeout cut its step short), lease lost, or
                                             unsettled (the database was down: the parent
-                                            settles it)
+                                            settles it), nothing queued, or claim failed
 
 Children ignore SIGINT and SIGTERM: the parent decides when a step stops. When the drain timeout
 expires the parent sends SIGUSR1, which raises :class:`Interrupted` (a ``KeyboardInterrupt``,
@@ -51,10 +52,10 @@ from provisioner.settings import Settings
 
 
 @dataclass(frozen=True)
-class RunJob:
-    """Parent -> child: run this job, claimed for the child's holder id."""
+class ClaimNext:
+    """Parent -> child: claim the oldest ready job of these kinds, run it, settle it."""
 
-    job: Job
+    job_types: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Quit:
     """Parent -> child: exit when idle."""
 
 
-ToChild = RunJob | Stop | Quit
+ToChild = ClaimNext | Stop | Quit
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,13 @@ class Ready:
     """Child -> parent: the engine is up; its lease holder id."""
 
     holder: str
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """Child -> parent: the child claimed this job and runs it now."""
+
+    job: Job
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,7 @@ class JobEnded:
     outcome: runner.Outcome
 
 
-FromChild = Ready | StepReport | JobEnded
+FromChild = Ready | Claimed | StepReport | JobEnded
 
 PR_SET_PDEATHSIG = 1
 
@@ -147,6 +155,7 @@ class _ChildLoop:
         self.engine = engine
         self.stopping = False
         self.quitting = False
+        self.job: Job | None = None
 
     def send(self, message: FromChild) -> None:
         """Send whole: an interrupt arriving meanwhile is delivered after the message."""
@@ -169,9 +178,9 @@ class _ChildLoop:
                     return
                 case Stop():
                     continue  # no job runs: nothing to stop
-                case RunJob(job=job):
+                case ClaimNext(job_types=job_types):
                     try:
-                        self.run(job)
+                        self.run(job_types)
                     except Interrupted:
                         continue  # arrived after the job's outcome was sent
                 case _:
@@ -190,14 +199,25 @@ class _ChildLoop:
     def progress(self, ev: StepEvent) -> None:
         self.send(StepReport(ev.job.id, ev.step, ev.outcome, round(ev.seconds, 3), ev.detail))
 
-    def run(self, job: Job) -> None:
-        self.stopping = False
+    def claimed(self, job: Job) -> None:
+        self.job = job
+        self.send(Claimed(job))
+
+    def run(self, job_types: tuple[str, ...]) -> None:
+        self.stopping, self.job = False, None
         try:
-            outcome = runner.run_claimed(
-                self.engine, job, on_progress=self.progress, should_stop=self.should_stop
+            outcome = runner.claim_next_and_run(
+                self.engine,
+                job_types,
+                on_claimed=self.claimed,
+                on_progress=self.progress,
+                should_stop=self.should_stop,
             )
         except Interrupted as exc:
-            outcome = runner.release(self.engine, job, describe(exc))
+            if self.job is None:
+                outcome = runner.NothingQueued()  # cut short before a claim: nothing held
+            else:
+                outcome = runner.release(self.engine, self.job, describe(exc))
         self.send(JobEnded(outcome))
 
 
@@ -209,6 +229,10 @@ class EngineProcess:
     conn: Connection
     holder: str | None = None
     job: Job | None = None
+    #: why the child was asked to claim (start, notify, poll, drain...), while it claims
+    asking: str | None = None
+    #: the parent's claim count when the child was asked (a later claim voids "nothing queued")
+    asked_at_claim: int = 0
     step: str | None = None
     #: "<step>: <detail>" of the last failed step of the running job, for error messages
     failure: str | None = None
@@ -238,7 +262,12 @@ class EngineProcess:
 
     @property
     def idle(self) -> bool:
-        return self.ready and self.job is None
+        return self.ready and self.job is None and self.asking is None
+
+    @property
+    def busy(self) -> bool:
+        """Claiming, or running a job."""
+        return self.job is not None or self.asking is not None
 
     def send(self, message: ToChild) -> bool:
         """False when the child is gone."""

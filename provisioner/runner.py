@@ -11,6 +11,7 @@ dead engine process left are settled by the worker's parent, and only those.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 from uuid import UUID
@@ -64,7 +65,19 @@ class Unsettled:
     release: bool = False
 
 
-Outcome = Settled | Busy | LostLease | Unsettled
+@dataclass(frozen=True)
+class NothingQueued:
+    """No job of the asked kinds could be claimed."""
+
+
+@dataclass(frozen=True)
+class ClaimFailed:
+    """The database failed the claim: nothing was claimed."""
+
+    detail: str
+
+
+Outcome = Settled | Busy | LostLease | Unsettled | NothingQueued | ClaimFailed
 
 
 def run_claimed(
@@ -84,6 +97,28 @@ def run_claimed(
         permanent = isinstance(exc, PermanentError | InvalidInput | WrongState)
         return Unsettled(job, describe(exc), permanent)
     return Settled(done, stopped=done.status.value == "queued" and should_stop())
+
+
+def claim_next_and_run(
+    engine: Engine,
+    job_types: tuple[str, ...],
+    *,
+    on_claimed: Callable[[Job], None],
+    on_progress: ProgressCallback,
+    should_stop: StopRequested,
+) -> Outcome:
+    """Claim the oldest ready job of ``job_types`` for this engine's holder id (a worker's
+    engine process), tell ``on_claimed``, run it and settle it."""
+    try:
+        engine.refresh_control()
+        with db.translated():
+            job = queue.claim_next(engine.control, job_types, engine.holder)
+    except ProvisionerError as exc:
+        return ClaimFailed(describe(exc))
+    if job is None:
+        return NothingQueued()
+    on_claimed(job)
+    return run_claimed(engine, job, on_progress=on_progress, should_stop=should_stop)
 
 
 def release(engine: Engine, job: Job, detail: str) -> Outcome:
@@ -138,5 +173,7 @@ def settled_job(outcome: Outcome) -> Job:
         case Unsettled(detail=detail):
             # This process's sessions end with it: the next run takes the job over.
             raise ProvisionerError(f"the outcome could not be recorded ({detail}); run it again")
+        case NothingQueued() | ClaimFailed():
+            raise ProvisionerError("no job was claimed")
         case _:
             assert_never(outcome)

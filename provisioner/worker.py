@@ -48,12 +48,13 @@ import psycopg
 
 from provisioner import __version__, db, logs, queue, runner, service
 from provisioner.children import (
+    Claimed,
+    ClaimNext,
     EngineProcess,
     FromChild,
     JobEnded,
     Quit,
     Ready,
-    RunJob,
     StepReport,
     Stop,
 )
@@ -150,6 +151,7 @@ class Worker:
         self._listen_fd: int | None = None
         self._pending: str | None = "start"  # why the next claim happens; None: queue empty
         self._was_idle = False
+        self._claims = 0  # claims the children reported, to tell a stale "nothing queued"
         self._next_poll = 0.0
         self._next_recovery = 0.0
         self._db_retry_at = 0.0
@@ -264,7 +266,7 @@ class Worker:
         while True:
             now = time.monotonic()
             if self._deadline is not None:
-                if not any(c.job for c in self._children):
+                if not any(c.busy for c in self._children):
                     return
                 if now >= self._deadline:
                     self._interrupt_busy(now)
@@ -275,7 +277,7 @@ class Worker:
             self._wait(self._timeout(time.monotonic()))
 
     def _drained(self) -> bool:
-        busy = any(c.job for c in self._children)
+        busy = any(c.busy for c in self._children)
         return self._pending is None and not self._orphans and not busy
 
     def _timeout(self, now: float) -> float:
@@ -310,7 +312,7 @@ class Worker:
         if self._deadline is None:
             self.state = "draining"
             self._deadline = now + self.settings.drain_timeout_seconds
-            busy = [c for c in self._children if c.job]
+            busy = [c for c in self._children if c.busy]
             event(
                 self.log,
                 "stopping",
@@ -401,41 +403,49 @@ class Worker:
             self._pending = "drain"
 
     def _claim(self) -> None:
-        assert self._conn is not None
-        while self._pending is not None:
-            child = next((c for c in self._children if c.idle), None)
-            if child is None or child.holder is None:
-                return
-            with db.translated():
-                job = queue.claim_next(self._conn, self.job_types, child.holder)
-            if job is None:
-                self._pending = None
-                self._next_poll = time.monotonic() + self.settings.poll_interval_seconds
-                if not self._was_idle:
-                    self._was_idle = True
-                    event(
-                        self.log,
-                        "idle",
-                        listen=queue.NOTIFY_CHANNEL,
-                        poll_interval=self.settings.poll_interval_seconds,
-                    )
-                return
-            woke, self._pending, self._was_idle = self._pending, "drain", False
-            self.woke[woke] += 1
-            self.last_woke = woke
-            with self._lock:
-                child.assign(job)
+        """Ask each idle engine process to claim a job (it claims, runs and settles it)."""
+        if self._pending is None:
+            return
+        for child in self._children:
+            if not child.idle:
+                continue
+            child.asking, child.asked_at_claim = self._pending, self._claims
+            if not child.send(ClaimNext(tuple(self.job_types))):
+                child.asking = None  # gone: its exit is handled when its pipe closes
+
+    def _on_claimed(self, child: EngineProcess, job: Job) -> None:
+        woke = child.asking or "drain"
+        self._claims += 1
+        self._pending, self._was_idle = "drain", False  # the queue may hold more
+        self.woke[woke] += 1
+        self.last_woke = woke
+        with self._lock:
+            child.asking = None
+            child.assign(job)
+        event(
+            self.log,
+            "claimed",
+            **job_fields(job),
+            woke=woke,
+            max_attempts=job.max_attempts,
+            holder=child.holder,
+            steps_done=len(job.steps_completed),
+        )
+
+    def _nothing_queued(self, child: EngineProcess) -> None:
+        child.asking = None
+        if child.asked_at_claim != self._claims:
+            return  # another child claimed meanwhile: the queue may still hold more
+        self._pending = None
+        self._next_poll = time.monotonic() + self.settings.poll_interval_seconds
+        if not self._was_idle:
+            self._was_idle = True
             event(
                 self.log,
-                "claimed",
-                **job_fields(job),
-                woke=woke,
-                max_attempts=job.max_attempts,
-                holder=child.holder,
-                steps_done=len(job.steps_completed),
+                "idle",
+                listen=queue.NOTIFY_CHANNEL,
+                poll_interval=self.settings.poll_interval_seconds,
             )
-            if not child.send(RunJob(job)):
-                self._orphan(child, "could not hand the job to its engine process", release=True)
 
     def _settle_orphans(self) -> None:
         assert self._conn is not None
@@ -475,8 +485,15 @@ class Worker:
             case Ready(holder=holder):
                 child.holder = holder
                 event(self.log, "child_started", pid=child.pid, holder=child.holder)
+            case Claimed(job=claimed):
+                self._on_claimed(child, claimed)
             case StepReport() if job is not None:
                 self._on_step(child, job, message)
+            case JobEnded(outcome=runner.NothingQueued()):
+                self._nothing_queued(child)
+            case JobEnded(outcome=runner.ClaimFailed(detail=detail)):
+                child.asking = None
+                self._database_down(DatabaseUnavailable(detail), "claim")
             case JobEnded(outcome=outcome) if job is not None:
                 self._on_job_ended(child, job, outcome)
             case StepReport() | JobEnded():
@@ -496,8 +513,8 @@ class Worker:
                 reason = f"{child.failure}; then {detail}" if child.failure else detail
                 self._orphan(child, reason, release=release, permanent=permanent)
                 return
-            case runner.Busy():
-                pass  # a worker's child never claims: the parent did
+            case runner.Busy() | runner.NothingQueued() | runner.ClaimFailed():
+                pass  # handled before a job was held
             case _:
                 assert_never(outcome)
         with self._lock:

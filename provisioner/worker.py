@@ -2,11 +2,13 @@
 
 One parent process and ``concurrency`` engine processes (:mod:`provisioner.children`).
 
-* The **parent** owns the queue: stale recovery at start and every quarter of the stale
+* The **parent** supervises: stale recovery at start and every quarter of the stale
   threshold; ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the
-  backstop for a lost notification; claims on behalf of an idle child (at most ``concurrency``
-  jobs at once); settling a job its child could not (the child died, or the database was down
-  when the step failed); signals and the drain.
+  backstop for a lost notification; asking each idle child to claim a job (at most
+  ``concurrency`` jobs at once); settling only what a child could not (the child died, or the
+  database was down when the step failed); signals and the drain.
+* Each **engine process** owns its job's life (:mod:`provisioner.runner`): it claims the job
+  under its own holder id, runs its kind's steps, settles it, and reports a typed outcome.
 * A **heartbeat thread**, on its own connection, upserts the component's row in
   ``control.runtime_heartbeats`` every interval and, in the same transaction, renews
   ``locked_at`` of every job the children hold: a long step on a live worker is never taken for

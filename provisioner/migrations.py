@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from provisioner.db import sqlalchemy_url, translated
+from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, translated
 
 # Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
 # never migrate (status, enqueue, jobs, health) start without it.
@@ -134,7 +134,9 @@ def upgrade_control(owner_url: str, app_role: str = "app_rw") -> tuple[str | Non
     """Bring the control schema to head; returns (revision before, revision after)."""
     from alembic import command
 
-    engine = sa.create_engine(sqlalchemy_url(owner_url), poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(
+        sqlalchemy_url(owner_url), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS
+    )
     try:
         with translated():
             before = control_revision_sa(engine)

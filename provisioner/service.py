@@ -63,9 +63,39 @@ def app_connection(
     settings: Settings, name: str = "provisioner"
 ) -> Iterator[psycopg.Connection[Any]]:
     """An application-role connection; commits on success, rolls back on error."""
-    with closing(db.connect(settings.app_url, application_name=name)) as conn, db.translated():
+    connection = closing(db.connect(settings.app_url, application_name=name))
+    with _control_ready(), connection as conn, db.translated():
         yield conn  # closing without a commit rolls back
         conn.commit()
+
+
+@contextmanager
+def writer_connection(
+    settings: Settings, name: str = "provisioner"
+) -> Iterator[psycopg.Connection[Any]]:
+    """The owner's connection when its URL is set, else the application role's.
+
+    Row-level security (control c005) lets app_rw only insert a queued provisioning job: re-queue,
+    retry and cancel of a provisioning job need the owner (MIGRATIONS_DATABASE_URL).
+    """
+    url = settings.migrations_database_url or settings.app_url
+    with _control_ready(), closing(db.connect(url, application_name=name)) as conn, db.translated():
+        yield conn
+        conn.commit()
+
+
+@contextmanager
+def _control_ready() -> Iterator[None]:
+    """A control schema that is missing or not migrated says so, instead of a SQL error."""
+    try:
+        yield
+    except db.DatabaseError as exc:
+        if db.control_missing(exc):
+            raise ConfigurationError(
+                "the control schema is not migrated (or is older than this release): run "
+                "`provisioner migrate`"
+            ) from exc
+        raise
 
 
 def migrate(settings: Settings) -> tuple[str | None, str | None]:
@@ -88,7 +118,7 @@ def require_control_at_head(conn: psycopg.Connection[Any]) -> None:
 def enqueue(settings: Settings, tenant_id: str) -> queue.Enqueued:
     """Idempotently enqueue the tenant's provisioning job (re-queues a failed one)."""
     tenant = TenantId(tenant_id)
-    with app_connection(settings) as conn:
+    with writer_connection(settings) as conn:
         return queue.ensure_provision_job(conn, tenant, retry_terminal=True)
 
 
@@ -126,10 +156,10 @@ def provision(
                 return ProvisionResult(job, already_provisioned=True)
             with db.translated():
                 job = queue.reopen(conn, job.id)
-        claimed = _claim_when_free(conn, job.id, holder)
+        claimed, current = _claim_when_free(conn, job.id, holder, should_stop)
         if claimed is None:
-            with db.translated():
-                current = queue.get_job(conn, job.id)
+            if current.status.terminal:  # another process ran it meanwhile: its outcome
+                return ProvisionResult(current)
             raise TenantBusy(
                 f"tenant {tenant} is being provisioned by {current.locked_by} "
                 f"({current.status.value}, {current.progress}%); follow it with "
@@ -140,17 +170,28 @@ def provision(
         )
 
 
+#: How often a second ``provision`` of a tenant looks whether the first one has finished.
+BUSY_POLL_SECONDS = 0.2
+
+
 def _claim_when_free(
-    conn: psycopg.Connection[Any], job_id: UUID, holder: str, grace_seconds: float = 3.0
-) -> Job | None:
-    """Claim the job, waiting briefly for a just-killed holder's sessions to disappear."""
-    deadline = time.monotonic() + grace_seconds
+    conn: psycopg.Connection[Any], job_id: UUID, holder: str, should_stop: StopRequested
+) -> tuple[Job | None, Job]:
+    """Claim the job, or wait while another live process runs it: (claimed, as last seen).
+
+    A second ``provision T`` started while the first runs waits for it and reports how it
+    ended, instead of failing as busy; a holder that died loses the job to the claim.
+    """
     while True:
         with db.translated():
             claimed = queue.claim_job(conn, job_id, holder)
-        if claimed is not None or time.monotonic() >= deadline:
-            return claimed
-        time.sleep(0.1)
+            if claimed is not None:
+                return claimed, claimed
+            current = queue.get_job(conn, job_id)
+            conn.commit()
+        if current.status.terminal or should_stop():
+            return None, current
+        time.sleep(BUSY_POLL_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -238,6 +279,8 @@ def list_jobs(settings: Settings, *, status: str | None = None, limit: int = 50)
         raise InvalidInput(
             f"unknown status {status!r}; one of {', '.join(s.value for s in JobStatus)}"
         )
+    if limit < 1:
+        raise InvalidInput(f"--limit must be at least 1, got {limit}")
     with app_connection(settings) as conn:
         return queue.list_jobs(conn, status=status, limit=limit)
 
@@ -250,12 +293,12 @@ def parse_job_id(raw: str) -> UUID:
 
 
 def retry_job(settings: Settings, job_id: str) -> Job:
-    with app_connection(settings) as conn:
+    with writer_connection(settings) as conn:
         return queue.retry(conn, parse_job_id(job_id))
 
 
 def cancel_job(settings: Settings, job_id: str) -> Job:
-    with app_connection(settings) as conn:
+    with writer_connection(settings) as conn:
         return queue.cancel(conn, parse_job_id(job_id))
 
 

@@ -46,10 +46,11 @@ from typing import Any
 
 import psycopg
 
-from provisioner import __version__, db, logs, queue, service
+from provisioner import __version__, db, heartbeats, logs, queue, service
 from provisioner.children import EngineProcess
 from provisioner.engine import describe
 from provisioner.errors import (
+    ConfigurationError,
     DatabaseUnavailable,
     LeaseLost,
     ProvisionerError,
@@ -84,8 +85,8 @@ def run_worker(settings: Settings, options: WorkerOptions, log: logging.Logger) 
             check_database(settings, allow_superuser=options.allow_superuser, log=log)
             break
         except DatabaseUnavailable as exc:
-            if options.once:
-                raise
+            if options.once:  # a one-shot run that cannot start is refused, not retried
+                raise ConfigurationError(f"cannot start: {exc}") from exc
             if delay == 0.5:  # one line, however long the wait
                 event(log, "database_unavailable", logging.WARNING, error=str(exc), where="start")
             time.sleep(delay)
@@ -131,6 +132,8 @@ class Worker:
         self.last_woke: str | None = None
         self.state = "starting"
         self.outage = Outage(log)
+        #: since when (monotonic) and why the queue work keeps failing; None while it works
+        self.queue_failure: tuple[float, str] | None = None
         self._lock = threading.Lock()  # children's jobs and orphans, read by the heartbeat
         self._mp = multiprocessing.get_context("spawn")
         self._children: list[EngineProcess] = []
@@ -339,14 +342,17 @@ class Worker:
                 self._claim()
         except DB_ERRORS as exc:
             self._database_down(exc, "queue")
+            self.queue_failure = self.queue_failure or (time.monotonic(), str(exc))
             return
+        self.queue_failure = None
         self._db_delay = 0.5
         self.outage.recovered()
 
     def _ensure_connection(self) -> None:
         if self._conn is not None:
             return
-        name, url = self.instance_id, self.settings.app_url
+        # The owner's URL: app_rw may not claim or settle provisioning rows (control c005).
+        name, url = self.instance_id, self.settings.owner_url
         self._conn = db.connect(url, application_name=name)
         self._listen = db.connect(url, application_name=f"{name}:listen", autocommit=True)
         with db.translated():
@@ -606,5 +612,6 @@ class Worker:
             "woke": dict(self.woke),
             "last_woke": self.last_woke,
             "storage": self.storage,
+            "queue_error": heartbeats.queue_error(self.queue_failure),
         }
         return detail, sorted(holders)

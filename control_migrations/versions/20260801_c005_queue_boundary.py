@@ -207,8 +207,11 @@ def downgrade() -> None:
     op.execute(
         "ALTER TABLE control.runtime_heartbeats DROP CONSTRAINT runtime_heartbeats_finite_time"
     )
-    for name in ("platform_jobs_steps_array", "platform_jobs_max_attempts_range",
-                 "platform_jobs_finite_times"):
+    for name in (
+        "platform_jobs_steps_array",
+        "platform_jobs_max_attempts_range",
+        "platform_jobs_finite_times",
+    ):
         op.execute(f"ALTER TABLE control.platform_jobs DROP CONSTRAINT {name}")
     grant_to_app_role("UPDATE (finished_at, outcome, detail)", "TABLE control.job_step_runs")
     revoke_from_app_role("INSERT (tenant_id, schema_name, display_name)", "TABLE control.tenants")

@@ -33,13 +33,24 @@ def _tree(package: str) -> Path:
     return Path(str(files(package)))
 
 
+def _no_sys_path_change(config: Config) -> Config:
+    """Drop the ini's ``prepend_sys_path = .`` (kept for the ``alembic`` command line).
+
+    From code it would put the current directory first on ``sys.path``; the worker's spawned
+    engine processes inherit that list, so started from a source checkout they would import its
+    ``provisioner/`` folder instead of the installed package.
+    """
+    config.set_main_option("prepend_sys_path", "")
+    return config
+
+
 def control_config(**attributes: Any) -> Config:
     from alembic.config import Config
 
     config = Config(str(_tree("provisioner.control_migrations") / "alembic.ini"))
     config.set_main_option("script_location", str(_tree("provisioner.control_migrations")))
     config.attributes.update(attributes)
-    return config
+    return _no_sys_path_change(config)
 
 
 def tenant_tree() -> Path:
@@ -55,7 +66,7 @@ def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -
     config = Config(str(tree / "alembic.ini"))
     config.set_main_option("script_location", str(tree))
     config.attributes.update(attributes, tenant_schema=schema)
-    return config
+    return _no_sys_path_change(config)
 
 
 @cache

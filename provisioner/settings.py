@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from provisioner.errors import ConfigurationError
 from provisioner.models import PROVISION_JOB_TYPE
 
@@ -50,7 +53,8 @@ def check_database_url(name: str, url: str) -> None:
     """
     scheme = next((p for p in _URL_SCHEMES if url.lower().startswith(p)), None)
     if scheme is None:
-        raise ConfigurationError(f"{name} must be a postgresql:// URL ({URL_HELP})")
+        _check_key_value_conninfo(name, url)
+        return
     rest = url[len(scheme) :]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     userinfo, _, hosts = authority.rpartition("@")
@@ -67,6 +71,19 @@ def check_database_url(name: str, url: str) -> None:
     user = re.split(r"[:@]", rest, maxsplit=1)[0] if "@" in rest else ""
     who = f" (user {user})" if _SAFE_USER.fullmatch(user) else ""
     raise ConfigurationError(f"{name} cannot be parsed as a PostgreSQL URL{who}: {URL_HELP}")
+
+
+def _check_key_value_conninfo(name: str, conninfo: str) -> None:
+    """A libpq ``key=value`` string (``host=... user=...``): libpq's own parser decides."""
+    try:
+        parsed = "=" in conninfo and bool(conninfo_to_dict(conninfo))
+    except psycopg.Error:
+        parsed = False
+    if not parsed:
+        raise ConfigurationError(
+            f"{name} cannot be parsed as a postgresql:// URL or a libpq key=value string: "
+            f"{URL_HELP}"
+        )
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:

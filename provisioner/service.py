@@ -27,7 +27,7 @@ from provisioner.errors import (
     TenantBusy,
     UnknownTenant,
 )
-from provisioner.models import Job, JobStatus, TenantId
+from provisioner.models import PRODUCT_JOB_TYPES, Job, JobStatus, TenantId
 
 __all__ = ["TenantId", "local_pg"]
 from provisioner.settings import Settings
@@ -294,12 +294,26 @@ def parse_job_id(raw: str) -> UUID:
 
 def retry_job(settings: Settings, job_id: str) -> Job:
     with writer_connection(settings) as conn:
+        _require_owner_for(settings, conn, parse_job_id(job_id))
         return queue.retry(conn, parse_job_id(job_id))
 
 
 def cancel_job(settings: Settings, job_id: str) -> Job:
     with writer_connection(settings) as conn:
+        _require_owner_for(settings, conn, parse_job_id(job_id))
         return queue.cancel(conn, parse_job_id(job_id))
+
+
+def _require_owner_for(settings: Settings, conn: psycopg.Connection[Any], job_id: UUID) -> None:
+    """Only the owner changes an owner job (control c005): say so rather than match no row."""
+    if settings.migrations_database_url:
+        return
+    job = queue.get_job(conn, job_id)  # UnknownJob (exit 3) first
+    if job.job_type not in PRODUCT_JOB_TYPES:
+        raise ConfigurationError(
+            f"job {job_id} is a {job.job_type} job: only the owner role may change it; set "
+            "MIGRATIONS_DATABASE_URL"
+        )
 
 
 def check_storage(settings: Settings) -> dict[str, Any]:

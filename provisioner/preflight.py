@@ -48,6 +48,7 @@ def check_configuration(settings: Settings) -> None:
             f"of PROVISIONER_JOB_STALE_AFTER_SECONDS ({settings.job_stale_after_seconds:g}), or "
             "live jobs would look abandoned"
         )
+    settings.check_object_store_path()
     store_from_settings(settings)  # ConfigurationError for a store that cannot work
 
 

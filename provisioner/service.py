@@ -143,6 +143,7 @@ def provision(
     says so when there is nothing to do. Raises TenantBusy if a live process holds the job.
     """
     tenant = TenantId(tenant_id)
+    settings.check_object_store_path()
     holder = holder or holder_id("cli")
     with Engine.from_settings(settings, holder) as engine:
         # One owner session does the bookkeeping (the engine's own): each new connection costs

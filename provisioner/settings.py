@@ -136,6 +136,13 @@ class Settings:
         ):
             if url:
                 check_database_url(name, url)
+
+    def check_object_store_path(self) -> None:
+        """Refuse a file given as the filesystem store's folder, before anything is created.
+
+        A missing folder is the store being not ready (reported at step 5, like a missing
+        bucket); a file there is a setting that can never work.
+        """
         path = self.object_store_path
         filesystem = self.object_store_provider == "filesystem"
         if filesystem and path is not None and path.exists() and not path.is_dir():

@@ -140,7 +140,8 @@ def provision(
     """Provision one tenant now, in this process, through its job row and the step engine.
 
     Resumes a half-done tenant; repairs a provisioned one whose schema lost part of its effect;
-    says so when there is nothing to do. Raises TenantBusy if a live process holds the job.
+    says so when there is nothing to do. While another live process runs the job, waits for it
+    and returns how it ended (TenantBusy only when ``should_stop`` ends the wait).
     """
     tenant = TenantId(tenant_id)
     settings.check_object_store_path()

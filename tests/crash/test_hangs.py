@@ -139,8 +139,14 @@ def test_the_password_can_come_from_libpq_instead_of_the_url(own: Own, tmp_path:
 # -- passwords never echoed (item 5) ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variable", ["APP_DATABASE_URL", "MIGRATIONS_DATABASE_URL"])
-@pytest.mark.parametrize("command", [("status", "acme"), ("worker", "--once"), ("migrate",)])
+@pytest.mark.parametrize(
+    ("variable", "command"),
+    [
+        ("APP_DATABASE_URL", ("status", "acme")),
+        ("APP_DATABASE_URL", ("worker", "--once")),
+        ("MIGRATIONS_DATABASE_URL", ("migrate",)),
+    ],
+)
 def test_an_unencoded_password_is_refused_without_echoing_it(
     own: Own, variable: str, command: tuple[str, ...]
 ) -> None:
@@ -175,6 +181,7 @@ def test_worker_once_refuses_to_start_without_a_working_app_url(own: Own, fault:
 # -- a server that accepts connections but never answers (item 4) --------------------------------
 
 
+@pytest.mark.slow
 def test_no_command_hangs_on_a_stopped_server(own: Own) -> None:
     commands = {
         ("migrate",): 1,

@@ -29,10 +29,12 @@ from tests.conftest import ROOT, Database, settings_env
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A throwaway venv with the repository pip-installed (non-editable): its bin folder."""
     venv = tmp_path_factory.mktemp("venv") / "v"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
+    )
     python = venv / "bin" / "python"
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)],
+    install = subprocess.run(  # this interpreter's pip, installing into the venv
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", ROOT],
         capture_output=True,
         text=True,
         check=False,

@@ -49,10 +49,11 @@ def _fill(url: str, start: int, stop: int) -> float:
     return time.perf_counter() - began
 
 
-def _claims(app_url: str) -> tuple[list[float], list[float]]:
+def _claims(url: str) -> tuple[list[float], list[float]]:
     statement: list[float] = []
     commit: list[float] = []
-    with psycopg.connect(app_url) as conn:
+    # The owner's: the worker claims as the owner (control c005), app_rw may not.
+    with psycopg.connect(url) as conn:
         for _ in range(CLAIMS):
             queue.enqueue(conn, PROVISION_JOB_TYPE, payload={"bench": True})
             conn.commit()
@@ -83,8 +84,8 @@ CLAIM_PARAMS = {
 }
 
 
-def _explain(app_url: str) -> str:
-    with psycopg.connect(app_url) as conn:
+def _explain(url: str) -> str:
+    with psycopg.connect(url) as conn:
         queue.enqueue(conn, PROVISION_JOB_TYPE, payload={"bench": True})
         conn.commit()
         rows: list[Any] = conn.execute(
@@ -97,13 +98,13 @@ def _explain(app_url: str) -> str:
 
 def run(cluster: BenchCluster, results: Results) -> None:
     with cluster.database("claim") as database:
-        statement, commit = _claims(database.app_url)
+        statement, commit = _claims(database.owner_url)
         results.add(
             Figure("claim_0", "claim statement, 0 finished rows", "ms", statement, note="baseline")
         )
         seconds = _fill(database.owner_url, 1, 100_000)
         say(f"  claim: 100,000 finished rows inserted and analysed in {seconds:.1f} s")
-        statement, commit = _claims(database.app_url)
+        statement, commit = _claims(database.owner_url)
         results.add(
             Figure(
                 "claim_100k",
@@ -115,7 +116,7 @@ def run(cluster: BenchCluster, results: Results) -> None:
         )
         seconds = _fill(database.owner_url, 100_001, 1_000_000)
         say(f"  claim: 1,000,000 finished rows in place after {seconds:.1f} s more")
-        statement, commit = _claims(database.app_url)
+        statement, commit = _claims(database.owner_url)
         results.add(
             Figure(
                 "claim_1m",
@@ -135,5 +136,5 @@ def run(cluster: BenchCluster, results: Results) -> None:
             )
         )
         results.notes["claim plan at 1,000,000 finished rows (EXPLAIN ANALYZE)"] = _explain(
-            database.app_url
+            database.owner_url
         )

@@ -111,7 +111,8 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
     engine = sa.create_engine(db.sqlalchemy_url(database.owner_url))
     owner = db.Database(database.owner_url)
     replay_cache = TemplateCache()
-    engine_app = psycopg.connect(database.app_url)
+    # Enqueue and claim as the worker does: as the owner (app_rw may not claim, control c005).
+    engine_app = psycopg.connect(database.owner_url)
     long_lived = Engine(
         database.owner_url,
         holder="bench-engine",

@@ -12,7 +12,7 @@ import os
 import sqlalchemy as sa
 from alembic import context
 
-from provisioner.db import sqlalchemy_url
+from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url
 
 CONTROL_SCHEMA = "control"
 MIGRATE_LOCK_KEY = 7_220_260_001  # arbitrary, fixed: serialises control migrations
@@ -61,7 +61,7 @@ def run_online() -> None:
     if connection is not None:
         _configure(connection)
         return
-    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS)
     with engine.begin() as connection:
         _configure(connection)
 

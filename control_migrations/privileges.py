@@ -46,3 +46,8 @@ def grant_to_app_role(privileges: str, objects: str) -> None:
 
 def revoke_from_app_role(privileges: str, objects: str) -> None:
     _if_role_exists(f'REVOKE {privileges} ON {objects} FROM "{app_role()}"')
+
+
+def for_app_role(statement: str) -> None:
+    """Run ``statement`` with ``{role}`` replaced by the quoted app role, if the role exists."""
+    _if_role_exists(statement.replace("{role}", f'"{app_role()}"'))

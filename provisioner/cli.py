@@ -288,6 +288,8 @@ def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
 def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, interval: float) -> None:
     """Show TENANT_ID's provisioning state. Exit 3 if the tenant is unknown."""
     service.TenantId(tenant_id)
+    if interval <= 0:
+        raise InvalidInput(f"--interval must be a positive number of seconds, got {interval:g}")
     settings = settings_of(ctx)
     last: tuple[Any, ...] | None = None
     while True:

@@ -19,7 +19,24 @@ from psycopg.rows import dict_row
 from provisioner.errors import DatabaseUnavailable, ProvisionerError
 from provisioner.settings import redact
 
+#: Every connection of the package (psycopg, SQLAlchemy, Alembic) gives up after this long, so
+#: a server that accepts connections but never answers (stopped, overloaded) fails a command
+#: instead of hanging it. libpq applies it to each host of a multi-host URL.
 CONNECT_TIMEOUT_SECONDS = 5
+#: The same bound as SQLAlchemy ``connect_args``.
+SA_CONNECT_ARGS: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+
+# What libpq says when the server answered but refused this login: retrying cannot help.
+_LOGIN_REFUSED = (
+    "password authentication failed",
+    "no password supplied",
+    "authentication failed",
+    "does not exist",
+    "pg_hba.conf",
+    "permission denied for database",
+)
+# SQLSTATEs of a control schema that is missing or older than this release.
+_CONTROL_MISSING = {"3F000", "42P01", "42703", "42883"}
 
 
 class DatabaseError(ProvisionerError):
@@ -54,6 +71,29 @@ def translate(exc: BaseException) -> ProvisionerError:
     if _is_connectivity(exc):
         return DatabaseUnavailable(f"database unavailable: {message}")
     return DatabaseError(f"database error: {message}")
+
+
+def login_refused(exc: BaseException) -> bool:
+    """True for a connection the server refused (wrong password, unknown role or database)."""
+    cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
+    if not isinstance(cause, psycopg.OperationalError):
+        return False
+    text = str(cause).lower()
+    return any(marker in text for marker in _LOGIN_REFUSED)
+
+
+def control_missing(exc: BaseException) -> bool:
+    """True when a statement failed because the control schema is missing or not migrated.
+
+    The application role sees an unmigrated schema as ``permission denied for schema control``
+    (it has no USAGE yet); the owner sees missing tables or columns.
+    """
+    cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
+    if not isinstance(cause, psycopg.Error) or cause.sqlstate is None:
+        return False
+    if cause.sqlstate == "42501":
+        return "schema control" in str(cause)
+    return cause.sqlstate in _CONTROL_MISSING
 
 
 @contextmanager
@@ -133,7 +173,7 @@ class Database:
             max_overflow=1,
             pool_pre_ping=True,
             connect_args={
-                "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+                **SA_CONNECT_ARGS,
                 "application_name": self.application_name,
                 "options": _options(options),
             },

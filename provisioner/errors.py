@@ -8,6 +8,7 @@
     ├── UnknownJob (3)              no job with that id
     ├── LeaseLost (1)               another process took this job over; record nothing
     ├── TenantBusy (1)              another live engine works on this tenant right now
+    ├── KeyConflict (1)             an idempotency key is held by another tenant's or kind's job
     ├── TransientError (1)          worth retrying later: the queue's backoff handles it
     │   ├── DatabaseUnavailable
     │   └── StorageUnavailable
@@ -66,6 +67,10 @@ class LeaseLost(ProvisionerError):
 
 class TenantBusy(ProvisionerError):
     """Another live process holds this tenant's job."""
+
+
+class KeyConflict(ProvisionerError):
+    """The idempotency key is held by a job of another tenant or kind: nothing was queued."""
 
 
 class TransientError(ProvisionerError):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
+
+from provisioner.models import PRODUCT_JOB_TYPES
 
 Conn = psycopg.Connection[Any]
 
@@ -20,12 +23,20 @@ ON CONFLICT (component) DO UPDATE
        detail = excluded.detail
 """
 
-# Every component's row with its age in seconds, measured by the database clock.
+# Every component's row with its age in seconds, measured by the database clock, and whether
+# the role that wrote it (stamped by a trigger, control c005) is the control tables' owner (or
+# a role that has the owner's privileges): app_rw cannot pass a beat of its own for the owner's.
 READ_ALL = """
-SELECT component, instance_id, heartbeat_at, detail,
-       extract(epoch FROM now() - heartbeat_at)::float AS age_seconds
-  FROM control.runtime_heartbeats ORDER BY component
+SELECT h.component, h.instance_id, h.heartbeat_at, h.detail, h.written_by,
+       extract(epoch FROM now() - h.heartbeat_at)::float AS age_seconds,
+       EXISTS (SELECT 1 FROM pg_roles r, pg_class c
+                WHERE c.oid = 'control.runtime_heartbeats'::regclass AND r.rolname = h.written_by
+                  AND pg_has_role(r.oid, c.relowner, 'USAGE')) AS by_owner
+  FROM control.runtime_heartbeats h ORDER BY h.component
 """
+
+#: A worker whose queue work keeps failing for this many heartbeat intervals is not ready.
+STALLED_INTERVALS = 3
 
 
 # Whether the connection's role is a superuser (the worker refuses an owner URL that is).
@@ -37,6 +48,14 @@ def connected_as_superuser(conn: Conn) -> bool:
         cur.execute(CONNECTED_AS_SUPERUSER)
         row = cur.fetchone()
     return bool(row and row[0])
+
+
+def queue_error(failure: tuple[float, str] | None) -> dict[str, Any] | None:
+    """The heartbeat's ``queue_error`` field: for how long and why claiming keeps failing."""
+    if failure is None:
+        return None
+    since, error = failure
+    return {"seconds": round(time.monotonic() - since, 1), "error": error[:500]}
 
 
 def beat(conn: Conn, component: str, instance_id: str, detail: dict[str, Any]) -> None:
@@ -87,7 +106,7 @@ def readiness(
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(READ_ALL)
         rows: dict[str, dict[str, Any]] = {row["component"]: row for row in cur.fetchall()}
-    limit = 3 * heartbeat_seconds
+    limit = STALLED_INTERVALS * heartbeat_seconds
     verdicts = []
     for component, job_types in sorted(required.items()):
         row = rows.get(component)
@@ -97,8 +116,16 @@ def readiness(
         detail = dict(row["detail"] or {})
         advertised = set(detail.get("job_types") or [])
         age = float(row["age_seconds"])
+        stalled = detail.get("queue_error") or {}
         if detail.get("state") == "stopped":
             reason, ready = "stopped cleanly", False
+        elif job_types - PRODUCT_JOB_TYPES and not row["by_owner"]:
+            # An owner job type (provision_tenant) is only trusted from the owner's own beat.
+            who = row["written_by"] or "an unknown role"
+            reason, ready = f"heartbeat written by {who}, not by the owner role", False
+        elif float(stalled.get("seconds") or 0) > limit:
+            reason = f"cannot claim jobs for {stalled['seconds']:.0f}s: {stalled.get('error')}"
+            ready = False
         elif age > limit:
             reason, ready = f"heartbeat {age:.1f}s old (limit {limit:.0f}s)", False
         elif not job_types <= advertised:

@@ -81,7 +81,8 @@ class Heartbeat(threading.Thread):
         try:
             if self._conn is None:
                 name = f"{self.instance_id}:heartbeat"
-                self._conn = db.connect(self.settings.app_url, application_name=name)
+                # The owner's URL: only the owner's beat counts for an owner job type (c005).
+                self._conn = db.connect(self.settings.owner_url, application_name=name)
             with db.translated():
                 component = self.settings.worker_component
                 heartbeats.beat(self._conn, component, self.instance_id, detail)

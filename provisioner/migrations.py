@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from provisioner.db import sqlalchemy_url, translated
+from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, translated
 
 # Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
 # never migrate (status, enqueue, jobs, health) start without it.
@@ -33,13 +33,24 @@ def _tree(package: str) -> Path:
     return Path(str(files(package)))
 
 
+def _no_sys_path_change(config: Config) -> Config:
+    """Drop the ini's ``prepend_sys_path = .`` (kept for the ``alembic`` command line).
+
+    From code it would put the current directory first on ``sys.path``; the worker's spawned
+    engine processes inherit that list, so started from a source checkout they would import its
+    ``provisioner/`` folder instead of the installed package.
+    """
+    config.set_main_option("prepend_sys_path", "")
+    return config
+
+
 def control_config(**attributes: Any) -> Config:
     from alembic.config import Config
 
     config = Config(str(_tree("provisioner.control_migrations") / "alembic.ini"))
     config.set_main_option("script_location", str(_tree("provisioner.control_migrations")))
     config.attributes.update(attributes)
-    return config
+    return _no_sys_path_change(config)
 
 
 def tenant_tree() -> Path:
@@ -55,7 +66,7 @@ def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -
     config = Config(str(tree / "alembic.ini"))
     config.set_main_option("script_location", str(tree))
     config.attributes.update(attributes, tenant_schema=schema)
-    return config
+    return _no_sys_path_change(config)
 
 
 @cache
@@ -134,7 +145,9 @@ def upgrade_control(owner_url: str, app_role: str = "app_rw") -> tuple[str | Non
     """Bring the control schema to head; returns (revision before, revision after)."""
     from alembic import command
 
-    engine = sa.create_engine(sqlalchemy_url(owner_url), poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(
+        sqlalchemy_url(owner_url), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS
+    )
     try:
         with translated():
             before = control_revision_sa(engine)

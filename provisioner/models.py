@@ -16,6 +16,12 @@ from provisioner.errors import InvalidInput
 #: :mod:`provisioner.kinds`.
 PROVISION_JOB_TYPE = "provision_tenant"
 
+#: The job types the product worker runs as app_rw; every other kind is the owner's (control
+#: c005 lists the same names in its row-level security policies).
+PRODUCT_JOB_TYPES: frozenset[str] = frozenset(
+    {"train_tenant_model", "materialize_insights", "send_email"}
+)
+
 #: The six provisioning steps' names, in the order they run (the contract's names; the steps
 #: themselves are ``provisioner.steps.PROVISION_STEPS``).
 STEPS: tuple[str, ...] = (
@@ -64,10 +70,13 @@ class TenantId:
 
     def __post_init__(self) -> None:
         value = self.value
+        # A hostile id can be any size: echo at most its head.
+        text = value if isinstance(value, str) else repr(value)
+        shown = repr(text[:60]) + (f" ({len(text)} characters)" if len(text) > 60 else "")
         if not isinstance(value, str) or not _TENANT_ID_RE.fullmatch(value):
-            raise InvalidInput(f"invalid tenant id {value!r}: {TENANT_ID_RULE}")
+            raise InvalidInput(f"invalid tenant id {shown}: {TENANT_ID_RULE}")
         if value in _RESERVED or value.startswith("pg_"):
-            raise InvalidInput(f"invalid tenant id {value!r}: reserved name; {TENANT_ID_RULE}")
+            raise InvalidInput(f"invalid tenant id {shown}: reserved name; {TENANT_ID_RULE}")
 
     @property
     def schema(self) -> str:

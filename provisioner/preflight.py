@@ -11,8 +11,10 @@ import logging
 from contextlib import closing
 from typing import Any
 
+import psycopg
+
 from provisioner import db, heartbeats, migrations, service
-from provisioner.errors import ConfigurationError
+from provisioner.errors import ConfigurationError, DatabaseUnavailable
 from provisioner.logs import event
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
@@ -45,15 +47,34 @@ def check_configuration(settings: Settings) -> None:
             f"of PROVISIONER_JOB_STALE_AFTER_SECONDS ({settings.job_stale_after_seconds:g}), or "
             "live jobs would look abandoned"
         )
+    settings.check_object_store_path()
     store_from_settings(settings)  # ConfigurationError for a store that cannot work
 
 
+def connect_for_start(name: str, url: str) -> psycopg.Connection[Any]:
+    """A connection for a start-up check; a refused login is a refusal to start (exit 2).
+
+    Every connection is bounded by :data:`db.CONNECT_TIMEOUT_SECONDS`, so a silent server fails
+    the check instead of hanging it; the error names the URL's variable, never its text.
+    """
+    try:
+        return db.connect(url, application_name="provisioner-worker")
+    except DatabaseUnavailable as exc:
+        if db.login_refused(exc):
+            raise ConfigurationError(f"{name}: the server refused the login: {exc}") from exc
+        raise DatabaseUnavailable(f"{name}: {exc}") from exc
+
+
 def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Logger) -> None:
-    """The control schema is at head, and the owner URL is not a superuser unless allowed."""
-    owner = db.connect(settings.owner_url, application_name="provisioner-worker")
+    """Both URLs connect, the control schema is at head, and the owner URL is not a superuser
+    unless allowed."""
+    owner = connect_for_start("MIGRATIONS_DATABASE_URL", settings.owner_url)
     with closing(owner), db.translated():
         at_head = migrations.control_at_head(owner)
         superuser = heartbeats.connected_as_superuser(owner)
+    app = connect_for_start("APP_DATABASE_URL", settings.app_url)
+    with closing(app), db.translated():
+        app.execute("SELECT 1")
     if not at_head:
         raise ConfigurationError("the control schema is not at head: run `provisioner migrate`")
     if superuser and not allow_superuser:

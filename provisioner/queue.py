@@ -21,8 +21,8 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from provisioner.errors import InvalidInput, LeaseLost, UnknownJob
-from provisioner.models import PROVISION_JOB_TYPE, Job, Lease, TenantId
+from provisioner.errors import InvalidInput, KeyConflict, LeaseLost, UnknownJob
+from provisioner.models import PRODUCT_JOB_TYPES, PROVISION_JOB_TYPE, Job, Lease, TenantId
 from provisioner.settings import redact
 
 NOTIFY_CHANNEL = "provisioner_jobs"
@@ -31,6 +31,12 @@ BACKOFF_CAP_SECONDS = 300
 RECOVERED_DETAIL = "Recovered after worker lease expired."
 #: First key of the advisory lock a claim takes on the job's tenant for its transaction ('jobs').
 TENANT_JOB_LOCK_CLASS = 0x6A6F6273
+UNPROCESSABLE_DETAIL = (
+    "failed unprocessed: a time of this job was not finite (or its steps not a list), so no "
+    "worker could claim or recover it; queue it again"
+)
+#: The most attempts a job may be given (a constraint of control c005 says the same).
+MAX_ATTEMPTS_LIMIT = 100
 
 # -- statements ---------------------------------------------------------------------------------
 
@@ -91,6 +97,8 @@ ON CONFLICT (tenant_id) DO NOTHING
 # Claim the oldest claimable job of the allowed types; SKIP LOCKED keeps claimants apart. A job
 # whose tenant has another job running waits (jobs of one tenant never run at the same time,
 # whatever their kinds); the try-lock keeps two claimants from taking two jobs of one tenant.
+# A row no claim could load (a non-finite time: impossible since control c005) is passed by;
+# FAIL_UNPROCESSABLE fails it with a reason.
 CLAIM_NEXT = """
 WITH next AS (
     SELECT id FROM control.platform_jobs q
@@ -98,6 +106,8 @@ WITH next AS (
        AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
                         WHERE r.tenant_id = q.tenant_id AND r.status = 'running')
        AND (tenant_id IS NULL OR pg_try_advisory_xact_lock(%(lock_class)s, hashtext(tenant_id)))
+       AND isfinite(available_at) AND isfinite(created_at) AND isfinite(updated_at)
+       AND jsonb_typeof(steps_completed) = 'array'
      ORDER BY available_at, created_at
      LIMIT 1
        FOR UPDATE SKIP LOCKED
@@ -190,6 +200,23 @@ UPDATE control.platform_jobs
  WHERE status = 'running'
    AND (locked_at < now() - make_interval(secs => %(stale)s)
         OR (locked_at IS NULL AND updated_at < now() - make_interval(secs => %(stale)s)))
+RETURNING *
+"""
+
+# Fail the unfinished jobs no worker could load or lease (a time that is not finite, steps
+# that are not a list), repairing the values so every reader can load the row again.
+FAIL_UNPROCESSABLE = """
+UPDATE control.platform_jobs
+   SET status = 'failed', error_detail = %(detail)s, finished_at = now(), updated_at = now(),
+       created_at = CASE WHEN isfinite(created_at) THEN created_at ELSE now() END,
+       available_at = CASE WHEN isfinite(available_at) THEN available_at ELSE now() END,
+       steps_completed = CASE WHEN jsonb_typeof(steps_completed) = 'array'
+                              THEN steps_completed ELSE '[]'::jsonb END,
+       locked_at = NULL, locked_by = NULL
+ WHERE status IN ('queued', 'running')
+   AND NOT (isfinite(created_at) AND isfinite(updated_at) AND isfinite(available_at)
+            AND coalesce(isfinite(locked_at), true) AND coalesce(isfinite(finished_at), true)
+            AND jsonb_typeof(steps_completed) = 'array')
 RETURNING *
 """
 
@@ -352,8 +379,8 @@ def enqueue(
     """
     if not job_type:
         raise InvalidInput("a job needs a job type")
-    if max_attempts < 1:
-        raise InvalidInput("max_attempts must be at least 1")
+    if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
     params = {
         "tenant_id": tenant_id,
         "job_type": job_type,
@@ -369,6 +396,12 @@ def enqueue(
     existing = _one(conn, BY_IDEMPOTENCY_KEY, {"key": idempotency_key})
     assert existing is not None, "ON CONFLICT fired, so the key exists"
     job = Job.from_row(existing)
+    if (job.tenant_id, job.job_type) != (tenant_id, job_type):
+        raise KeyConflict(
+            f"idempotency key {str(idempotency_key)[:80]} is held by job {job.id} "
+            f"({job.job_type} of tenant {str(job.tenant_id)[:48]}), not a {job_type} job of "
+            f"tenant {str(tenant_id)[:48]}: nothing was queued"
+        )
     if retry_terminal and job.status in ("failed", "cancelled"):
         requeued = _one(conn, REQUEUE_TERMINAL, {"id": job.id})
         if requeued is not None:
@@ -510,11 +543,15 @@ def release(conn: Conn, lease: Lease) -> Job:
 
 
 def recover_stale(conn: Conn, stale_after_seconds: float) -> list[Job]:
-    """Requeue or fail running jobs whose lease expired, closing their open step runs."""
-    rows = _all(conn, RECOVER_STALE, {"stale": stale_after_seconds, "detail": RECOVERED_DETAIL})
-    if rows:
+    """Requeue or fail running jobs whose lease expired, closing their open step runs; fail
+    (with a reason) the unfinished jobs no worker could load, so none stalls the queue."""
+    rows = _all(conn, FAIL_UNPROCESSABLE, {"detail": UNPROCESSABLE_DETAIL})
+    rows += _all(conn, RECOVER_STALE, {"stale": stale_after_seconds, "detail": RECOVERED_DETAIL})
+    # Step runs are the owner's engine's (app_rw may not write them); product jobs have none.
+    owned = [row["id"] for row in rows if row["job_type"] not in PRODUCT_JOB_TYPES]
+    if owned:
         with conn.cursor() as cur:
-            cur.execute(STEP_RUNS_ABANDON, {"job_ids": [row["id"] for row in rows]})
+            cur.execute(STEP_RUNS_ABANDON, {"job_ids": owned})
     return [Job.from_row(row) for row in rows]
 
 

@@ -131,27 +131,34 @@ def release(engine: Engine, job: Job, detail: str) -> Outcome:
         return Unsettled(job, f"{detail}; then {describe(exc)}", permanent=False, release=True)
 
 
+#: How often a one-off run looks again at a job another live process holds.
+BUSY_POLL_SECONDS = 0.2
+
+
 def claim_and_run(
     engine: Engine,
     job_id: UUID,
     *,
     on_progress: ProgressCallback,
     should_stop: StopRequested,
-    grace_seconds: float = 3.0,
 ) -> Outcome:
-    """Claim one job now (waiting briefly for a just-killed holder's sessions to go), run it,
-    settle it. :class:`Busy` when a live process holds it or another job of its tenant."""
+    """Claim one job now and run it, or wait while a live process holds it (or another job of
+    its tenant runs), then claim it. A job that another process finished meanwhile is returned
+    as that process left it (a second ``provision T`` reports the first one's outcome);
+    :class:`Busy` only when ``should_stop`` ends the wait. A dead holder's job is taken over.
+    """
     conn = engine.control
-    deadline = time.monotonic() + grace_seconds
     while True:
         with db.translated():
             claimed = queue.claim_job(conn, job_id, engine.holder)
-        if claimed is not None:
-            break
-        if time.monotonic() >= deadline:
-            with db.translated():
-                return Busy(queue.get_job(conn, job_id))
-        time.sleep(0.1)
+            if claimed is not None:
+                break
+            current = queue.get_job(conn, job_id)
+        if current.status.terminal:
+            return Settled(current)
+        if should_stop():
+            return Busy(current)
+        time.sleep(BUSY_POLL_SECONDS)
     return run_claimed(engine, claimed, on_progress=on_progress, should_stop=should_stop)
 
 

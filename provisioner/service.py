@@ -35,7 +35,7 @@ from provisioner.errors import (
     UnknownTenant,
     WrongState,
 )
-from provisioner.models import Job, JobStatus, TenantId
+from provisioner.models import PRODUCT_JOB_TYPES, Job, JobStatus, TenantId
 
 __all__ = ["TenantId", "local_pg"]
 from provisioner.settings import Settings
@@ -71,9 +71,39 @@ def app_connection(
     settings: Settings, name: str = "provisioner"
 ) -> Iterator[psycopg.Connection[Any]]:
     """An application-role connection; commits on success, rolls back on error."""
-    with closing(db.connect(settings.app_url, application_name=name)) as conn, db.translated():
+    connection = closing(db.connect(settings.app_url, application_name=name))
+    with _control_ready(), connection as conn, db.translated():
         yield conn  # closing without a commit rolls back
         conn.commit()
+
+
+@contextmanager
+def writer_connection(
+    settings: Settings, name: str = "provisioner"
+) -> Iterator[psycopg.Connection[Any]]:
+    """The owner's connection when its URL is set, else the application role's.
+
+    Row-level security (control c005) lets app_rw only insert a queued provisioning job: re-queue,
+    retry and cancel of a provisioning job need the owner (MIGRATIONS_DATABASE_URL).
+    """
+    url = settings.migrations_database_url or settings.app_url
+    with _control_ready(), closing(db.connect(url, application_name=name)) as conn, db.translated():
+        yield conn
+        conn.commit()
+
+
+@contextmanager
+def _control_ready() -> Iterator[None]:
+    """A control schema that is missing or not migrated says so, instead of a SQL error."""
+    try:
+        yield
+    except db.DatabaseError as exc:
+        if db.control_missing(exc):
+            raise ConfigurationError(
+                "the control schema is not migrated (or is older than this release): run "
+                "`provisioner migrate`"
+            ) from exc
+        raise
 
 
 def migrate(settings: Settings) -> tuple[str | None, str | None]:
@@ -110,7 +140,7 @@ def refuse_inactive(conn: psycopg.Connection[Any], tenant: TenantId, command: st
 def enqueue(settings: Settings, tenant_id: str) -> queue.Enqueued:
     """Idempotently enqueue the tenant's provisioning job (re-queues a failed one)."""
     tenant = TenantId(tenant_id)
-    with app_connection(settings) as conn:
+    with writer_connection(settings) as conn:
         refuse_inactive(conn, tenant, "enqueue")
         return queue.ensure_provision_job(conn, tenant, retry_terminal=True)
 
@@ -134,11 +164,13 @@ def provision(
     """Provision one tenant now, in this process, through its job row and the step engine.
 
     Resumes a half-done tenant; repairs a provisioned one whose schema lost part of its effect;
-    says so when there is nothing to do. Raises TenantBusy if a live process holds the job,
+    says so when there is nothing to do. While another live process runs the job, waits for it
+    and returns how it ended (TenantBusy only when ``should_stop`` ends the wait). Raises
     WrongState for a suspended, archived or deleted tenant (a deleted one is provisioned again
     from scratch with ``reuse_deleted``).
     """
     tenant = TenantId(tenant_id)
+    settings.check_object_store_path()
     holder = holder or holder_id("cli")
     started_by = "provision --reuse-deleted" if reuse_deleted else "provision"
     with Engine.from_settings(settings, holder) as engine:
@@ -330,6 +362,8 @@ def list_jobs(settings: Settings, *, status: str | None = None, limit: int = 50)
         raise InvalidInput(
             f"unknown status {status!r}; one of {', '.join(s.value for s in JobStatus)}"
         )
+    if limit < 1:
+        raise InvalidInput(f"--limit must be at least 1, got {limit}")
     with app_connection(settings) as conn:
         return queue.list_jobs(conn, status=status, limit=limit)
 
@@ -342,13 +376,27 @@ def parse_job_id(raw: str) -> UUID:
 
 
 def retry_job(settings: Settings, job_id: str) -> Job:
-    with app_connection(settings) as conn:
+    with writer_connection(settings) as conn:
+        _require_owner_for(settings, conn, parse_job_id(job_id))
         return queue.retry(conn, parse_job_id(job_id))
 
 
 def cancel_job(settings: Settings, job_id: str) -> Job:
-    with app_connection(settings) as conn:
+    with writer_connection(settings) as conn:
+        _require_owner_for(settings, conn, parse_job_id(job_id))
         return queue.cancel(conn, parse_job_id(job_id))
+
+
+def _require_owner_for(settings: Settings, conn: psycopg.Connection[Any], job_id: UUID) -> None:
+    """Only the owner changes an owner job (control c005): say so rather than match no row."""
+    if settings.migrations_database_url:
+        return
+    job = queue.get_job(conn, job_id)  # UnknownJob (exit 3) first
+    if job.job_type not in PRODUCT_JOB_TYPES:
+        raise ConfigurationError(
+            f"job {job_id} is a {job.job_type} job: only the owner role may change it; set "
+            "MIGRATIONS_DATABASE_URL"
+        )
 
 
 def check_storage(settings: Settings) -> dict[str, Any]:

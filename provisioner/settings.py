@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from provisioner import kinds
 from provisioner.errors import ConfigurationError
 
@@ -19,7 +22,17 @@ DEFAULT_COMPONENT = "provisioner-worker"
 DEFAULT_JOB_TYPES = kinds.BUILTIN.default_worker
 OBJECT_STORE_PROVIDERS = ("filesystem", "s3", "azure")
 
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*(?P<tail>@)", re.I)
+# Greedy up to the last "@" of the run: a password holding an unencoded "@" is hidden whole.
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^\s]*(?P<tail>@)", re.I)
+_URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://", "postgresql+psycopg2://")
+_USERINFO = re.compile(r"[A-Za-z0-9%._~!$&'()*+,;=:-]*")
+_HOSTS = re.compile(r"[A-Za-z0-9%._~\[\]:,-]*")
+_SAFE_USER = re.compile(r"[A-Za-z0-9_.-]{1,63}")
+URL_HELP = (
+    "percent-encode '@', ':', '/', '?', '#', '%' and spaces in a password, or leave the password "
+    "out of the URL and give it the libpq way: PGPASSWORD, a password file (~/.pgpass or "
+    "PGPASSFILE), or a service file entry (PGSERVICE, or ?service=NAME)"
+)
 _KEY_VALUE_SECRET = re.compile(
     r"(?P<key>AccountKey|SharedAccessSignature|sig|password|secret|token|aws_secret_access_key)"
     r"(?P<sep>\s*[=:]\s*)(?P<value>[^;&\s'\"]+)",
@@ -31,6 +44,47 @@ def redact(text: str) -> str:
     """Remove passwords in URLs and key=value secrets (connection strings, SAS tokens)."""
     text = _URL_PASSWORD.sub(r"\g<head>***\g<tail>", text)
     return _KEY_VALUE_SECRET.sub(r"\g<key>\g<sep>***", text)
+
+
+def check_database_url(name: str, url: str) -> None:
+    """Refuse a URL libpq would misread, in one line that shows nothing after the user name.
+
+    An unencoded ``@`` or space in a password makes libpq take part of the password for the
+    host (and echo it in its error); the refusal names at most the user, never the rest.
+    """
+    scheme = next((p for p in _URL_SCHEMES if url.lower().startswith(p)), None)
+    if scheme is None:
+        _check_key_value_conninfo(name, url)
+        return
+    rest = url[len(scheme) :]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    userinfo, _, hosts = authority.rpartition("@")
+    valid = (
+        not any(ch.isspace() or ord(ch) < 32 for ch in url)
+        and authority.count("@") <= 1
+        and ("@" in authority or "@" not in rest)
+        and _USERINFO.fullmatch(userinfo) is not None
+        and _HOSTS.fullmatch(hosts) is not None
+        and not re.search(r"%(?![0-9A-Fa-f]{2})", rest)
+    )
+    if valid:
+        return
+    user = re.split(r"[:@]", rest, maxsplit=1)[0] if "@" in rest else ""
+    who = f" (user {user})" if _SAFE_USER.fullmatch(user) else ""
+    raise ConfigurationError(f"{name} cannot be parsed as a PostgreSQL URL{who}: {URL_HELP}")
+
+
+def _check_key_value_conninfo(name: str, conninfo: str) -> None:
+    """A libpq ``key=value`` string (``host=... user=...``): libpq's own parser decides."""
+    try:
+        parsed = "=" in conninfo and bool(conninfo_to_dict(conninfo))
+    except psycopg.Error:
+        parsed = False
+    if not parsed:
+        raise ConfigurationError(
+            f"{name} cannot be parsed as a postgresql:// URL or a libpq key=value string: "
+            f"{URL_HELP}"
+        )
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -77,6 +131,28 @@ class Settings:
     azure_account_url: str | None = None
     azure_container: str | None = None
     state_dir: Path = Path(".provisioner")
+
+    def __post_init__(self) -> None:
+        for name, url in (
+            ("MIGRATIONS_DATABASE_URL", self.migrations_database_url),
+            ("APP_DATABASE_URL", self.app_database_url),
+        ):
+            if url:
+                check_database_url(name, url)
+
+    def check_object_store_path(self) -> None:
+        """Refuse a file given as the filesystem store's folder, before anything is created.
+
+        A missing folder is the store being not ready (reported at step 5, like a missing
+        bucket); a file there is a setting that can never work.
+        """
+        path = self.object_store_path
+        filesystem = self.object_store_provider == "filesystem"
+        if filesystem and path is not None and path.exists() and not path.is_dir():
+            raise ConfigurationError(
+                f"OBJECT_STORE_PATH {str(path)[:200]} is a file, not a folder: point it at the "
+                "folder the filesystem object store uses"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

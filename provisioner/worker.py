@@ -48,7 +48,7 @@ from typing import Any, assert_never
 
 import psycopg
 
-from provisioner import __version__, db, logs, queue, runner, service
+from provisioner import __version__, db, heartbeats, logs, queue, runner, service
 from provisioner.children import (
     Claimed,
     ClaimNext,
@@ -62,6 +62,7 @@ from provisioner.children import (
 )
 from provisioner.engine import describe
 from provisioner.errors import (
+    ConfigurationError,
     DatabaseUnavailable,
     LeaseLost,
     ProvisionerError,
@@ -96,8 +97,8 @@ def run_worker(settings: Settings, options: WorkerOptions, log: logging.Logger) 
             check_database(settings, allow_superuser=options.allow_superuser, log=log)
             break
         except DatabaseUnavailable as exc:
-            if options.once:
-                raise
+            if options.once:  # a one-shot run that cannot start is refused, not retried
+                raise ConfigurationError(f"cannot start: {exc}") from exc
             if delay == 0.5:  # one line, however long the wait
                 event(log, "database_unavailable", logging.WARNING, error=str(exc), where="start")
             time.sleep(delay)
@@ -143,6 +144,8 @@ class Worker:
         self.last_woke: str | None = None
         self.state = "starting"
         self.outage = Outage(log)
+        #: since when (monotonic) and why the queue work keeps failing; None while it works
+        self.queue_failure: tuple[float, str] | None = None
         self._lock = threading.Lock()  # children's jobs and orphans, read by the heartbeat
         self._mp = multiprocessing.get_context("spawn")
         self._children: list[EngineProcess] = []
@@ -352,14 +355,22 @@ class Worker:
                 self._claim()
         except DB_ERRORS as exc:
             self._database_down(exc, "queue")
+            self._queue_failed(str(exc))
             return
         self._db_delay = 0.5
         self.outage.recovered()
 
+    def _queue_failed(self, error: str) -> None:
+        """Remember since when the queue work keeps failing (the heartbeat reports it); a claim
+        that comes back, with a job or with nothing to do, clears it."""
+        if self.queue_failure is None:
+            self.queue_failure = (time.monotonic(), error)
+
     def _ensure_connection(self) -> None:
         if self._conn is not None:
             return
-        name, url = self.instance_id, self.settings.app_url
+        # The owner's URL: app_rw may not claim or settle provisioning rows (control c005).
+        name, url = self.instance_id, self.settings.owner_url
         self._conn = db.connect(url, application_name=name)
         self._listen = db.connect(url, application_name=f"{name}:listen", autocommit=True)
         with db.translated():
@@ -488,13 +499,16 @@ class Worker:
                 child.holder = holder
                 event(self.log, "child_started", pid=child.pid, holder=child.holder)
             case Claimed(job=claimed):
+                self.queue_failure = None
                 self._on_claimed(child, claimed)
             case StepReport() if job is not None:
                 self._on_step(child, job, message)
             case JobEnded(outcome=runner.NothingQueued()):
+                self.queue_failure = None
                 self._nothing_queued(child)
             case JobEnded(outcome=runner.ClaimFailed(detail=detail)):
                 child.asking = None
+                self._queue_failed(detail)
                 self._database_down(DatabaseUnavailable(detail), "claim")
             case JobEnded(outcome=outcome) if job is not None:
                 self._on_job_ended(child, job, outcome)
@@ -644,5 +658,6 @@ class Worker:
             "woke": dict(self.woke),
             "last_woke": self.last_woke,
             "storage": self.storage,
+            "queue_error": heartbeats.queue_error(self.queue_failure),
         }
         return detail, sorted(holders)

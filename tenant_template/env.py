@@ -17,7 +17,7 @@ import re
 import sqlalchemy as sa
 from alembic import context
 
-from provisioner.db import sqlalchemy_url
+from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url
 
 SCHEMA_RULE = re.compile(r"tenant_[a-z][a-z0-9_]{0,47}")
 # A migration waits at most this long for a table lock, instead of queueing every query behind it.
@@ -70,7 +70,7 @@ def run_online(schema: str) -> None:
     if connection is not None:
         _run(connection, schema)
         return
-    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS)
     with engine.begin() as connection:
         _run(connection, schema)
 

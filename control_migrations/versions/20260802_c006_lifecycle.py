@@ -13,10 +13,14 @@ Create Date: 2026-08-02
 
 from alembic import op
 
-from provisioner.control_migrations.privileges import grant_to_app_role, revoke_from_app_role
+from provisioner.control_migrations.privileges import (
+    for_app_role,
+    grant_to_app_role,
+    revoke_from_app_role,
+)
 
 revision = "20260802_c006"
-down_revision = "20260728_c004"
+down_revision = "20260801_c005"
 branch_labels = None
 depends_on = None
 
@@ -67,6 +71,20 @@ def upgrade() -> None:
         """
     )
     grant_to_app_role("SELECT, INSERT", "TABLE control.job_runs")
+    # app_rw records only the first run of a job it just inserted (its enqueue); later runs, and
+    # who started them, are the owner's to write (the owner owns the table: no policy binds it).
+    op.execute("ALTER TABLE control.job_runs ENABLE ROW LEVEL SECURITY")
+    for_app_role("CREATE POLICY app_reads_runs ON control.job_runs FOR SELECT TO {role} USING (true)")
+    for_app_role(
+        """
+        CREATE POLICY app_records_first_runs ON control.job_runs FOR INSERT TO {role}
+        WITH CHECK (
+            run = 1 AND EXISTS (SELECT 1 FROM control.platform_jobs j
+                                 WHERE j.id = job_runs.job_id AND j.run = 1
+                                   AND j.job_type = job_runs.job_type)
+        )
+        """
+    )
 
 
 def downgrade() -> None:

@@ -34,12 +34,15 @@ def test_app_rw_cannot_change_the_control_schema(database: Database, statement: 
 
 
 def test_app_rw_does_the_product_side_of_the_queue(database: Database) -> None:
-    """Enqueue, read status, claim its own job types, finish: rows only."""
+    """Enqueue provisioning, read status, claim its own (product) job types, finish: rows only."""
     with psycopg.connect(database.app_url) as conn:
         job = queue.ensure_provision_job(conn, TenantId("acme")).job
+        queue.enqueue(conn, "send_email", tenant_id="acme", idempotency_key="email:acme:1")
         conn.commit()
         assert queue.get_job(conn, job.id).status.value == "queued"
-        claimed = queue.claim_next(conn, ["provision_tenant"], "product-side")
+        # The provisioning job is the owner's: app_rw's claim passes it by (row-level security).
+        assert queue.claim_next(conn, ["provision_tenant"], "product-side") is None
+        claimed = queue.claim_next(conn, ["send_email"], "product-side")
         assert claimed is not None
         queue.complete(conn, claimed.lease)
         conn.commit()

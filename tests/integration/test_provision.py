@@ -169,7 +169,7 @@ def test_two_tenants_have_identical_schemas(settings: Settings, database: Databa
 def test_a_process_that_lost_its_lease_records_nothing(
     settings: Settings, database: Database
 ) -> None:
-    with psycopg.connect(database.app_url) as conn:
+    with psycopg.connect(database.owner_url) as conn:
         queue.ensure_provision_job(conn, TenantId("acme"))
         conn.commit()
         mine = queue.claim_next(conn, ["provision_tenant"], "zombie")
@@ -177,7 +177,7 @@ def test_a_process_that_lost_its_lease_records_nothing(
     # Recovery takes the job back and another holder claims it.
     with psycopg.connect(database.owner_url, autocommit=True) as conn:
         conn.execute("UPDATE control.platform_jobs SET locked_at = now() - interval '1 hour'")
-    with psycopg.connect(database.app_url) as conn:
+    with psycopg.connect(database.owner_url) as conn:
         queue.recover_stale(conn, 60)
         conn.commit()
         theirs = queue.claim_next(conn, ["provision_tenant"], "successor")
@@ -201,7 +201,7 @@ def test_a_process_that_lost_its_lease_records_nothing(
             "SELECT step, outcome FROM control.job_step_runs WHERE worker = 'zombie'"
         ).fetchall() == [("create_schema", "lease_lost")]
         # and it cannot complete the job either
-        with psycopg.connect(database.app_url) as app, pytest.raises(LeaseLost):
+        with psycopg.connect(database.owner_url) as app, pytest.raises(LeaseLost):
             queue.complete(app, mine.lease)
 
 

@@ -1,4 +1,8 @@
-"""Every queue operation against a real database, as the application role."""
+"""Every queue operation against a real database, as the owner role.
+
+Since control c005 the provisioning rows are the owner's to claim and settle (app_rw only
+enqueues and reads them: tests/integration/test_boundary.py), so the queue runs as the owner.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from tests.conftest import Database
 
 
 def app(database: Database) -> psycopg.Connection:
-    return psycopg.connect(database.app_url, row_factory=dict_row)
+    """The connection the provisioner worker drives the queue with: the owner's."""
+    return psycopg.connect(database.owner_url, row_factory=dict_row)
 
 
 def enqueue_tenant(conn: psycopg.Connection, name: str) -> Job:

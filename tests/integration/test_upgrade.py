@@ -82,7 +82,7 @@ def test_a_worker_brings_the_queued_tenants_to_head_running_only_the_migrations(
 def test_named_tenants_only_and_unfinished_jobs_are_left_alone(
     settings: Settings, database: Database, fleet: list[str]
 ) -> None:
-    with database.app() as conn:
+    with database.owner() as conn:  # app_rw may not change a provisioning row
         job = queue.latest_for_tenant(conn, TenantId("oldest"))
         assert job is not None
         conn.execute("UPDATE control.platform_jobs SET status = 'failed' WHERE id = %s", (job.id,))

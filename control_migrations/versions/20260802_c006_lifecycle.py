@@ -71,17 +71,22 @@ def upgrade() -> None:
         """
     )
     grant_to_app_role("SELECT, INSERT", "TABLE control.job_runs")
-    # app_rw records only the first run of a job it just inserted (its enqueue); later runs, and
-    # who started them, are the owner's to write (the owner owns the table: no policy binds it).
+    # app_rw records the first run of a job it just inserted (its enqueue) and the runs of the
+    # product jobs it works; later runs of the owner's kinds, and who started them, are the
+    # owner's to write (the owner owns the table: no policy binds it).
     op.execute("ALTER TABLE control.job_runs ENABLE ROW LEVEL SECURITY")
-    for_app_role("CREATE POLICY app_reads_runs ON control.job_runs FOR SELECT TO {role} USING (true)")
+    for_app_role(
+        "CREATE POLICY app_reads_runs ON control.job_runs FOR SELECT TO {role} USING (true)"
+    )
     for_app_role(
         """
         CREATE POLICY app_records_first_runs ON control.job_runs FOR INSERT TO {role}
         WITH CHECK (
-            run = 1 AND EXISTS (SELECT 1 FROM control.platform_jobs j
-                                 WHERE j.id = job_runs.job_id AND j.run = 1
-                                   AND j.job_type = job_runs.job_type)
+            EXISTS (SELECT 1 FROM control.platform_jobs j
+                     WHERE j.id = job_runs.job_id AND j.run = job_runs.run
+                       AND j.job_type = job_runs.job_type
+                       AND (j.run = 1 OR j.job_type IN ('train_tenant_model',
+                                                        'materialize_insights', 'send_email')))
         )
         """
     )

@@ -60,7 +60,7 @@ def fast(settings: Settings) -> Settings:
 
 
 def enqueue(database: Database, tenant: str) -> Any:
-    with psycopg.connect(database.app_url) as conn:
+    with psycopg.connect(database.owner_url) as conn:
         job = queue.ensure_tenant_job(conn, TenantId(tenant), KIND, f"{KIND}:{tenant}").job
         conn.commit()
     return job

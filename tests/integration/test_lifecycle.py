@@ -169,7 +169,7 @@ def test_commands_refuse_wrong_states_and_unknown_tenants(
 
 def test_a_job_waits_while_another_job_of_its_tenant_runs(database: Database) -> None:
     tenant = TenantId("acme")
-    with psycopg.connect(database.app_url) as conn:
+    with psycopg.connect(database.owner_url) as conn:
         provision = queue.ensure_provision_job(conn, tenant).job
         conn.commit()
         claimed = queue.claim_next(conn, ["provision_tenant"], "holder-1")
@@ -220,7 +220,7 @@ def test_a_provisioning_job_never_gives_an_inactive_tenant_its_access_back(
 ) -> None:
     service.provision(settings, "acme")
     assert cli(settings, "suspend", "acme").returncode == 0
-    with psycopg.connect(database.app_url) as conn:  # e.g. an upgrade re-opening the job
+    with psycopg.connect(database.owner_url) as conn:  # e.g. an upgrade re-opening the job
         job = queue.latest_for_tenant(conn, TenantId("acme"))
         assert job is not None
         queue.reopen(conn, job.id)

@@ -29,6 +29,7 @@ from provisioner.models import STEPS, Job, Lease, TenantId
 from provisioner.settings import Settings
 from provisioner.steps import PROVISION_STEPS, Step, StepContext
 from provisioner.storage import ObjectStore, store_from_settings
+from provisioner.tenant_template_cache import TemplateCache
 
 #: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
 TENANT_LOCK_CLASS = 0x70726F76
@@ -84,6 +85,8 @@ class Engine:
         self.holder = holder
         self.app_role = app_role
         self.store = store
+        #: the verified template replay's references, read once per engine (see the module)
+        self.templates = TemplateCache(holder=holder)
         self._db = db.Database(
             owner_url,
             application_name=holder,
@@ -196,7 +199,9 @@ class Engine:
             )
 
     def _context(self, tenant: TenantId) -> StepContext:
-        return StepContext(tenant=tenant, app_role=self.app_role, store=self.store)
+        return StepContext(
+            tenant=tenant, app_role=self.app_role, store=self.store, templates=self.templates
+        )
 
     def _forget_vanished(self, job: Job, lease: Lease, ctx: StepContext) -> tuple[Job, set[str]]:
         if not job.steps_completed:

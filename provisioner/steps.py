@@ -8,12 +8,13 @@ present; a step whose effect vanished (a dropped schema, revoked grants) runs ag
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from provisioner import migrations, tenant_schema, tenant_template_cache, tenants
+from provisioner import migrations, pool, tenant_schema, tenants
 from provisioner.db import Transaction
 from provisioner.models import STEPS, TenantId
 from provisioner.storage import ObjectStore
+from provisioner.tenant_template_cache import TemplateCache
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class StepContext:
     tenant: TenantId
     app_role: str
     store: ObjectStore
+    #: the engine's template cache (the verified replay's references)
+    templates: TemplateCache = field(default_factory=TemplateCache)
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,17 @@ class Step:
 
 
 def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
-    tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
+    # A spare from the warm pool when one is ready at the head (renamed in this transaction).
+    taken = pool.take(tx, ctx.tenant.schema)
+    if taken is None:
+        tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     tenants.mark_provisioning(tx.pg, ctx.tenant)
-    return None
+    return taken
 
 
 def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
     # The verified template replay when it applies, else Alembic; the detail says which ran.
-    return tenant_template_cache.PROCESS_CACHE.migrate(tx, ctx.tenant.schema).detail
+    return ctx.templates.migrate(tx, ctx.tenant.schema).detail
 
 
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:

@@ -46,7 +46,7 @@ from typing import Any
 
 import psycopg
 
-from provisioner import __version__, db, logs, queue, service
+from provisioner import __version__, db, logs, pool, queue, service
 from provisioner.children import EngineProcess
 from provisioner.engine import describe
 from provisioner.errors import (
@@ -149,6 +149,15 @@ class Worker:
         self._deadline: float | None = None  # set when draining
         self._wake_r, self._wake_w = socket.socketpair()
         self._heartbeat = Heartbeat(settings, self.instance_id, self.snapshot, self.outage)
+        self._pool: pool.PoolKeeper | None = None
+        if settings.pool_size > 0:
+            self._pool = pool.PoolKeeper(
+                settings.owner_url,
+                settings.pool_size,
+                f"{self.instance_id}:pool",
+                self.idle,
+                log,
+            )
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -160,6 +169,8 @@ class Worker:
             if self._wait_until_children_ready():
                 self.state = "running"
                 self._heartbeat.start()
+                if self._pool is not None:
+                    self._pool.start()
                 info: dict[str, Any] = {"worker": self.instance_id, "job_types": self.job_types}
                 info.update(concurrency=self.options.concurrency, once=self.options.once)
                 event(self.log, "started", **info, version=__version__)
@@ -209,6 +220,8 @@ class Worker:
 
     def _shutdown(self) -> int:
         self.state = "stopping"
+        if self._pool is not None and self._pool.is_alive():
+            self._pool.stop()
         for child in self._children:
             child.send("quit")
         for child in self._children:
@@ -264,6 +277,14 @@ class Worker:
             if self.options.once and self._drained():
                 return
             self._wait(self._timeout(time.monotonic()))
+
+    def idle(self) -> bool:
+        """No job running, none waiting to be claimed, not draining: the warm pool may build."""
+        return (
+            self._pending is None
+            and self._deadline is None
+            and not any(c.job for c in self._children)
+        )
 
     def _drained(self) -> bool:
         busy = any(c.job for c in self._children)
@@ -607,4 +628,6 @@ class Worker:
             "last_woke": self.last_woke,
             "storage": self.storage,
         }
+        if self._pool is not None:
+            detail["pool"] = self._pool.status()
         return detail, sorted(holders)

@@ -236,8 +236,11 @@ class Engine:
                     detail = "; ".join(
                         filter(None, ["re-ran: its effect was missing from the catalog", detail])
                     )
-                job = queue.record_step(tx.pg, lease, [*job.steps_completed, step.name])
-                queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
+                # The journal's close and the fenced checkpoint in one round trip (pipeline
+                # mode); they commit together with the step's work, or not at all.
+                with tx.pg.pipeline():
+                    queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
+                    job = queue.record_step(tx.pg, lease, [*job.steps_completed, step.name])
         except BaseException as exc:
             outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
             if run_id is not None:
@@ -251,7 +254,8 @@ class Engine:
         return job
 
     def _lock_tenant(self, tx: db.Transaction, tenant: TenantId) -> None:
-        with tx.pg.cursor() as cur:
+        # Pipeline mode: the transaction's BEGIN and the lock go in one round trip.
+        with tx.pg.pipeline(), tx.pg.cursor() as cur:
             cur.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (TENANT_LOCK_CLASS, tenant.value)
             )

@@ -51,5 +51,18 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Spares are nobody's tenants: without their table they would be orphans.
+    op.execute(
+        """
+        DO $drop$
+        DECLARE spare text;
+        BEGIN
+          FOR spare IN SELECT schema_name FROM control.tenant_pool LOOP
+            EXECUTE format('DROP SCHEMA IF EXISTS %I CASCADE', spare);
+          END LOOP;
+        END
+        $drop$
+        """
+    )
     op.execute("DROP TABLE control.tenant_pool")
     op.execute("DROP TABLE control.tenant_template_references")

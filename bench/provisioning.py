@@ -347,7 +347,7 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
     results.add(
         Figure(
             "provision_cold",
-            "provision, first tenant of the process (Alembic + reference)",
+            "provision, first tenant of the database (computes the stored reference)",
             "ms",
             [cold_ms],
             baseline="raw",

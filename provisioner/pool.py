@@ -66,21 +66,31 @@ INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by)
 VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s)
 """
 
-# Spares ready for this tree state, and spares of any other (useless until rebuilt).
+# Spares ready for this tree state, and the useless ones: built for another tree state, or
+# whose schema is gone (dropped by hand).
 COUNT_SPARES = """
-SELECT count(*) FILTER (WHERE tree_digest = %(digest)s) AS ready,
-       count(*) FILTER (WHERE tree_digest <> %(digest)s) AS stale
-  FROM control.tenant_pool
+SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usable) AS stale
+  FROM (SELECT tree_digest = %(digest)s
+               AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name) AS usable
+          FROM control.tenant_pool p) s
 """
 
-# One spare built for another tree state, to drop (with its schema) in the same transaction.
+# One useless spare, to drop (with its schema, if any) in the same transaction.
 CLAIM_STALE_SPARE = """
 DELETE FROM control.tenant_pool
  WHERE schema_name = (
-       SELECT schema_name FROM control.tenant_pool WHERE tree_digest <> %(digest)s
-        ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+       SELECT p.schema_name FROM control.tenant_pool p
+        WHERE p.tree_digest <> %(digest)s
+           OR NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
+        ORDER BY p.created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING schema_name
 """
+
+# One builder at a time per database (worker replicas share the pool): try, never wait.
+TRY_BUILD_LOCK = "SELECT pg_try_advisory_xact_lock(%(class)s, 0) AS locked"
+
+#: First key of the pool builders' advisory lock ('pool').
+POOL_LOCK_CLASS = 0x706F6F6C
 
 
 class SpareRejected(Exception):
@@ -158,8 +168,19 @@ def build_spare(tx: Transaction, created_by: str) -> str:
     return name
 
 
+def build_spare_if_short(tx: Transaction, size: int, created_by: str) -> str | None:
+    """Build one spare unless another builder is at work or the pool already holds ``size``
+    ready spares (counted again under the lock); its name, or None."""
+    with tx.pg.cursor(row_factory=dict_row) as cur:
+        cur.execute(TRY_BUILD_LOCK, {"class": POOL_LOCK_CLASS})
+        row = cur.fetchone()
+    if not (row and row["locked"]) or counts(tx.pg).ready >= size:
+        return None
+    return build_spare(tx, created_by)
+
+
 def drop_stale_spare(tx: Transaction) -> str | None:
-    """Drop one spare built for another tree state (row and schema); its name, or None."""
+    """Drop one useless spare (row and schema, if any); its name, or None."""
     with tx.pg.cursor() as cur:
         cur.execute(CLAIM_STALE_SPARE, {"digest": migrations.tenant_tree_state().digest})
         row = cur.fetchone()
@@ -233,7 +254,9 @@ class PoolKeeper(threading.Thread):
             if found.ready >= self.size:
                 return False
             with self._db.transaction() as tx:
-                name = build_spare(tx, self.holder)
+                name = build_spare_if_short(tx, self.size, self.holder)
+            if name is None:
+                return False
             event(self.log, "pool_spare_built", schema=name, ready=found.ready + 1)
             return True
         except (SpareRejected, TemplateUnusable) as exc:

@@ -103,11 +103,14 @@ def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
         running = [(r["step"], r["worker"]) for r in step_runs(database, TENANT)]
     # Where it stood: no step started (waiting for the tenant's lock), inside create_schema,
     # or inside the migration step after create_schema committed.
-    assert running == {
-        "before_take": [],
-        "inside_take": [("create_schema", holder)],
-        "after_take": [("create_schema", holder), ("run_tenant_migrations", holder)],
-    }[boundary]
+    assert (
+        running
+        == {
+            "before_take": [],
+            "inside_take": [("create_schema", holder)],
+            "after_take": [("create_schema", holder), ("run_tenant_migrations", holder)],
+        }[boundary]
+    )
 
     if boundary == "after_take":  # the take committed with its step: a tenant, no spare
         assert state(database, spare) == (False, False, True)

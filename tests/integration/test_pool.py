@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from provisioner import db, migrations, pool, queue, service
+from provisioner.errors import ConfigurationError
 from provisioner.models import STEPS, TenantId
 from provisioner.settings import Settings
 from tests.conftest import Database, fingerprint, run_cli
@@ -156,3 +157,35 @@ def test_spares_of_an_older_head_are_never_handed_out_and_are_rebuilt(
         )
     assert result.job.status.value == "succeeded"
     assert worker.stop() == 0, worker.output()
+
+
+def test_a_spare_whose_schema_was_dropped_by_hand_is_not_counted_and_is_cleared(
+    fast: Settings, database: Database
+) -> None:
+    owner = db.Database(fast.owner_url)
+    try:
+        with owner.transaction() as tx:
+            kept, gone = pool.build_spare(tx, "test"), pool.build_spare(tx, "test")
+        with database.owner() as conn:
+            conn.execute(f'DROP SCHEMA "{gone}" CASCADE')
+        with owner.transaction() as tx:
+            assert pool.counts(tx.pg) == pool.PoolCounts(ready=1, stale=1)
+            assert pool.drop_stale_spare(tx) == gone
+            assert pool.drop_stale_spare(tx) is None
+            # Already full: nothing more is built.
+            assert pool.build_spare_if_short(tx, 1, "test") is None
+    finally:
+        owner.close()
+    assert [s["schema_name"] for s in spares(database)] == [kept]
+
+
+@pytest.mark.parametrize(("raw", "size"), [(None, 0), ("", 0), ("0", 0), ("3", 3)])
+def test_pool_size_setting(raw: str | None, size: int) -> None:
+    env = {} if raw is None else {"PROVISIONER_POOL_SIZE": raw}
+    assert Settings.from_env(env).pool_size == size
+
+
+@pytest.mark.parametrize("raw", ["-1", "two", "1.5"])
+def test_a_bad_pool_size_is_refused_in_one_line(raw: str) -> None:
+    with pytest.raises(ConfigurationError, match="PROVISIONER_POOL_SIZE must be"):
+        Settings.from_env({"PROVISIONER_POOL_SIZE": raw})

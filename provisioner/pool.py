@@ -35,7 +35,7 @@ from psycopg.rows import dict_row
 
 from provisioner import db, migrations, template_reference, tenant_schema
 from provisioner.db import DatabaseError, Transaction
-from provisioner.errors import DatabaseUnavailable, PermanentError
+from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
 from provisioner.template_reference import TemplateUnusable
 from provisioner.tenant_template_cache import replay
@@ -267,6 +267,11 @@ class PoolKeeper(threading.Thread):
         except (DatabaseUnavailable, DatabaseError) as exc:
             self._status["error"] = str(exc)
             self.halt.wait(2.0)  # the worker logs outages; try again later
+            return False
+        except ProvisionerError as exc:  # e.g. a spare's owner is wrong: say so, go on later
+            self._status["error"] = str(exc)
+            event(self.log, "pool_error", logging.WARNING, error=str(exc))
+            self.halt.wait(2.0)
             return False
 
     def stop(self) -> None:

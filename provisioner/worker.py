@@ -280,11 +280,9 @@ class Worker:
 
     def idle(self) -> bool:
         """No job running, none waiting to be claimed, not draining: the warm pool may build."""
-        return (
-            self._pending is None
-            and self._deadline is None
-            and not any(c.job for c in self._children)
-        )
+        with self._lock:
+            busy = any(c.job for c in self._children)
+        return self._pending is None and self._deadline is None and not busy
 
     def _drained(self) -> bool:
         busy = any(c.job for c in self._children)

@@ -33,7 +33,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from provisioner import db, migrations, template_reference, tenant_schema
+from provisioner import db, migrations, template_reference
 from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
@@ -118,12 +118,22 @@ def take(tx: Transaction, tenant_schema_name: str) -> str | None:
         if row is None:
             return None
         spare = str(row[0])
+        # The rename and the catalog's view of the result in one round trip (simple query).
         cur.execute(
-            sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(
-                sql.Identifier(spare), sql.Identifier(tenant_schema_name)
+            sql.SQL(
+                "ALTER SCHEMA {} RENAME TO {}; "
+                "SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = {}), "
+                "current_user"
+            ).format(
+                sql.Identifier(spare),
+                sql.Identifier(tenant_schema_name),
+                sql.Literal(tenant_schema_name),
             )
         )
-    owner, me = tenant_schema.schema_owner(tx.pg, tenant_schema_name)
+        cur.nextset()  # past the ALTER's empty result, to the SELECT's row
+        checked = cur.fetchone()
+    assert checked is not None
+    owner, me = checked[0], checked[1]
     if owner != me:  # as create_schema checks: the catalog must show the schema as ours
         raise PermanentError(
             f"spare {spare} is owned by role {owner}, not {me}; drop it from control.tenant_pool"

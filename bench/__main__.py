@@ -14,12 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench import claim, provisioning, scale, wake, workers
+from bench import claim, pool, provisioning, scale, wake, workers
 from bench.cluster import bench_cluster, say
 from bench.figures import Goal, Results
 from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
-SCENARIOS = ("provision", "worker", "wake", "claim")
+SCENARIOS = ("provision", "pool", "worker", "wake", "claim")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=21, help="repetitions of one-tenant runs")
     parser.add_argument("--worker-tenants", type=int, default=40)
     parser.add_argument("--worker-runs", type=int, default=3)
+    parser.add_argument("--pool-tenants", type=int, default=15)
     parser.add_argument(
         "--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}"
     )
@@ -52,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                 "provision": (
                     "raw / Alembic / replay / provision, round-robin",
                     lambda: provisioning.run(cluster, results, args.rounds),
+                ),
+                "pool": (
+                    "enqueue -> succeeded with and without the warm pool, 9 and 200 tables",
+                    lambda: pool.run(cluster, results, args.pool_tenants),
                 ),
                 "worker": (
                     "drain with 1, 2 and 4 worker processes",
@@ -97,6 +102,27 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
                 "the difference being the connections and claim service.provision sets up per call"
             )
         out.append(goal)
+    for label in ("9", "200"):
+        if f"pool_on_{label}" in results.figures:
+            p50 = results.figures[f"pool_on_{label}"].p(50)
+            out.append(
+                Goal(
+                    f"pool take p50 < 15 ms ({label} tables)",
+                    "< 15 ms enqueue -> succeeded through a running worker",
+                    f"p50 {p50:.1f} ms",
+                    p50 < 15.0,
+                    "" if p50 < 15.0 else f"gap: {p50 - 15:.1f} ms",
+                )
+            )
+        if f"pool_off_{label}" in results.figures:
+            out.append(
+                goal_ratio(
+                    results,
+                    f"pool_off_{label}",
+                    1.5,
+                    f"running worker without the pool <= 1.5x raw ({label} tables)",
+                )
+            )
     if scale_ran or "scale_last" in results.figures:
         out.append(
             goal_ratio(results, "scale_last", 1.5, "last 1,000-block median <= 1.5x first block")

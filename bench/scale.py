@@ -24,7 +24,7 @@ from bench import before
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
-from provisioner import service, tenant_schema, tenant_template_cache
+from provisioner import service, tenant_schema
 from provisioner.models import JobStatus
 from provisioner.tenant_template_cache import Template
 
@@ -94,9 +94,8 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
     block = max(1, tenants // 10)
     with cluster.database("scale") as database:
         settings = database.settings()
-        tenant_template_cache.PROCESS_CACHE.clear()
         template = Template.capture()
-        service.provision(settings, "scale_warmup")  # the process's reference schema
+        service.provision(settings, "scale_warmup")  # computes the stored reference
         with psycopg.connect(database.owner_url) as conn:
             tables, sequences = tenant_schema.relations(conn, "tenant_scale_warmup")
         raw_conn = psycopg.connect(database.owner_url)

@@ -36,6 +36,7 @@ from provisioner.kinds import JobKind, KindRegistry, Step, StepContext
 from provisioner.models import PROVISION_JOB_TYPE, Job, Lease, TenantId
 from provisioner.settings import Settings
 from provisioner.storage import ObjectStore, store_from_settings
+from provisioner.tenant_template_cache import TemplateCache
 
 #: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
 TENANT_LOCK_CLASS = 0x70726F76
@@ -102,6 +103,8 @@ class Engine:
         self.app_role = app_role
         self.store = store
         self.kinds = job_kinds
+        #: the verified template replay's references, read once per engine (see the module)
+        self.templates = TemplateCache(holder=holder)
         self._db = db.Database(
             owner_url,
             application_name=holder,
@@ -246,7 +249,9 @@ class Engine:
             raise WrongState(f"tenant {tenant} is {state}: {kind.name} leaves it alone")
 
     def _context(self, tenant: TenantId) -> StepContext:
-        return StepContext(tenant=tenant, app_role=self.app_role, store=self.store)
+        return StepContext(
+            tenant=tenant, app_role=self.app_role, store=self.store, templates=self.templates
+        )
 
     def _forget_vanished(
         self, kind: JobKind, job: Job, lease: Lease, ctx: StepContext
@@ -285,8 +290,11 @@ class Engine:
                         filter(None, ["re-ran: its effect was missing from the catalog", detail])
                     )
                 done = kind.ordered([*job.steps_completed, step.name])
-                job = queue.record_step(tx.pg, lease, done, kind.progress(done))
-                queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
+                # The journal's close and the fenced checkpoint in one round trip (pipeline
+                # mode); they commit together with the step's work, or not at all.
+                with tx.pg.pipeline():
+                    queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
+                    job = queue.record_step(tx.pg, lease, done, kind.progress(done))
         except BaseException as exc:
             outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
             if run_id is not None:
@@ -300,7 +308,8 @@ class Engine:
         return job
 
     def _lock_tenant(self, tx: db.Transaction, tenant: TenantId) -> None:
-        with tx.pg.cursor() as cur:
+        # Pipeline mode: the transaction's BEGIN and the lock go in one round trip.
+        with tx.pg.pipeline(), tx.pg.cursor() as cur:
             cur.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (TENANT_LOCK_CLASS, tenant.value)
             )

@@ -27,6 +27,15 @@ from provisioner.models import PROVISION_JOB_TYPE, TenantId
 if TYPE_CHECKING:
     from provisioner.db import Transaction
     from provisioner.storage import ObjectStore
+    from provisioner.tenant_template_cache import TemplateCache
+
+
+def _new_template_cache() -> TemplateCache:
+    """A fresh cache for a context built without an engine's (imported late: it loads the
+    template reference machinery, which this light module must not)."""
+    from provisioner.tenant_template_cache import TemplateCache
+
+    return TemplateCache()
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,8 @@ class StepContext:
     tenant: TenantId
     app_role: str
     store: ObjectStore
+    #: the engine's template cache (the verified replay's references)
+    templates: TemplateCache = field(default_factory=_new_template_cache)
 
 
 @dataclass(frozen=True)

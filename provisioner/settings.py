@@ -100,6 +100,19 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 0:
+        raise ConfigurationError(f"{name} must be 0 or more, got {raw!r}")
+    return value
+
+
 def parse_job_types(raw: str) -> tuple[str, ...]:
     """A comma-separated list, trimmed, empty items dropped, order kept, duplicates removed."""
     items = [item.strip() for item in raw.split(",")]
@@ -131,6 +144,8 @@ class Settings:
     azure_account_url: str | None = None
     azure_container: str | None = None
     state_dir: Path = Path(".provisioner")
+    #: spare schemas the worker keeps built at the template head (0: no warm pool)
+    pool_size: int = 0
 
     def __post_init__(self) -> None:
         for name, url in (
@@ -189,6 +204,7 @@ class Settings:
             azure_account_url=env.get("AZURE_STORAGE_ACCOUNT_URL") or None,
             azure_container=env.get("AZURE_STORAGE_CONTAINER") or None,
             state_dir=Path(env.get("PROVISIONER_STATE_DIR") or cls.state_dir),
+            pool_size=_count(env, "PROVISIONER_POOL_SIZE", cls.pool_size),
         )
 
     @property

@@ -7,7 +7,7 @@ present; a step whose effect vanished (a dropped schema, revoked grants) runs ag
 
 from __future__ import annotations
 
-from provisioner import migrations, tenant_schema, tenant_template_cache, tenants
+from provisioner import migrations, pool, tenant_schema, tenants
 from provisioner.db import Transaction
 from provisioner.kinds import Step, StepContext
 from provisioner.models import STEPS
@@ -16,14 +16,17 @@ __all__ = ["PROVISION_STEPS", "Step", "StepContext"]
 
 
 def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
-    tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
+    # A spare from the warm pool when one is ready at the head (renamed in this transaction).
+    taken = pool.take(tx, ctx.tenant.schema)
+    if taken is None:
+        tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     tenants.mark_provisioning(tx.pg, ctx.tenant)
-    return None
+    return taken
 
 
 def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
     # The verified template replay when it applies, else Alembic; the detail says which ran.
-    return tenant_template_cache.PROCESS_CACHE.migrate(tx, ctx.tenant.schema).detail
+    return ctx.templates.migrate(tx, ctx.tenant.schema).detail
 
 
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:

@@ -48,7 +48,7 @@ from typing import Any, assert_never
 
 import psycopg
 
-from provisioner import __version__, db, heartbeats, logs, queue, runner, service
+from provisioner import __version__, db, heartbeats, logs, pool, queue, runner, service
 from provisioner.children import (
     Claimed,
     ClaimNext,
@@ -165,6 +165,15 @@ class Worker:
         self._deadline: float | None = None  # set when draining
         self._wake_r, self._wake_w = socket.socketpair()
         self._heartbeat = Heartbeat(settings, self.instance_id, self.snapshot, self.outage)
+        self._pool: pool.PoolKeeper | None = None
+        if settings.pool_size > 0:
+            self._pool = pool.PoolKeeper(
+                settings.owner_url,
+                settings.pool_size,
+                f"{self.instance_id}:pool",
+                self.idle,
+                log,
+            )
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -176,6 +185,8 @@ class Worker:
             if self._wait_until_children_ready():
                 self.state = "running"
                 self._heartbeat.start()
+                if self._pool is not None:
+                    self._pool.start()
                 info: dict[str, Any] = {"worker": self.instance_id, "job_types": self.job_types}
                 info.update(concurrency=self.options.concurrency, once=self.options.once)
                 event(self.log, "started", **info, version=__version__)
@@ -225,6 +236,8 @@ class Worker:
 
     def _shutdown(self) -> int:
         self.state = "stopping"
+        if self._pool is not None and self._pool.is_alive():
+            self._pool.stop()
         for child in self._children:
             child.send(Quit())
         for child in self._children:
@@ -280,6 +293,12 @@ class Worker:
             if self.options.once and self._drained():
                 return
             self._wait(self._timeout(time.monotonic()))
+
+    def idle(self) -> bool:
+        """No job running, none waiting to be claimed, not draining: the warm pool may build."""
+        with self._lock:
+            busy = any(c.job for c in self._children)
+        return self._pending is None and self._deadline is None and not busy
 
     def _drained(self) -> bool:
         busy = any(c.busy for c in self._children)
@@ -660,4 +679,6 @@ class Worker:
             "storage": self.storage,
             "queue_error": heartbeats.queue_error(self.queue_failure),
         }
+        if self._pool is not None:
+            detail["pool"] = self._pool.status()
         return detail, sorted(holders)

@@ -1,33 +1,20 @@
 """The verified fast path of ``run_tenant_migrations`` (template replay) and its fallbacks, on a
-real database: stale template, fingerprint mismatch, replay error, identical schemas either way,
-and a template-built tenant that Alembic then upgrades normally."""
+real database: fingerprint mismatch, replay error, identical schemas either way, and a
+template-built tenant that Alembic then upgrades normally."""
 
 from __future__ import annotations
 
-import dataclasses
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
-
 import psycopg
-import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from provisioner import db, migrations, service, tenant_schema, tenant_template_cache
+from provisioner import db, migrations, service, tenant_schema
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
-from provisioner.tenant_template_cache import PROCESS_CACHE, Template, TemplateCache
+from provisioner.tenant_template_cache import TemplateCache
 from tests.conftest import Database
 
 HEAD = ",".join(sorted(migrations.tenant_heads()))
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache() -> Iterator[None]:
-    PROCESS_CACHE.clear()
-    yield
-    PROCESS_CACHE.clear()
 
 
 def migration_detail(database: Database, tenant: str) -> str:
@@ -52,14 +39,20 @@ def fingerprint(database: Database, schema: str) -> dict:
         return tenant_schema.fingerprint(conn, schema)
 
 
-def test_first_tenant_runs_alembic_and_the_next_replays_the_template(
+def tamper_reference(database: Database, statements_sql: str) -> None:
+    """Rewrite the stored reference's statements (``statements_sql`` is an SQL expression)."""
+    with database.owner() as conn:
+        updated = conn.execute(
+            f"UPDATE control.tenant_template_references SET statements = {statements_sql}"
+        ).rowcount
+    assert updated == 1
+
+
+def test_every_tenant_replays_the_template_from_the_first(
     settings: Settings, database: Database
 ) -> None:
     provision(settings, "one")
-    assert migration_detail(database, "one") == (
-        "path=alembic (fallback: no reference schema yet for this tree and database: "
-        f"this one becomes it) head={HEAD}"
-    )
+    assert migration_detail(database, "one") == f"path=template head={HEAD}"
     provision(settings, "two")
     provision(settings, "three")
     assert migration_detail(database, "two") == f"path=template head={HEAD}"
@@ -81,14 +74,15 @@ def test_both_paths_build_identical_schemas_step_by_step(database: Database) -> 
     cache = TemplateCache()
     owner = db.Database(database.owner_url)
     try:
-        outcomes = []
-        for schema in ("tenant_by_alembic", "tenant_by_template"):
-            with owner.transaction() as tx:
-                tenant_schema.create_schema(tx.pg, schema)
-                outcomes.append(cache.migrate(tx, schema))
+        with owner.transaction() as tx:
+            tenant_schema.create_schema(tx.pg, "tenant_by_alembic")
+            migrations.upgrade_tenant(tx.sa, "tenant_by_alembic")
+        with owner.transaction() as tx:
+            tenant_schema.create_schema(tx.pg, "tenant_by_template")
+            outcome = cache.migrate(tx, "tenant_by_template")
     finally:
         owner.close()
-    assert [o.path for o in outcomes] == ["alembic", "template"]
+    assert outcome.path == "template"
     by_alembic = fingerprint(database, "tenant_by_alembic")
     assert fingerprint(database, "tenant_by_template") == by_alembic
     assert len([r for r in by_alembic["relations"] if r[1] == "r"]) >= 9
@@ -125,68 +119,14 @@ def test_template_tenant_is_upgraded_by_alembic_normally(
     assert after["alembic_version"] == [(HEAD,)]
 
 
-def truncated_tree(tmp_path: Path, drop: str) -> Path:
-    """A copy of the tenant tree without one revision: an older head."""
-    tree = tmp_path / "tenant_template_old"
-    shutil.copytree(migrations.tenant_tree(), tree, ignore=shutil.ignore_patterns("__pycache__"))
-    (removed,) = tree.joinpath("versions").glob(f"{drop}_*.py")
-    removed.unlink()
-    return tree
-
-
-def test_stale_template_falls_back_to_alembic(
-    settings: Settings, database: Database, tmp_path: Path
-) -> None:
-    provision(settings, "reference")
-    stale = Template.capture(tree=truncated_tree(tmp_path, "t004"))
-    assert stale.heads == frozenset({"t003"})
-    PROCESS_CACHE.use(stale)
-
-    provision(settings, "after_deploy")
-    assert migration_detail(database, "after_deploy") == (
-        "path=alembic (fallback: cached template is stale: captured for head t003, "
-        f"the tree is at head {HEAD}) head={HEAD}"
-    )
-    assert fingerprint(database, "tenant_after_deploy") == fingerprint(database, "tenant_reference")
-    # The stale template was dropped; the next tenant gets a fresh one for the current tree.
-    provision(settings, "next")
-    assert migration_detail(database, "next") == f"path=template head={HEAD}"
-    assert fingerprint(database, "tenant_next") == fingerprint(database, "tenant_reference")
-
-
-def test_template_of_edited_files_at_the_same_head_is_stale(
-    settings: Settings, database: Database, tmp_path: Path
-) -> None:
-    provision(settings, "reference")
-    tree = tmp_path / "tenant_template_edited"
-    shutil.copytree(migrations.tenant_tree(), tree, ignore=shutil.ignore_patterns("__pycache__"))
-    (t004,) = tree.joinpath("versions").glob("t004_*.py")
-    t004.write_text(t004.read_text().replace("api_keys_member_idx", "api_keys_member_ix"))
-    edited = Template.capture(tree=tree)
-    assert edited.heads == migrations.tenant_heads()
-    PROCESS_CACHE.use(edited)
-
-    provision(settings, "other")
-    detail = migration_detail(database, "other")
-    assert detail.startswith(
-        f"path=alembic (fallback: cached template is stale: the tree's files changed at head "
-        f"{HEAD} (digest "
-    ), detail
-    assert {r[0] for r in fingerprint(database, "tenant_other")["indexes"]} >= {
-        "api_keys_member_idx"
-    }
-
-
 def test_fingerprint_mismatch_rolls_back_the_replay_and_runs_alembic(
     settings: Settings, database: Database
 ) -> None:
-    provision(settings, "reference")
-    provision(settings, "fast")  # captures the template
-    template = PROCESS_CACHE.template
-    assert template is not None
-    tampered = tuple(s for s in template.statements if "api_keys_member_idx" not in s)
-    assert len(tampered) == len(template.statements) - 1
-    PROCESS_CACHE.use(dataclasses.replace(template, statements=tampered))
+    provision(settings, "reference")  # computes and stores the reference
+    tamper_reference(
+        database,
+        "ARRAY(SELECT s FROM unnest(statements) s WHERE s NOT LIKE '%api_keys_member_idx%')",
+    )
 
     provision(settings, "victim")
     detail = migration_detail(database, "victim")
@@ -196,23 +136,27 @@ def test_fingerprint_mismatch_rolls_back_the_replay_and_runs_alembic(
     assert "api_keys_member_idx" in detail and detail.endswith(f"head={HEAD}")
     # The replay was rolled back to its savepoint and Alembic built the schema from empty.
     assert fingerprint(database, "tenant_victim") == fingerprint(database, "tenant_reference")
-    # The fast path stays off for this tree in this process, and says why.
-    provision(settings, "later")
-    later = migration_detail(database, "later")
-    assert later.startswith(
+    # A cache that found a mismatch keeps the fast path off for this tree, and says why.
+    cache = TemplateCache()
+    owner = db.Database(database.owner_url)
+    try:
+        details = []
+        for schema in ("tenant_first", "tenant_later"):
+            with owner.transaction() as tx:
+                tenant_schema.create_schema(tx.pg, schema)
+                details.append(cache.migrate(tx, schema).detail)
+    finally:
+        owner.close()
+    assert details[0].startswith("path=alembic (fallback: fingerprint mismatch: "), details
+    assert details[1].startswith(
         "path=alembic (fallback: fast path off: fingerprint mismatch: indexes differ"
-    ), later
-    assert "(on tenant_victim)" in later
-    assert fingerprint(database, "tenant_later") == fingerprint(database, "tenant_reference")
+    ), details
+    assert "(on tenant_first)" in details[1]
 
 
 def test_replay_error_rolls_back_and_runs_alembic(settings: Settings, database: Database) -> None:
     provision(settings, "reference")
-    provision(settings, "fast")
-    template = PROCESS_CACHE.template
-    assert template is not None
-    broken = (*template.statements, "CREATE TABLE members (id int);")
-    PROCESS_CACHE.use(dataclasses.replace(template, statements=broken))
+    tamper_reference(database, "statements || 'CREATE TABLE members (id int);'::text")
 
     provision(settings, "victim")
     detail = migration_detail(database, "victim")
@@ -221,19 +165,19 @@ def test_replay_error_rolls_back_and_runs_alembic(settings: Settings, database: 
     assert fingerprint(database, "tenant_victim") == fingerprint(database, "tenant_reference")
 
 
-def test_a_schema_that_holds_objects_is_upgraded_in_place(database: Database) -> None:
+def test_a_schema_already_at_head_is_left_as_it_is(database: Database) -> None:
     cache = TemplateCache()
     owner = db.Database(database.owner_url)
     try:
-        for _ in range(2):  # the second run finds every table there
+        outcomes = []
+        for _ in range(2):  # the second run finds every table there, at head
             with owner.transaction() as tx:
                 tenant_schema.create_schema(tx.pg, "tenant_twice")
-                outcome = cache.migrate(tx, "tenant_twice")
+                outcomes.append(cache.migrate(tx, "tenant_twice"))
     finally:
         owner.close()
-    assert outcome.path == "alembic"
-    assert outcome.detail.startswith("path=alembic (fallback: schema holds ")
-    assert outcome.detail.endswith(f"objects: upgraded in place) head={HEAD}")
+    assert [o.path for o in outcomes] == ["template", "current"]
+    assert outcomes[1].detail == f"path=current (already at head) head={HEAD}"
 
 
 # -- the catalog queries behind the fast path stay correct ----------------------------------------
@@ -302,7 +246,3 @@ def test_grants_fail_loudly_when_a_table_is_not_granted(database: Database) -> N
         assert tenant_schema.missing_app_grants(conn, "tenant_g", "app_rw") == []
         conn.execute("REVOKE UPDATE ON tenant_g.a FROM app_rw")
         assert tenant_schema.missing_app_grants(conn, "tenant_g", "app_rw") == ["a: UPDATE"]
-
-
-def test_the_process_cache_is_the_one_the_step_uses() -> None:
-    assert tenant_template_cache.PROCESS_CACHE is PROCESS_CACHE

@@ -1,0 +1,205 @@
+"""Enqueue -> succeeded through a running worker, with and without the warm pool, for the
+9-table template and a generated large one (200 tables, 400 indexes), against the raw limit.
+
+The large template is a generated revision (``t005``) on top of the shipped tree, written into a
+copy of the package under the run's temporary folder (never committed); the worker runs that
+copy (``PYTHONPATH``), and the raw baseline replays the same tree's offline SQL.
+
+Each tenant is enqueued alone (one transaction) while the worker is idle, and its latency is the
+server's own ``finished_at - created_at`` of the job row. With the pool, the next tenant waits
+until the pool is full again and one more second, so every sample is "a spare was ready". Raw
+SQL (the full end state in one transaction on an open connection) is measured interleaved, in
+the same database.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psycopg
+
+from bench import worker_process
+from bench.cluster import BenchCluster, BenchDatabase, say
+from bench.figures import Figure, Results
+from bench.provisioning import raw_script
+from provisioner import migrations, queue, tenant_schema
+from provisioner.models import TenantId
+from provisioner.tenant_template_cache import Template
+
+POOL_SIZE = 4
+#: Pause between the pool being full again and the next sign-up (and between no-pool tenants).
+SETTLE_SECONDS = 1.0
+LARGE_TABLES = 200
+
+LARGE_REVISION = '''"""Bench only: {tables} generated tables with two secondary indexes each.
+
+Revision ID: t005
+Revises: t004
+"""
+
+from alembic import op
+
+revision = "t005"
+down_revision = "t004"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    for i in range({tables}):
+        op.execute(
+            f"CREATE TABLE bench_t{{i:03d}} (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+            f"name text NOT NULL, amount numeric(12, 2) NOT NULL DEFAULT 0, "
+            f"created_at timestamptz NOT NULL DEFAULT now())"
+        )
+        op.execute(f"CREATE INDEX bench_t{{i:03d}}_name_idx ON bench_t{{i:03d}} (name)")
+        op.execute(f"CREATE INDEX bench_t{{i:03d}}_created_idx ON bench_t{{i:03d}} (created_at)")
+
+
+def downgrade() -> None:
+    for i in range({tables}):
+        op.execute(f"DROP TABLE bench_t{{i:03d}}")
+'''
+
+
+def large_package(work: Path) -> Path:
+    """A copy of the package whose tenant tree has the generated revision; its import root."""
+    root = work / "large_template_package"
+    if root.exists():
+        return root
+    source = Path(__file__).resolve().parent.parent
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(source / "provisioner", root / "provisioner", ignore=ignore)
+    shutil.copytree(
+        migrations.tenant_tree(), root / "provisioner" / "tenant_template", ignore=ignore
+    )
+    shutil.copytree(
+        source / "control_migrations", root / "provisioner" / "control_migrations", ignore=ignore
+    )
+    revision = root / "provisioner" / "tenant_template" / "versions" / "t005_bench_large.py"
+    revision.write_text(LARGE_REVISION.format(tables=LARGE_TABLES))
+    return root
+
+
+def _pool_ready(database: BenchDatabase) -> int:
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute("SELECT count(*) FROM control.tenant_pool").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _wait_full(database: BenchDatabase, size: int) -> bool:
+    return worker_process.wait_for(lambda: _pool_ready(database) >= size, 300, 0.05)
+
+
+def _latency(database: BenchDatabase, tenant: str) -> float:
+    """Enqueue one tenant, wait for success; the job's finished_at - created_at in ms."""
+    with psycopg.connect(database.app_url) as conn:
+        job = queue.ensure_provision_job(conn, TenantId(tenant)).job
+        conn.commit()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT status, extract(epoch FROM finished_at - created_at) * 1000 "
+                "FROM control.platform_jobs WHERE id = %s",
+                (job.id,),
+            ).fetchone()
+            conn.commit()
+            assert row is not None
+            if row[0] == "succeeded":
+                return float(row[1])
+            if row[0] == "failed":
+                raise RuntimeError(f"tenant {tenant} failed")
+            time.sleep(0.002)
+    raise RuntimeError(f"tenant {tenant} did not finish")
+
+
+def _scenario(
+    cluster: BenchCluster, label: str, tree: Path | None, package: Path | None, tenants: int
+) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = defaultdict(list)
+    template = Template.capture(tree=tree)
+    # Run from the copy's root: `python -m` and the spawned children put the current folder
+    # first on sys.path, and the repository's own package must not win.
+    extra = {"PYTHONPATH": str(package)} if package else {}
+    for pool_size in (0, POOL_SIZE):
+        with cluster.database(f"pool{label}{pool_size}") as database:
+            env = {**extra, "PROVISIONER_POOL_SIZE": str(pool_size)}
+            worker = worker_process.WorkerProcess(database, env=env, cwd=package)
+            raw_conn = psycopg.connect(database.owner_url)
+            try:
+                _latency(database, "warmup")  # the worker's children and the reference
+                with psycopg.connect(database.owner_url) as conn:
+                    tables, sequences = tenant_schema.relations(conn, "tenant_warmup")
+                if package is not None and len(tables) <= LARGE_TABLES:
+                    raise RuntimeError(f"the worker built {len(tables)} tables, not the large tree")
+                for i in range(tenants):
+                    if pool_size and not _wait_full(database, pool_size):
+                        raise RuntimeError(f"the pool did not fill: {worker.log()[-2000:]}")
+                    # Let the pool settle: spares are built ahead of sign-ups, and the first
+                    # transaction of each idle session after a build processes the catalog
+                    # invalidations of its DDL (measured apart, see docs/PERFORMANCE.md).
+                    time.sleep(SETTLE_SECONDS)
+                    key = "pool" if pool_size else "nopool"
+                    samples[key].append(_latency(database, f"t{i}"))
+                    script = raw_script(raw_conn, f"tenant_raw_{i}", template, tables, sequences)
+                    started = time.perf_counter()
+                    raw_conn.execute(script)
+                    raw_conn.commit()
+                    samples["raw"].append((time.perf_counter() - started) * 1000)
+            finally:
+                raw_conn.close()
+                worker.close()
+        say(f"  pool: {label} template, pool size {pool_size}: done")
+    return samples
+
+
+def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
+    if not worker_process.worker_available():
+        results.notes["pool"] = "not measured: this tree has no `provisioner worker`"
+        return
+    package = large_package(cluster.work)
+    large_tree = package / "provisioner" / "tenant_template"
+    for label, tree, pkg, name in (
+        ("9", None, None, "9-table template"),
+        ("200", large_tree, package, f"{LARGE_TABLES}-table / {2 * LARGE_TABLES}-index template"),
+    ):
+        samples = _scenario(cluster, label, tree, pkg, tenants)
+        results.add(
+            Figure(
+                f"pool_raw_{label}",
+                f"raw SQL, full end state, 1 tx ({name})",
+                "ms",
+                samples["raw"],
+                note="baseline",
+            )
+        )
+        results.add(
+            Figure(
+                f"pool_off_{label}",
+                f"  enqueue -> succeeded, running worker, no pool ({name})",
+                "ms",
+                samples["nopool"],
+                baseline=f"pool_raw_{label}",
+                percentiles=True,
+            )
+        )
+        results.add(
+            Figure(
+                f"pool_on_{label}",
+                f"  enqueue -> succeeded, running worker, spare taken ({name})",
+                "ms",
+                samples["pool"],
+                baseline=f"pool_raw_{label}",
+                percentiles=True,
+            )
+        )
+    results.notes["pool"] = (
+        f"a running `provisioner worker` (1 child), PROVISIONER_POOL_SIZE={POOL_SIZE} or 0; "
+        "latency is the job row's finished_at - created_at; each tenant is enqueued "
+        f"{SETTLE_SECONDS:.0f} s after the previous one finished (with the pool: after it is full "
+        "again). The large template is generated into a copy of "
+        "the package for the run."
+    )

@@ -1,0 +1,132 @@
+"""A take from the warm pool killed by SIGKILL at every boundary leaves a spare or a tenant,
+never both, never neither; another worker then finishes the tenant.
+
+The worker is frozen at each boundary by a lock the step needs:
+
+* before the take: the tenant's advisory lock (the step's first statement waits for it);
+* inside the take (spare row deleted, schema renamed, not committed): the tenant's row in
+  ``control.tenants``, which ``create_schema`` updates after the take;
+* after the take committed: the spare's ``alembic_version`` table, locked ACCESS EXCLUSIVE (the
+  lock follows the table through the rename), which the migration step reads next.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from provisioner import db, pool, service
+from provisioner.engine import TENANT_LOCK_CLASS
+from provisioner.models import STEPS
+from provisioner.settings import Settings
+from tests.conftest import Database, fingerprint
+from tests.workers import (
+    Workers,
+    alive,
+    job_row,
+    step_runs,
+    tenant_row_locked,
+    wait_blocked_mid_step,
+    wait_until,
+)
+
+STALE = 3.0
+TENANT = "victim"
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=STALE)
+
+
+@contextmanager
+def advisory_locked(database: Database, tenant: str) -> Iterator[None]:
+    with psycopg.connect(database.owner_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (TENANT_LOCK_CLASS, tenant))
+        yield
+
+
+@contextmanager
+def version_table_locked(database: Database, spare: str) -> Iterator[None]:
+    with psycopg.connect(database.owner_url) as conn:
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(spare, "alembic_version")
+            )
+        )
+        yield
+        conn.rollback()
+
+
+def state(database: Database, spare: str) -> tuple[bool, bool, bool]:
+    """(the spare's pool row exists, a schema named like the spare exists, the tenant's does)."""
+    with database.owner() as conn:
+        row: Any = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM control.tenant_pool WHERE schema_name = %(s)s), "
+            "EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(s)s), "
+            "EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(t)s)",
+            {"s": spare, "t": f"tenant_{TENANT}"},
+        ).fetchone()
+    return bool(row[0]), bool(row[1]), bool(row[2])
+
+
+@pytest.mark.parametrize("boundary", ["before_take", "inside_take", "after_take"])
+def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
+    boundary: str, fast: Settings, database: Database, workers: Workers, clean_fingerprint: dict
+) -> None:
+    owner = db.Database(fast.owner_url)
+    try:
+        with owner.transaction() as tx:
+            spare = pool.build_spare(tx, "test")
+    finally:
+        owner.close()
+    service.enqueue(fast, TENANT)
+    blocker = {
+        "before_take": lambda: advisory_locked(database, TENANT),
+        "inside_take": lambda: tenant_row_locked(database, TENANT),
+        "after_take": lambda: version_table_locked(database, spare),
+    }[boundary]
+    with blocker():
+        first = workers.start()
+        holder = wait_blocked_mid_step(database, TENANT)
+        children = first.child_pids()
+        first.send(signal.SIGKILL)
+        assert first.wait() == -signal.SIGKILL
+        wait_until(lambda: not any(alive(pid) for pid in children), 10, "the child to die")
+        running = [(r["step"], r["worker"]) for r in step_runs(database, TENANT)]
+    # Where it stood: no step started (waiting for the tenant's lock), inside create_schema,
+    # or inside the migration step after create_schema committed.
+    assert (
+        running
+        == {
+            "before_take": [],
+            "inside_take": [("create_schema", holder)],
+            "after_take": [("create_schema", holder), ("run_tenant_migrations", holder)],
+        }[boundary]
+    )
+
+    if boundary == "after_take":  # the take committed with its step: a tenant, no spare
+        assert state(database, spare) == (False, False, True)
+    else:  # rolled back: the spare, whole, and no tenant
+        assert state(database, spare) == (True, True, False)
+
+    second = workers.start()
+    second.wait_for("succeeded", 60, tenant_id=TENANT)
+    assert second.stop() == 0, second.output()
+    row = job_row(database, TENANT)
+    assert (row["status"], row["steps_completed"]) == ("succeeded", list(STEPS))
+    assert state(database, spare) == (False, False, True)  # the spare became the tenant
+    taken = [
+        r["detail"]
+        for r in step_runs(database, TENANT)
+        if r["step"] == "create_schema" and r["outcome"] == "succeeded"
+    ]
+    assert taken == [f"taken from the warm pool: {spare}"]
+    assert fingerprint(database, TENANT) == clean_fingerprint

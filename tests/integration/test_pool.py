@@ -1,0 +1,191 @@
+"""The warm pool with real worker processes: filled while idle, drained by provisioning and
+refilled; spares invisible to ``app_rw`` and to users; spares of an older head never handed out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+
+from provisioner import db, migrations, pool, queue, service
+from provisioner.errors import ConfigurationError
+from provisioner.models import STEPS, TenantId
+from provisioner.settings import Settings
+from tests.conftest import Database, fingerprint, run_cli
+from tests.workers import Workers, job_row, step_runs, wait_until
+
+POOL = {"PROVISIONER_POOL_SIZE": "2"}
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=10.0)
+
+
+def spares(database: Database) -> list[dict[str, Any]]:
+    """The pool's rows, oldest first, each with whether its schema exists."""
+    with psycopg.connect(database.owner_url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute(
+            "SELECT p.*, EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = p.schema_name) "
+            "AS schema_exists FROM control.tenant_pool p ORDER BY created_at"
+        ).fetchall()
+
+
+def ready_spares(database: Database) -> list[str]:
+    digest = migrations.tenant_tree_state().digest
+    return [
+        s["schema_name"]
+        for s in spares(database)
+        if s["tree_digest"] == digest and s["schema_exists"]
+    ]
+
+
+def step_detail(database: Database, tenant: str, step: str) -> str | None:
+    (run,) = [
+        r for r in step_runs(database, tenant) if r["step"] == step and r["outcome"] == "succeeded"
+    ]
+    return run["detail"]
+
+
+def enqueue_together(settings: Settings, tenants: list[str]) -> None:
+    """In one transaction: the worker sees them all at once and never idles in between."""
+    with db.connect(settings.app_url) as conn:
+        for tenant in tenants:
+            queue.ensure_provision_job(conn, TenantId(tenant))
+        conn.commit()
+
+
+def test_the_pool_is_filled_drained_and_refilled(
+    fast: Settings, database: Database, workers: Workers, clean_fingerprint: dict
+) -> None:
+    worker = workers.start(env=POOL)
+    wait_until(lambda: len(ready_spares(database)) == 2, 60, "two spares")
+    filled = ready_spares(database)
+    health = run_cli(fast, "health", "--json")
+    (component,) = json.loads(health.stdout)["components"]
+    wait_until(
+        lambda: (
+            json.loads(run_cli(fast, "health", "--json").stdout)["components"][0]["detail"]
+            .get("pool", {})
+            .get("ready")
+            == 2
+        ),
+        30,
+        "the heartbeat to report the pool",
+    )
+    assert component["detail"]["pool"]["size"] == 2
+
+    tenants = ["p1", "p2", "p3"]
+    enqueue_together(fast, tenants)
+    wait_until(
+        lambda: all(job_row(database, t)["status"] == "succeeded" for t in tenants),
+        60,
+        "three tenants",
+    )
+    taken = [step_detail(database, t, "create_schema") for t in tenants]
+    # The two spares went, oldest first, to the first two; the third was built as before.
+    assert taken == [f"taken from the warm pool: {name}" for name in filled] + [None]
+    assert [step_detail(database, t, "run_tenant_migrations") for t in tenants] == [
+        f"path=current (already at head) head={migrations.head_label(migrations.tenant_heads())}",
+    ] * 2 + [f"path=template head={migrations.head_label(migrations.tenant_heads())}"]
+    for tenant in tenants:
+        assert job_row(database, tenant)["steps_completed"] == list(STEPS)
+        assert fingerprint(database, tenant) == clean_fingerprint
+    with database.app() as conn:  # taken spares are ordinary tenants for the application
+        conn.execute(
+            "INSERT INTO tenant_p1.members (email, role_profile_id) "
+            "SELECT 'a@example.com', id FROM tenant_p1.role_profiles WHERE key = 'owner'"
+        )
+
+    wait_until(lambda: len(ready_spares(database)) == 2, 60, "the pool to be refilled")
+    assert not set(ready_spares(database)) & set(filled)
+    assert worker.stop() == 0, worker.output()
+
+
+def test_spares_are_refused_to_app_rw_and_invisible_to_users(
+    fast: Settings, database: Database
+) -> None:
+    owner = db.Database(fast.owner_url)
+    try:
+        with owner.transaction() as tx:
+            spare = pool.build_spare(tx, "test")
+    finally:
+        owner.close()
+    assert spare.startswith("pool_") and not spare.startswith("tenant_")
+    with database.app() as conn:
+        row = conn.execute(
+            "SELECT has_schema_privilege(current_user, %s, 'USAGE'), "
+            "has_schema_privilege(current_user, %s, 'CREATE')",
+            (spare, spare),
+        ).fetchone()
+        assert row == (False, False)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f'SELECT * FROM "{spare}".members')
+    for args in (("jobs", "list", "--json"), ("upgrade", "--all", "--dry-run")):
+        shown = run_cli(fast, *args)
+        assert shown.returncode == 0, shown.stderr
+        assert spare not in shown.stdout and "pool_" not in shown.stdout
+
+
+def test_spares_of_an_older_head_are_never_handed_out_and_are_rebuilt(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    owner = db.Database(fast.owner_url)
+    try:
+        with owner.transaction() as tx:
+            old = pool.build_spare(tx, "test")
+    finally:
+        owner.close()
+    with database.owner() as conn:  # as if a release with an older template built it
+        conn.execute(
+            "UPDATE control.tenant_pool SET tree_digest = repeat('0', 64), heads = '{t003}'"
+        )
+    result = service.provision(fast, "after_deploy")
+    assert step_detail(database, "after_deploy", "create_schema") is None  # built, not taken
+    assert [s["schema_name"] for s in spares(database)] == [old]
+
+    worker = workers.start(env={"PROVISIONER_POOL_SIZE": "1"})
+    wait_until(lambda: len(ready_spares(database)) == 1, 60, "a spare at the current head")
+    assert old not in [s["schema_name"] for s in spares(database)]
+    with database.owner() as conn:
+        assert (
+            conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (old,)).fetchone() is None
+        )
+    assert result.job.status.value == "succeeded"
+    assert worker.stop() == 0, worker.output()
+
+
+def test_a_spare_whose_schema_was_dropped_by_hand_is_not_counted_and_is_cleared(
+    fast: Settings, database: Database
+) -> None:
+    owner = db.Database(fast.owner_url)
+    try:
+        with owner.transaction() as tx:
+            kept, gone = pool.build_spare(tx, "test"), pool.build_spare(tx, "test")
+        with database.owner() as conn:
+            conn.execute(f'DROP SCHEMA "{gone}" CASCADE')
+        with owner.transaction() as tx:
+            assert pool.counts(tx.pg) == pool.PoolCounts(ready=1, stale=1)
+            assert pool.drop_stale_spare(tx) == gone
+            assert pool.drop_stale_spare(tx) is None
+            # Already full: nothing more is built.
+            assert pool.build_spare_if_short(tx, 1, "test") is None
+    finally:
+        owner.close()
+    assert [s["schema_name"] for s in spares(database)] == [kept]
+
+
+@pytest.mark.parametrize(("raw", "size"), [(None, 0), ("", 0), ("0", 0), ("3", 3)])
+def test_pool_size_setting(raw: str | None, size: int) -> None:
+    env = {} if raw is None else {"PROVISIONER_POOL_SIZE": raw}
+    assert Settings.from_env(env).pool_size == size
+
+
+@pytest.mark.parametrize("raw", ["-1", "two", "1.5"])
+def test_a_bad_pool_size_is_refused_in_one_line(raw: str) -> None:
+    with pytest.raises(ConfigurationError, match="PROVISIONER_POOL_SIZE must be"):
+        Settings.from_env({"PROVISIONER_POOL_SIZE": raw})

@@ -2,7 +2,9 @@
 bootstrap roles (``provisioner_owner`` and ``app_rw``), never as a superuser.
 
 With ``DATABASE_URL`` (a superuser URL) the harness uses that server; otherwise it starts a
-throwaway cluster from the machine's PostgreSQL binaries (or the ``pgserver`` wheel's). Either way
+throwaway cluster from the machine's PostgreSQL binaries (or the ``pgserver`` wheel's), through the
+package's own pytest plugin (``provisioner_server``, overridden here to read ``DATABASE_URL``;
+the plugin's ``tenant`` fixtures use the same server). Either way
 it runs ``infra/postgres/bootstrap.sql`` twice on a template database, migrates the control
 schema there as the owner, and clones that template for every test (~35 ms). The superuser URL
 is used only to create and drop those databases.
@@ -11,10 +13,8 @@ is used only to create and drop those databases.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,8 +26,9 @@ import sqlalchemy as sa
 from alembic import command as alembic_command
 from psycopg import sql
 
-from provisioner import db, local_pg, migrations, service, tenant_schema
+from provisioner import db, migrations, service, tenant_schema
 from provisioner.settings import Settings
+from provisioner.testing import PgServer
 
 pytest_plugins = ["tests.storage_fixtures", "tests.workers"]
 
@@ -54,15 +55,19 @@ def _run_bootstrap(admin_url: str, database: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[Server]:
-    cluster = None
-    admin_url = os.environ.get("DATABASE_URL")
-    if not admin_url:
-        # Its own top-level temporary folder: pytest's are private to root, and as root the
-        # server runs as an unprivileged user who must be able to reach its folder.
-        cluster = local_pg.Cluster(Path(tempfile.mkdtemp(prefix="provisioner-pg-")), durable=False)
-        cluster.ensure_running()
-        admin_url = cluster.superuser_url()
+def provisioner_server() -> Iterator[PgServer]:
+    """The plugin's server, but named by ``DATABASE_URL`` here (the suite's own variable)."""
+    server = PgServer.start(os.environ.get("DATABASE_URL") or None)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server(provisioner_server: PgServer) -> Iterator[Server]:
+    """The plugin's server, with a migrated template database to clone for every test."""
+    admin_url = provisioner_server.admin_url
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     template = f"provisioner_tmpl_{worker}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -79,9 +84,6 @@ def pg_server() -> Iterator[Server]:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(template))
             )
-        if cluster is not None:
-            cluster.stop()
-            shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 @dataclass(frozen=True)

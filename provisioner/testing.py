@@ -1,0 +1,229 @@
+"""Real tenant schemas for an application's tests: a server, a migrated database, and tenants
+handed out in milliseconds. The pytest plugin (:mod:`provisioner.pytest_plugin`) is a thin layer
+of fixtures over this module; nothing here depends on pytest.
+
+Why spares: provisioning a tenant (schema, template DDL, grants, seeds, control rows) costs tens
+of milliseconds of catalog writes, too much to pay for every test. The factory provisions
+*spare* tenants ahead, in batches, through the real engine (``service.provision``, so a spare is
+exactly what provisioning builds: same steps, same fast path, same control rows and history).
+Handing one out is one transaction that renames its schema (``ALTER SCHEMA ... RENAME``, which
+keeps every object, grant and default privilege: they hang on the schema's oid, not its name)
+and moves its control rows to the new id. A test then pays that rename, not a provisioning.
+
+Safe with pytest-xdist: each process creates its own database (named after the xdist worker and
+a random suffix), so tenants of two processes never meet. Role bootstrap, which touches
+cluster-wide roles, takes an advisory lock so two processes never run it at once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import psycopg
+from psycopg import sql
+
+from provisioner import local_pg, migrations, queue, service
+from provisioner.errors import InvalidInput
+from provisioner.models import TenantId
+from provisioner.settings import Settings
+
+#: A superuser URL of a server to use instead of a throwaway cluster.
+SERVER_URL_ENV = "PROVISIONER_TEST_DATABASE_URL"
+
+#: Serialises role bootstrap across processes sharing one server (roles are cluster-wide).
+BOOTSTRAP_LOCK_KEY = 7_220_261_201
+
+SPARE_PREFIX = "zzspare_"
+
+# Move a spare's control rows to the tenant id it is handed out as, in one transaction with the
+# schema rename. ``jsonb_populate_record`` copies the tenant row whatever columns it has.
+HAND_OUT = """
+ALTER SCHEMA {spare_schema} RENAME TO {schema};
+INSERT INTO control.tenants
+SELECT (jsonb_populate_record(t, jsonb_build_object('tenant_id', %(id)s::text,
+                                                    'schema_name', %(schema)s::text))).*
+  FROM control.tenants t WHERE t.tenant_id = %(spare)s;
+UPDATE control.platform_jobs SET tenant_id = %(id)s, idempotency_key = %(key)s
+ WHERE tenant_id = %(spare)s;
+UPDATE control.job_step_runs SET tenant_id = %(id)s WHERE tenant_id = %(spare)s;
+DELETE FROM control.tenants WHERE tenant_id = %(spare)s;
+"""
+
+# A tenant's schema and control rows (its jobs and their step runs go with the tenant row).
+DROP_TENANT = """
+DROP SCHEMA IF EXISTS {schema} CASCADE;
+DELETE FROM control.tenants WHERE tenant_id = %(id)s;
+"""
+
+
+def _admin_url_for(admin_url: str, database: str) -> str:
+    return psycopg.conninfo.make_conninfo(admin_url, dbname=database)
+
+
+def role_url(admin_url: str, role: str, database: str) -> str:
+    """A URL for one of the bootstrap roles on the admin URL's server (the test servers trust
+    127.0.0.1; a password in the admin URL is not reused for other roles)."""
+    info = psycopg.conninfo.conninfo_to_dict(admin_url)
+    host, port = info.get("host") or "127.0.0.1", info.get("port") or "5432"
+    return f"postgresql://{role}@{host}:{port}/{database}"
+
+
+@dataclass
+class PgServer:
+    """A PostgreSQL server the tests may create databases on, as a superuser."""
+
+    admin_url: str
+    cluster: local_pg.Cluster | None = None
+
+    @classmethod
+    def start(cls, url: str | None = None) -> PgServer:
+        """The server at ``url`` (a superuser URL), else a throwaway cluster started now."""
+        if url:
+            return cls(admin_url=url)
+        # Its own top-level temporary folder: as root the server runs as an unprivileged user,
+        # who must reach it (pytest's own temporary folders are private).
+        cluster = local_pg.Cluster(Path(tempfile.mkdtemp(prefix="provisioner-pg-")), durable=False)
+        cluster.ensure_running()
+        return cls(admin_url=cluster.superuser_url(), cluster=cluster)
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            shutil.rmtree(self.cluster.root, ignore_errors=True)
+
+
+def bootstrap(admin_url: str, database: str) -> None:
+    """Run the role bootstrap in ``database``, one process at a time per server."""
+    with psycopg.connect(admin_url, autocommit=True) as lock:
+        lock.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_KEY,))
+        with psycopg.connect(_admin_url_for(admin_url, database), autocommit=True) as conn:
+            conn.execute(local_pg.bootstrap_sql().encode())
+
+
+@dataclass
+class ProvisionerDatabase:
+    """A database with the two roles and the control schema at head, for one test process."""
+
+    name: str
+    admin_url: str
+    owner_url: str
+    app_url: str
+    settings: Settings
+
+    @classmethod
+    def create(cls, server: PgServer, work_dir: Path, name: str | None = None) -> Self:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        name = name or f"provisioner_test_{worker}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(server.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        bootstrap(server.admin_url, name)
+        owner_url = role_url(server.admin_url, local_pg.OWNER_ROLE, name)
+        app_url = role_url(server.admin_url, local_pg.APP_ROLE, name)
+        objects = work_dir / "objects"
+        objects.mkdir(parents=True, exist_ok=True)
+        settings = Settings(
+            migrations_database_url=owner_url,
+            app_database_url=app_url,
+            object_store_provider="filesystem",
+            object_store_path=objects,
+            state_dir=work_dir / "state",
+        )
+        migrations.upgrade_control(owner_url, settings.app_role)
+        return cls(name, _admin_url_for(server.admin_url, name), owner_url, app_url, settings)
+
+    def drop(self, server: PgServer) -> None:
+        with psycopg.connect(server.admin_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name))
+            )
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A provisioned tenant: its id, its schema, and the application role's way in."""
+
+    id: str
+    schema: str
+    #: the application role's URL (no search_path: see :meth:`connect`)
+    app_url: str
+    #: the owner role's URL, for tests that inspect or break the schema on purpose
+    owner_url: str
+
+    def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
+        """A psycopg connection as the application role, ``search_path`` set to the tenant's
+        schema alone: unqualified names resolve to the tenant's tables."""
+        options = f"-c search_path={self.schema}"
+        return psycopg.connect(self.app_url, options=options, **kwargs)
+
+    @property
+    def search_path_options(self) -> str:
+        """``-c search_path=...`` for libpq ``options`` (e.g. SQLAlchemy's ``connect_args``)."""
+        return f"-c search_path={self.schema}"
+
+
+@dataclass
+class TenantFactory:
+    """Hands out freshly provisioned tenants from a batch of spares, and drops them later."""
+
+    database: ProvisionerDatabase
+    batch: int = 8
+    spares: list[TenantId] = field(default_factory=list)
+    #: how many spares this factory has provisioned (a figure for benchmarks and tests)
+    built: int = 0
+
+    def _provision_spares(self) -> None:
+        settings = self.database.settings
+        for _ in range(self.batch):
+            spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
+            service.provision(settings, spare.value, holder="pytest-spares")
+            self.spares.append(spare)
+            self.built += 1
+
+    @contextmanager
+    def _owner(self) -> Iterator[psycopg.Connection[Any]]:
+        with psycopg.connect(self.database.owner_url) as conn:
+            yield conn
+
+    def create(self, tenant_id: str | None = None) -> Tenant:
+        """A freshly provisioned tenant called ``tenant_id`` (a unique id when None)."""
+        tenant = TenantId(tenant_id or f"t{uuid.uuid4().hex[:12]}")
+        if tenant.value.startswith(SPARE_PREFIX):
+            raise InvalidInput(f"tenant ids starting with {SPARE_PREFIX} are the factory's own")
+        if not self.spares:
+            self._provision_spares()
+        spare = self.spares.pop()
+        statement = sql.SQL(HAND_OUT).format(
+            spare_schema=sql.Identifier(spare.schema), schema=sql.Identifier(tenant.schema)
+        )
+        params = {
+            "id": tenant.value,
+            "schema": tenant.schema,
+            "spare": spare.value,
+            "key": queue.provision_key(tenant),
+        }
+        with self._owner() as conn, psycopg.ClientCursor(conn) as cur:
+            try:
+                cur.execute(statement, params)  # several statements, one round trip
+            except psycopg.errors.DuplicateSchema:
+                self.spares.append(spare)
+                raise InvalidInput(f"tenant {tenant} already exists") from None
+        return Tenant(tenant.value, tenant.schema, self.database.app_url, self.database.owner_url)
+
+    def drop(self, tenant: Tenant | str) -> None:
+        """Drop the tenant's schema and its control rows (jobs and step history included)."""
+        tenant_id = TenantId(tenant.id if isinstance(tenant, Tenant) else tenant)
+        statement = sql.SQL(DROP_TENANT).format(schema=sql.Identifier(tenant_id.schema))
+        with self._owner() as conn, psycopg.ClientCursor(conn) as cur:
+            cur.execute(statement, {"id": tenant_id.value})
+
+    def drop_spares(self) -> None:
+        while self.spares:
+            self.drop(self.spares.pop().value)

@@ -32,6 +32,10 @@ from provisioner.testing import PgServer
 
 pytest_plugins = ["tests.storage_fixtures", "tests.workers"]
 
+# A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest
+# subprocess of its own (its tests are not this suite's).
+collect_ignore = ["user_project"]
+
 ROOT = Path(__file__).resolve().parent.parent
 BOOTSTRAP_SQL = ROOT / "infra" / "postgres" / "bootstrap.sql"
 

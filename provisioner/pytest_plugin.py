@@ -71,7 +71,7 @@ def provisioner_tenants(provisioner_database: ProvisionerDatabase) -> Iterator[T
 
     factory = TenantFactory(provisioner_database)
     yield factory
-    factory.drop_spares()
+    factory.close()
 
 
 @pytest.fixture

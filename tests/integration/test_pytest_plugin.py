@@ -32,7 +32,9 @@ def test_the_tenant_fixture_is_a_provisioned_tenant_the_app_role_can_use(
 
 
 def test_a_handed_out_tenant_is_exactly_what_provisioning_builds(
-    tenant_factory: Callable[..., Tenant], provisioner_database: ProvisionerDatabase
+    tenant_factory: Callable[..., Tenant],
+    provisioner_tenants: TenantFactory,
+    provisioner_database: ProvisionerDatabase,
 ) -> None:
     settings = provisioner_database.settings
     built = service.provision(settings, "plugin_reference").job
@@ -56,7 +58,7 @@ def test_a_handed_out_tenant_is_exactly_what_provisioning_builds(
         # The engine agrees: nothing is missing, nothing to do.
         assert service.provision(settings, handed.id).already_provisioned
     finally:
-        TenantFactory(provisioner_database).drop("plugin_reference")
+        provisioner_tenants.drop("plugin_reference")
 
 
 def test_tenants_are_dropped_after_use_and_ids_are_unique(

@@ -138,6 +138,27 @@ def database(pg_server: Server) -> Iterator[Database]:
 
 
 @pytest.fixture
+def bare_database(pg_server: Server) -> Iterator[Database]:
+    """A fresh database with the bootstrap roles and NO control schema (for migration tests
+    that start from the base revision)."""
+    name = f"b_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} OWNER provisioner_owner").format(sql.Identifier(name))
+        )
+    _run_bootstrap(pg_server.admin_url, name)
+    try:
+        yield Database(
+            name=name,
+            owner_url=pg_server.url("provisioner_owner", name),
+            app_url=pg_server.url("app_rw", name),
+            admin_url=psycopg.conninfo.make_conninfo(pg_server.admin_url, dbname=name),
+        )
+    finally:
+        drop_database(pg_server, name)
+
+
+@pytest.fixture
 def objects_dir(tmp_path: Path) -> Path:
     path = tmp_path / "objects"
     path.mkdir()

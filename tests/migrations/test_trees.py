@@ -188,8 +188,12 @@ def test_the_built_wheel_ships_both_alembic_trees(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr
-    (wheel,) = tmp_path.glob("provisioner-*.whl")
+    (wheel,) = tmp_path.glob("pg_tenant_provisioner-*.whl")  # the distribution's name
     names = set(zipfile.ZipFile(wheel).namelist())
+    assert "provisioner/py.typed" in names  # mypy in a user's project sees the types
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    declared = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[pytest11]\nprovisioner = provisioner.pytest_plugin" in declared
     for tree in ("control_migrations", "tenant_template"):
         assert f"provisioner/{tree}/alembic.ini" in names
         assert f"provisioner/{tree}/env.py" in names

@@ -4,6 +4,7 @@ against a virtualenv path that does not exist, so every install step shows)."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -19,7 +20,7 @@ def dry_run(target: str, tmp_venv: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "pip install" in line]
 
 
-def test_demo_installs_the_package_alone_and_test_installs_the_dev_extra(tmp_path: object) -> None:
+def test_demo_installs_the_package_alone_and_test_installs_the_dev_extra(tmp_path: Path) -> None:
     venv = f"{tmp_path}/venv"
     (demo,) = dry_run("demo", venv)
     assert "[dev]" not in demo

@@ -3,12 +3,19 @@ handed out in milliseconds. The pytest plugin (:mod:`provisioner.pytest_plugin`)
 of fixtures over this module; nothing here depends on pytest.
 
 Why spares: provisioning a tenant (schema, template DDL, grants, seeds, control rows) costs tens
-of milliseconds of catalog writes, too much to pay for every test. The factory provisions
-*spare* tenants ahead, in batches, through the real engine (``service.provision``, so a spare is
-exactly what provisioning builds: same steps, same fast path, same control rows and history).
-Handing one out is one transaction that renames its schema (``ALTER SCHEMA ... RENAME``, which
-keeps every object, grant and default privilege: they hang on the schema's oid, not its name)
-and moves its control rows to the new id. A test then pays that rename, not a provisioning.
+of milliseconds of catalog writes, too much to pay for every test. The factory builds *spare*
+tenants ahead, in batches. The first is provisioned through the real engine
+(``service.provision``) and kept as the *model*; the others are copies of it, each in one
+transaction: the tenant template's DDL replayed into a new schema (as the engine's fast path
+does), the grant and seed steps' own functions, then a check that the new schema's catalog
+fingerprint equals the model's, and the model's control rows (tenant, job, step history) copied
+to the spare's id. A copy that does not match is rolled back and that spare is provisioned
+through the engine instead, for the rest of the session. So a spare is exactly what provisioning
+builds, at the cost of its DDL.
+
+Handing a spare out is one transaction that renames its schema (``ALTER SCHEMA ... RENAME``,
+which keeps every object, grant and default privilege: they hang on the schema's oid, not its
+name) and moves its control rows to the new id. A test then pays that rename, not a provisioning.
 Dropping works the same way round: the tenant's control rows are deleted and its schema renamed
 out of the way at once (nothing answers to the tenant's id or schema name any more), and the
 renamed schemas are dropped together when the next batch of spares is built and at the end of
@@ -34,10 +41,11 @@ from typing import Any, Self
 import psycopg
 from psycopg import sql
 
-from provisioner import local_pg, migrations, queue, service
-from provisioner.errors import InvalidInput
+from provisioner import local_pg, migrations, queue, service, tenant_schema
+from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.models import TenantId
 from provisioner.settings import Settings
+from provisioner.tenant_template_cache import Template, TemplateUnusable, describe_difference
 
 #: A superuser URL of a server to use instead of a throwaway cluster.
 SERVER_URL_ENV = "PROVISIONER_TEST_DATABASE_URL"
@@ -67,6 +75,24 @@ RETIRED_PREFIX = "zzretired_"
 DELETE_TENANT = "DELETE FROM control.tenants WHERE tenant_id = %(id)s"
 
 SCHEMA_EXISTS = "SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s"
+
+# A spare's control rows, copied from the model's (whatever columns the tables have).
+COPY_CONTROL_ROWS = """
+INSERT INTO control.tenants
+SELECT (jsonb_populate_record(t, jsonb_build_object(
+            'tenant_id', %(id)s::text, 'schema_name', %(schema)s::text,
+            'created_at', now(), 'updated_at', now()))).*
+  FROM control.tenants t WHERE t.tenant_id = %(model)s;
+INSERT INTO control.platform_jobs
+SELECT (jsonb_populate_record(j, jsonb_build_object(
+            'id', %(job)s::uuid, 'tenant_id', %(id)s::text, 'idempotency_key', %(key)s::text))).*
+  FROM control.platform_jobs j WHERE j.tenant_id = %(model)s;
+INSERT INTO control.job_step_runs OVERRIDING SYSTEM VALUE
+SELECT (jsonb_populate_record(r, jsonb_build_object(
+            'id', nextval(pg_get_serial_sequence('control.job_step_runs', 'id')),
+            'job_id', %(job)s::uuid, 'tenant_id', %(id)s::text))).*
+  FROM control.job_step_runs r WHERE r.tenant_id = %(model)s ORDER BY r.id;
+"""
 
 
 def _admin_url_for(admin_url: str, database: str) -> str:
@@ -185,16 +211,65 @@ class TenantFactory:
     built: int = 0
     #: schemas of dropped tenants, renamed, waiting for :meth:`reclaim`
     retired: list[str] = field(default_factory=list)
+    #: the spare provisioned through the engine that the others are copies of (never handed out)
+    model: TenantId | None = None
+    #: why spares are provisioned through the engine instead of copied (None: they are copied)
+    copy_off: str | None = None
+    _model_fingerprint: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
+    _template: Template | None = field(default=None, repr=False)
     _conn: psycopg.Connection[Any] | None = field(default=None, repr=False)
 
     def _provision_spares(self) -> None:
         self.reclaim()
         settings = self.database.settings
+        if self.model is None:
+            model = TenantId(f"{SPARE_PREFIX}model_{uuid.uuid4().hex[:8]}")
+            service.provision(settings, model.value, holder="pytest-spares")
+            with self._owner() as conn:
+                self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
+            self.model = model
         for _ in range(self.batch):
             spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
-            service.provision(settings, spare.value, holder="pytest-spares")
+            if self.copy_off is None:
+                try:
+                    self._copy_model(spare)
+                except (ProvisionerError, psycopg.Error, TemplateUnusable) as exc:
+                    self.copy_off = f"copying the model failed: {exc}"
+            if self.copy_off is not None:
+                service.provision(settings, spare.value, holder="pytest-spares")
             self.spares.append(spare)
             self.built += 1
+
+    def _copy_model(self, spare: TenantId) -> None:
+        """Build ``spare`` as a verified copy of the model, in one transaction (see module)."""
+        assert self.model is not None
+        if self._template is None:
+            self._template = Template.capture()
+        schema = sql.Identifier(spare.schema)
+        ddl = (
+            sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER; SET LOCAL search_path TO {};\n")
+            .format(schema, schema)
+            .as_string(None)
+            + self._template.script
+            + "\nSET LOCAL search_path TO DEFAULT;"
+        )
+        params = {
+            "id": spare.value,
+            "schema": spare.schema,
+            "model": self.model.value,
+            "job": uuid.uuid4(),
+            "key": queue.provision_key(spare),
+        }
+        with self._owner() as conn:
+            conn.execute(ddl.encode())
+            tenant_schema.grant_app_role(conn, spare.schema, self.database.settings.app_role)
+            tenant_schema.seed_role_profiles(conn, spare.schema)
+            got = tenant_schema.fingerprint(conn, spare.schema)
+            if got != self._model_fingerprint:
+                difference = describe_difference(self._model_fingerprint, got)
+                raise ProvisionerError(f"a copy differs from the model: {difference}")
+            with psycopg.ClientCursor(conn) as cur:
+                cur.execute(COPY_CONTROL_ROWS, params)
 
     @contextmanager
     def _owner(self) -> Iterator[psycopg.Connection[Any]]:
@@ -258,9 +333,12 @@ class TenantFactory:
         self.retired.clear()
 
     def close(self) -> None:
-        """Drop the spares left and every retired schema; close the factory's session."""
+        """Drop the spares left (and the model) and every retired schema; close the session."""
         while self.spares:
             self.drop(self.spares.pop().value)
+        if self.model is not None:
+            self.drop(self.model.value)
+            self.model = None
         self.reclaim()
         if self._conn is not None:
             self._conn.close()

@@ -57,6 +57,7 @@ def test_a_handed_out_tenant_is_exactly_what_provisioning_builds(
         }
         # The engine agrees: nothing is missing, nothing to do.
         assert service.provision(settings, handed.id).already_provisioned
+        assert provisioner_tenants.copy_off is None  # it was a verified copy of the model
     finally:
         provisioner_tenants.drop("plugin_reference")
 
@@ -89,3 +90,22 @@ def test_the_factory_gives_each_tenant_its_own_rows(tenant_factory: Callable[...
         conn.execute("INSERT INTO datasets (name) VALUES ('only-in-one')")
     with two.connect() as conn:
         assert conn.execute("SELECT count(*) FROM datasets").fetchone() == (0,)
+
+
+def test_a_copy_that_differs_from_the_model_falls_back_to_the_engine(
+    provisioner_database: ProvisionerDatabase,
+) -> None:
+    factory = TenantFactory(provisioner_database, batch=1)
+    try:
+        factory.drop(factory.create())  # the model, and one verified copy
+        assert factory.copy_off is None
+        factory._model_fingerprint["relations"].append(("a_table_no_copy_has", "r", ""))
+        handed = factory.create()
+        assert factory.copy_off is not None and "differs from the model" in factory.copy_off
+        assert service.status(provisioner_database.settings, handed.id).job.status.value == (
+            "succeeded"
+        )
+        with handed.connect() as conn:
+            assert conn.execute("SELECT count(*) FROM role_profiles").fetchone() == (4,)
+    finally:
+        factory.close()

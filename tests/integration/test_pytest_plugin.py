@@ -109,3 +109,17 @@ def test_a_copy_that_differs_from_the_model_falls_back_to_the_engine(
             assert conn.execute("SELECT count(*) FROM role_profiles").fetchone() == (4,)
     finally:
         factory.close()
+
+
+def test_the_app_role_writes_rows_but_runs_no_ddl_in_a_handed_out_tenant(tenant: Tenant) -> None:
+    with tenant.connect(autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO members (email, display_name, role_profile_id) "
+            "SELECT 'a@example.com', 'A', id FROM role_profiles WHERE key = 'viewer'"
+        )
+        conn.execute("UPDATE members SET display_name = 'B'")
+        conn.execute("DELETE FROM members")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE TABLE sneaky (id int)")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DROP TABLE datasets")

@@ -10,23 +10,34 @@ written in the caller's transaction when it is refused.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
 
 from provisioner.errors import InvalidInput
 
+# The ORM is imported only by applications that use it: the CLI starts without it.
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
 #: What :func:`provisioner.enqueue` accepts.
-SyncConnection = Session | sa.Connection | psycopg.Connection[Any]
+SyncConnection: TypeAlias = "Session | sa.Connection | psycopg.Connection[Any]"
 #: What :func:`provisioner.enqueue_async` accepts.
-AsyncConnectionLike = psycopg.AsyncConnection[Any]
+AsyncConnectionLike: TypeAlias = "psycopg.AsyncConnection[Any]"
 
 NEEDS_PSYCOPG3 = (
     "needs a psycopg 3 connection: with SQLAlchemy, use a postgresql+psycopg:// URL "
     "(the psycopg2 driver is not supported)"
 )
+
+
+def _is_session(obj: object) -> bool:
+    """A SQLAlchemy ORM ``Session`` (or subclass), without importing the ORM to ask."""
+    return any(
+        klass.__module__ == "sqlalchemy.orm.session" and klass.__name__ == "Session"
+        for klass in type(obj).__mro__
+    )
 
 
 def _describe(obj: object) -> str:
@@ -49,8 +60,9 @@ def sync_connection(conn: object) -> psycopg.Connection[Any]:
     one if none is open, as ``session.execute`` would)."""
     if isinstance(conn, psycopg.Connection):
         return conn
-    if isinstance(conn, Session):
-        return _driver_only(conn.connection().connection.driver_connection, conn)
+    if _is_session(conn):
+        session: Session = conn  # type: ignore[assignment]
+        return _driver_only(session.connection().connection.driver_connection, conn)
     if isinstance(conn, sa.Connection):
         return _driver_only(conn.connection.driver_connection, conn)
     if isinstance(conn, psycopg.AsyncConnection):
@@ -66,6 +78,6 @@ async def async_connection(conn: object) -> psycopg.AsyncConnection[Any]:
     """The psycopg ``AsyncConnection`` behind ``conn``, in the caller's transaction."""
     if isinstance(conn, psycopg.AsyncConnection):
         return conn
-    if isinstance(conn, psycopg.Connection | Session | sa.Connection):
+    if isinstance(conn, psycopg.Connection | sa.Connection) or _is_session(conn):
         raise InvalidInput("enqueue_async got a synchronous connection: use enqueue")
     raise InvalidInput(f"enqueue_async {NEEDS_PSYCOPG3}; got {_describe(conn)}")

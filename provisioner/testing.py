@@ -80,12 +80,14 @@ SCHEMA_EXISTS = "SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s"
 COPY_CONTROL_ROWS = """
 INSERT INTO control.tenants
 SELECT (jsonb_populate_record(t, jsonb_build_object(
-            'tenant_id', %(id)s::text, 'schema_name', %(schema)s::text,
-            'created_at', now(), 'updated_at', now()))).*
+            'tenant_id', %(id)s::text, 'schema_name', %(schema)s::text, 'created_at', now(),
+            'updated_at', now(), 'onboarding_started_at', now()))).*
   FROM control.tenants t WHERE t.tenant_id = %(model)s;
 INSERT INTO control.platform_jobs
 SELECT (jsonb_populate_record(j, jsonb_build_object(
-            'id', %(job)s::uuid, 'tenant_id', %(id)s::text, 'idempotency_key', %(key)s::text))).*
+            'id', %(job)s::uuid, 'tenant_id', %(id)s::text, 'idempotency_key', %(key)s::text,
+            'created_at', now(), 'available_at', now(), 'updated_at', now(),
+            'finished_at', now()))).*
   FROM control.platform_jobs j WHERE j.tenant_id = %(model)s;
 INSERT INTO control.job_step_runs OVERRIDING SYSTEM VALUE
 SELECT (jsonb_populate_record(r, jsonb_build_object(

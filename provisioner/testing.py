@@ -305,7 +305,7 @@ class TenantFactory:
         with self._owner() as conn, psycopg.ClientCursor(conn) as cur:
             try:
                 cur.execute(statement, params)  # several statements, one round trip
-            except psycopg.errors.DuplicateSchema:
+            except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
                 self.spares.append(spare)
                 raise InvalidInput(f"tenant {tenant} already exists") from None
         return Tenant(tenant.value, tenant.schema, self.database.app_url, self.database.owner_url)

@@ -70,6 +70,10 @@ def test_tenants_are_dropped_after_use_and_ids_are_unique(
     assert first.id != second.id
     with pytest.raises(provisioner.InvalidInput, match="already exists"):
         provisioner_tenants.create(first.id)
+    service.enqueue(provisioner_database.settings, "only_queued")  # a control row, no schema
+    with pytest.raises(provisioner.InvalidInput, match="already exists"):
+        provisioner_tenants.create("only_queued")
+    provisioner_tenants.drop("only_queued")
     provisioner_tenants.drop(first)
     provisioner_tenants.drop(second)
     with psycopg.connect(provisioner_database.owner_url) as conn:

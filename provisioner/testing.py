@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any, Self
 
 import psycopg
+import sqlalchemy as sa
 from psycopg import sql
 
-from provisioner import local_pg, migrations, queue, service, tenant_schema
+from provisioner import db, local_pg, migrations, queue, service, tenant_schema
 from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.models import TenantId
 from provisioner.settings import Settings
@@ -200,6 +201,14 @@ class Tenant:
     def search_path_options(self) -> str:
         """``-c search_path=...`` for libpq ``options`` (e.g. SQLAlchemy's ``connect_args``)."""
         return f"-c search_path={self.schema}"
+
+    def sqlalchemy_engine(self, **kwargs: Any) -> sa.Engine:
+        """A SQLAlchemy engine (psycopg 3) as the application role, ``search_path`` set to the
+        tenant's schema; dispose of it when done."""
+        connect_args = {"options": self.search_path_options, **kwargs.pop("connect_args", {})}
+        return sa.create_engine(
+            db.sqlalchemy_url(self.app_url), connect_args=connect_args, **kwargs
+        )
 
 
 @dataclass

@@ -78,3 +78,14 @@ def test_tenants_do_not_see_each_other(tenant_factory: Callable[..., Tenant]) ->
         add_dataset(conn, "north only")
     with south.connect() as conn:
         assert dataset_names(conn) == []
+
+
+def test_the_orm_side_of_a_tenant(tenant: Tenant) -> None:
+    engine = tenant.sqlalchemy_engine()
+    with Session(engine) as session, session.begin():
+        session.execute(sa.text("INSERT INTO datasets (name) VALUES ('from the orm')"))
+    with Session(engine) as session:
+        assert session.execute(sa.text("SELECT name FROM datasets")).scalars().all() == [
+            "from the orm"
+        ]
+    engine.dispose()

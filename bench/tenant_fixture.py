@@ -10,41 +10,52 @@ Each round measures, round-robin so drifting load affects them alike:
   would cost.
 * ``fixture_raw`` (the baseline): the tenant's end state as plain SQL in one round trip, then
   dropped.
+
+All three run where the plugin runs: on a throwaway cluster started as the plugin starts it
+(:meth:`provisioner.testing.PgServer.start`, ``fsync=off``), not on the benchmark's durable
+cluster, and in a database made as the plugin makes it.
 """
 
 from __future__ import annotations
 
+import shutil
 import statistics
+import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import psycopg
 
-from bench.cluster import BenchCluster, BenchDatabase, say
+from bench.cluster import BenchCluster, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
 from provisioner import service, tenant_schema
 from provisioner.tenant_template_cache import Template
-from provisioner.testing import ProvisionerDatabase, TenantFactory
+from provisioner.testing import PgServer, ProvisionerDatabase, TenantFactory
 
 
 def run(cluster: BenchCluster, results: Results, rounds: int) -> None:
-    with cluster.database("fixture") as database:
-        _run(database, results, rounds)
+    del cluster  # the plugin's own kind of server instead (see the module docstring)
+    server = PgServer.start(None)
+    work = Path(tempfile.mkdtemp(prefix="bench-fixture-"))
+    try:
+        plugin_db = ProvisionerDatabase.create(server, work)
+        _run(plugin_db, results, rounds)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
-    plugin_db = ProvisionerDatabase(
-        database.name, database.admin_url, database.owner_url, database.app_url, database.settings()
-    )
+def _run(plugin_db: ProvisionerDatabase, results: Results, rounds: int) -> None:
     factory = TenantFactory(plugin_db)
     # Warm session: the first batch of spares (and the process's reference schema) is built.
     factory.drop(factory.create("warm"))
     service.provision(plugin_db.settings, "reference")
-    with psycopg.connect(database.owner_url) as conn:
+    with psycopg.connect(plugin_db.owner_url) as conn:
         tables, sequences = tenant_schema.relations(conn, "tenant_reference")
     template = Template.capture()
-    raw_conn = psycopg.connect(database.owner_url)
+    raw_conn = psycopg.connect(plugin_db.owner_url)
     samples: dict[str, list[float]] = defaultdict(list)
 
     def fixture(i: int) -> None:

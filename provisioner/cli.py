@@ -106,6 +106,9 @@ class OneLineErrors(click.Group):
             code = super().main(*args, **kwargs)
         except click.ClickException as exc:
             ctx: click.Context | None = getattr(exc, "ctx", None)  # set on usage errors
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                click.echo(ctx.get_help())  # a bare group (`provisioner jobs`): its help, exit 0
+                sys.exit(0)
             where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             click.echo(f"error: {exc.format_message()}{where}", err=True)
             sys.exit(exc.exit_code)

@@ -54,6 +54,10 @@ def test_bare_provisioner_prints_the_help_and_exits_0() -> None:
     assert result.returncode == 0
     assert result.stdout.startswith("Usage: python -m provisioner")
     assert "Commands:" in result.stdout and result.stderr == ""
+    for group in ("jobs", "local"):
+        bare = run_cli(None, group)
+        assert bare.returncode == 0 and bare.stderr == ""
+        assert bare.stdout.startswith(f"Usage: python -m provisioner {group}")
 
 
 @pytest.mark.parametrize(

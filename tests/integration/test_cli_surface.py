@@ -4,7 +4,10 @@ and the one JSON shape of a job across commands."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -13,7 +16,10 @@ from click.testing import CliRunner
 
 from provisioner.cli import main
 from provisioner.settings import Settings
-from tests.conftest import run_cli, settings_env
+from tests.conftest import ROOT, run_cli, settings_env
+
+#: The installed console script (completion is keyed to the program's name).
+PROVISIONER = str(Path(sys.executable).with_name("provisioner"))
 
 JOB_KEYS = {
     "tenant_id",
@@ -125,3 +131,29 @@ def test_one_json_shape_for_a_job_everywhere(settings: Settings) -> None:
     assert ISO_8601.match(provisioned["finished_at"])
     assert all(ISO_8601.match(run["started_at"]) for run in status["step_runs"])
     assert {k: provisioned[k] for k in JOB_KEYS} == {k: status[k] for k in JOB_KEYS}
+
+
+def test_shell_completion_works_as_the_readme_says() -> None:
+    script = subprocess.run(
+        [PROVISIONER],
+        env={**os.environ, "_PROVISIONER_COMPLETE": "bash_source"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert script.returncode == 0 and "_provisioner_completion()" in script.stdout
+    completed = subprocess.run(
+        [PROVISIONER],
+        env={
+            **os.environ,
+            "_PROVISIONER_COMPLETE": "bash_complete",
+            "COMP_WORDS": "provisioner jo",
+            "COMP_CWORD": "1",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.stdout.split() == ["plain,jobs"]
+    readme = (ROOT / "README.md").read_text()
+    assert 'eval "$(_PROVISIONER_COMPLETE=bash_source provisioner)"' in readme

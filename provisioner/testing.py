@@ -8,14 +8,16 @@ tenants ahead, in batches. The first is provisioned through the real engine
 (``service.provision``) and kept as the *model*; the others are copies of it, each in one
 transaction: the tenant template's DDL replayed into a new schema (as the engine's fast path
 does), the grant and seed steps' own functions, then a check that the new schema's catalog
-fingerprint equals the model's, and the model's control rows (tenant, job, step history) copied
-to the spare's id. A copy that does not match is rolled back and that spare is provisioned
-through the engine instead, for the rest of the session. So a spare is exactly what provisioning
-builds, at the cost of its DDL.
+fingerprint equals the model's. A copy that does not match is rolled back and that spare is
+provisioned through the engine instead, for the rest of the session. So a spare is exactly what
+provisioning builds, at the cost of its DDL.
 
-Handing a spare out is one transaction that renames its schema (``ALTER SCHEMA ... RENAME``,
-which keeps every object, grant and default privilege: they hang on the schema's oid, not its
-name) and moves its control rows to the new id. A test then pays that rename, not a provisioning.
+Spares (and the model) have no control rows: the model's (its tenant row, its job, its step
+history) are kept as JSON once it is built, and deleted, so the application under test never
+sees a spare in ``control.tenants``, ``jobs list`` or ``upgrade --all``. Handing a spare out is
+one transaction that renames its schema (``ALTER SCHEMA ... RENAME``, which keeps every object,
+grant and default privilege: they hang on the schema's oid, not its name) and writes the model's
+control rows for the new id. A test then pays that rename, not a provisioning.
 Dropping works the same way round: the tenant's control rows are deleted and its schema renamed
 out of the way at once (nothing answers to the tenant's id or schema name any more), and the
 renamed schemas are dropped together when the next batch of spares is built and at the end of
@@ -41,6 +43,7 @@ from typing import Any, Self
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from provisioner import db, local_pg, migrations, queue, service, tenant_schema
 from provisioner.errors import InvalidInput, ProvisionerError
@@ -56,18 +59,32 @@ BOOTSTRAP_LOCK_KEY = 7_220_261_201
 
 SPARE_PREFIX = "zzspare_"
 
-# Move a spare's control rows to the tenant id it is handed out as, in one transaction with the
-# schema rename. ``jsonb_populate_record`` copies the tenant row whatever columns it has.
+# A handed-out spare: its schema renamed, and the model's control rows written for the new id
+# (``jsonb_populate_record`` over the table's own row type: whatever columns the tables have).
 HAND_OUT = """
 ALTER SCHEMA {spare_schema} RENAME TO {schema};
 INSERT INTO control.tenants
-SELECT (jsonb_populate_record(t, jsonb_build_object('tenant_id', %(id)s::text,
-                                                    'schema_name', %(schema)s::text))).*
-  FROM control.tenants t WHERE t.tenant_id = %(spare)s;
-UPDATE control.platform_jobs SET tenant_id = %(id)s, idempotency_key = %(key)s
- WHERE tenant_id = %(spare)s;
-UPDATE control.job_step_runs SET tenant_id = %(id)s WHERE tenant_id = %(spare)s;
-DELETE FROM control.tenants WHERE tenant_id = %(spare)s;
+SELECT (jsonb_populate_record(NULL::control.tenants, %(tenant)s::jsonb || jsonb_build_object(
+            'tenant_id', %(id)s::text, 'schema_name', %(schema)s::text, 'created_at', now(),
+            'updated_at', now(), 'onboarding_started_at', now()))).*;
+INSERT INTO control.platform_jobs
+SELECT (jsonb_populate_record(NULL::control.platform_jobs, %(job)s::jsonb || jsonb_build_object(
+            'id', %(job_id)s::uuid, 'tenant_id', %(id)s::text, 'idempotency_key', %(key)s::text,
+            'created_at', now(), 'available_at', now(), 'updated_at', now(),
+            'finished_at', now()))).*;
+INSERT INTO control.job_step_runs OVERRIDING SYSTEM VALUE
+SELECT (jsonb_populate_record(NULL::control.job_step_runs, run || jsonb_build_object(
+            'id', nextval(pg_get_serial_sequence('control.job_step_runs', 'id')),
+            'job_id', %(job_id)s::uuid, 'tenant_id', %(id)s::text))).*
+  FROM jsonb_array_elements(%(runs)s::jsonb) WITH ORDINALITY AS x(run, n) ORDER BY n;
+"""
+
+# The model's control rows as JSON: its tenant row, its one job, its step history.
+MODEL_ROWS = """
+SELECT (SELECT to_jsonb(t) FROM control.tenants t WHERE t.tenant_id = %(id)s) AS tenant,
+       (SELECT to_jsonb(j) FROM control.platform_jobs j WHERE j.tenant_id = %(id)s) AS job,
+       (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.id), '[]'::jsonb)
+          FROM control.job_step_runs r WHERE r.tenant_id = %(id)s) AS runs
 """
 
 RETIRED_PREFIX = "zzretired_"
@@ -76,26 +93,6 @@ RETIRED_PREFIX = "zzretired_"
 DELETE_TENANT = "DELETE FROM control.tenants WHERE tenant_id = %(id)s"
 
 SCHEMA_EXISTS = "SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s"
-
-# A spare's control rows, copied from the model's (whatever columns the tables have).
-COPY_CONTROL_ROWS = """
-INSERT INTO control.tenants
-SELECT (jsonb_populate_record(t, jsonb_build_object(
-            'tenant_id', %(id)s::text, 'schema_name', %(schema)s::text, 'created_at', now(),
-            'updated_at', now(), 'onboarding_started_at', now()))).*
-  FROM control.tenants t WHERE t.tenant_id = %(model)s;
-INSERT INTO control.platform_jobs
-SELECT (jsonb_populate_record(j, jsonb_build_object(
-            'id', %(job)s::uuid, 'tenant_id', %(id)s::text, 'idempotency_key', %(key)s::text,
-            'created_at', now(), 'available_at', now(), 'updated_at', now(),
-            'finished_at', now()))).*
-  FROM control.platform_jobs j WHERE j.tenant_id = %(model)s;
-INSERT INTO control.job_step_runs OVERRIDING SYSTEM VALUE
-SELECT (jsonb_populate_record(r, jsonb_build_object(
-            'id', nextval(pg_get_serial_sequence('control.job_step_runs', 'id')),
-            'job_id', %(job)s::uuid, 'tenant_id', %(id)s::text))).*
-  FROM control.job_step_runs r WHERE r.tenant_id = %(model)s ORDER BY r.id;
-"""
 
 
 def _admin_url_for(admin_url: str, database: str) -> str:
@@ -227,6 +224,8 @@ class TenantFactory:
     #: why spares are provisioned through the engine instead of copied (None: they are copied)
     copy_off: str | None = None
     _model_fingerprint: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
+    #: the model's control rows as JSON (``tenant``, ``job``, ``runs``), written at each hand-out
+    _model_rows: dict[str, Any] = field(default_factory=dict, repr=False)
     _template: Template | None = field(default=None, repr=False)
     _conn: psycopg.Connection[Any] | None = field(default=None, repr=False)
 
@@ -238,6 +237,10 @@ class TenantFactory:
             service.provision(settings, model.value, holder="pytest-spares")
             with self._owner() as conn:
                 self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
+                rows = conn.execute(MODEL_ROWS, {"id": model.value}).fetchone()
+                assert rows is not None and rows[1] is not None, "the model has its job"
+                self._model_rows = {"tenant": rows[0], "job": rows[1], "runs": rows[2]}
+                conn.execute(DELETE_TENANT, {"id": model.value})
             self.model = model
         for _ in range(self.batch):
             spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
@@ -248,6 +251,8 @@ class TenantFactory:
                     self.copy_off = f"copying the model failed: {exc}"
             if self.copy_off is not None:
                 service.provision(settings, spare.value, holder="pytest-spares")
+                with self._owner() as conn:  # spares have no control rows (see the module)
+                    conn.execute(DELETE_TENANT, {"id": spare.value})
             self.spares.append(spare)
             self.built += 1
 
@@ -264,13 +269,6 @@ class TenantFactory:
             + self._template.script
             + "\nSET LOCAL search_path TO DEFAULT;"
         )
-        params = {
-            "id": spare.value,
-            "schema": spare.schema,
-            "model": self.model.value,
-            "job": uuid.uuid4(),
-            "key": queue.provision_key(spare),
-        }
         with self._owner() as conn:
             conn.execute(ddl.encode())
             tenant_schema.grant_app_role(conn, spare.schema, self.database.settings.app_role)
@@ -279,8 +277,6 @@ class TenantFactory:
             if got != self._model_fingerprint:
                 difference = describe_difference(self._model_fingerprint, got)
                 raise ProvisionerError(f"a copy differs from the model: {difference}")
-            with psycopg.ClientCursor(conn) as cur:
-                cur.execute(COPY_CONTROL_ROWS, params)
 
     @contextmanager
     def _owner(self) -> Iterator[psycopg.Connection[Any]]:
@@ -308,8 +304,9 @@ class TenantFactory:
         params = {
             "id": tenant.value,
             "schema": tenant.schema,
-            "spare": spare.value,
             "key": queue.provision_key(tenant),
+            "job_id": uuid.uuid4(),
+            **{name: Jsonb(value) for name, value in self._model_rows.items()},
         }
         with self._owner() as conn, psycopg.ClientCursor(conn) as cur:
             try:

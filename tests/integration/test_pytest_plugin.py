@@ -68,6 +68,10 @@ def test_tenants_are_dropped_after_use_and_ids_are_unique(
     first = provisioner_tenants.create()
     second = provisioner_tenants.create()
     assert first.id != second.id
+    # The spares and their model are schemas only: the application never sees them.
+    listed = service.list_jobs(provisioner_database.settings, limit=1000)
+    assert not [job for job in listed if str(job.tenant_id).startswith("zzspare")]
+    assert {first.id, second.id} <= {str(job.tenant_id) for job in listed}
     with pytest.raises(provisioner.InvalidInput, match="already exists"):
         provisioner_tenants.create(first.id)
     service.enqueue(provisioner_database.settings, "only_queued")  # a control row, no schema

@@ -103,8 +103,13 @@ def test_bad_numeric_values_are_one_line_and_exit_2_touching_nothing(
     args: tuple[str, ...], tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
-    done = run_cli(None, *args, env={"PROVISIONER_STATE_DIR": str(state)})
-    assert done.returncode == 2
+    env = {
+        "PROVISIONER_STATE_DIR": str(state),
+        "MIGRATIONS_DATABASE_URL": "",
+        "APP_DATABASE_URL": "",
+    }
+    done = CliRunner().invoke(main, list(args), env=env)
+    assert done.exit_code == 2
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: Invalid value")
     assert not state.exists()  # no embedded server was started for it
 

@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The package alone, for `make demo`: plus the `embedded` extra (PostgreSQL binaries) only on a
+# machine without its own. The dev tools (linters, moto, xdist...) come with `make test`.
+RUN_STAMP := $(VENV)/.installed-run
+HAVE_PG := $(shell ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | head -n 1; command -v initdb 2>/dev/null)
+RUN_TARGET := $(if $(strip $(HAVE_PG)),.,.[embedded])
 AZURITE := tests/azurite/node_modules/.bin/azurite-blob
 
 .PHONY: install demo demo-stop test lint bench bench-scale clean
@@ -12,18 +17,23 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '$(RUN_TARGET)'
+	touch $(RUN_STAMP)
 
 $(AZURITE): tests/azurite/package.json tests/azurite/package-lock.json
 	npm ci --prefix tests/azurite --no-audit --no-fund --loglevel=error
 	touch $(AZURITE)
 
 # Provision a demo tenant on the embedded PostgreSQL under .provisioner/ (started on first use).
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/provisioner migrate
 	$(BIN)/provisioner provision demo
 
-demo-stop: $(STAMP)
+demo-stop: $(RUN_STAMP)
 	$(BIN)/provisioner local stop
 
 lint: $(STAMP)

@@ -14,12 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench import claim, pool, provisioning, scale, wake, workers
+from bench import claim, pool, provisioning, scale, tenant_fixture, wake, workers
 from bench.cluster import bench_cluster, say
 from bench.figures import Goal, Results
 from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
-SCENARIOS = ("provision", "pool", "worker", "wake", "claim")
+SCENARIOS = ("provision", "pool", "worker", "wake", "claim", "fixture")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", action="store_true", help="run only the scale scenario")
     parser.add_argument("--scale-tenants", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=21, help="repetitions of one-tenant runs")
+    parser.add_argument("--fixture-rounds", type=int, default=60)
     parser.add_argument("--worker-tenants", type=int, default=40)
     parser.add_argument("--worker-runs", type=int, default=3)
     parser.add_argument("--pool-tenants", type=int, default=15)
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
                 "claim": (
                     "with 0, 100,000 and 1,000,000 finished rows",
                     lambda: claim.run(cluster, results),
+                ),
+                "fixture": (
+                    "the pytest plugin's tenant fixture vs provisioning vs raw SQL",
+                    lambda: tenant_fixture.run(cluster, results, args.fixture_rounds),
                 ),
             }
             load: dict[str, str] = {}
@@ -149,6 +154,17 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
                 f"{median:.3f} ms median",
                 median < 1.0,
                 "" if median < 1.0 else f"gap: {median - 1:.3f} ms",
+            )
+        )
+    if "fixture" in results.figures:
+        median = results.figures["fixture"].median
+        out.append(
+            Goal(
+                "a fresh tenant per test (plugin fixture) <= 15 ms median",
+                "<= 15 ms median, warm session",
+                f"{median:.2f} ms median ({results.figures['fixture'].note})",
+                median <= 15.0,
+                "" if median <= 15.0 else f"gap: {median - 15:.2f} ms",
             )
         )
     if "worker_2" in results.figures:

@@ -1,7 +1,8 @@
 """Alembic environment of the control schema: version table ``control.alembic_version``.
 
 The connection comes from ``config.attributes["connection"]`` when called from code
-(``provisioner migrate``), else from ``MIGRATIONS_DATABASE_URL`` (or ``-x url=...``).
+(``provisioner migrate``; a Connection, or an Engine as pytest-alembic passes it), else from
+``MIGRATIONS_DATABASE_URL`` (or ``-x url=...``).
 An advisory lock makes two concurrent ``migrate`` runs take turns instead of colliding.
 """
 
@@ -58,6 +59,10 @@ def run_offline() -> None:
 
 def run_online() -> None:
     connection = config.attributes.get("connection")
+    if isinstance(connection, sa.Engine):  # e.g. pytest-alembic's alembic_engine
+        with connection.begin() as begun:
+            _configure(begun)
+        return
     if connection is not None:
         _configure(connection)
         return

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -20,7 +21,7 @@ from provisioner import __version__, kinds, logs, migrations, service, tenant_li
 from provisioner.engine import StepEvent
 from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.models import Job
-from provisioner.settings import Settings, parse_job_types
+from provisioner.settings import DEFAULT_COMPONENT, DEFAULT_JOB_TYPES, Settings, parse_job_types
 from provisioner.worker import WorkerOptions, run_worker
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,11 +44,21 @@ def fail_cleanly(func: F) -> F:
 def settings_of(ctx: click.Context) -> Settings:
     """The settings, with the embedded database filled in when no URL is set."""
     settings: Settings = ctx.obj
-    return service.resolve(settings)
+    return service.resolve(settings, notify=say)
+
+
+def say(message: str) -> None:
+    """A note for the person at the terminal (stderr: it never mixes with --json output)."""
+    click.echo(message, err=True)
+
+
+def _json_default(value: Any) -> Any:
+    """Timestamps in ISO 8601 (with ``T``), anything else as its string."""
+    return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
 def emit_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=_json_default))
 
 
 def step_count(job: Job, registry: kinds.KindRegistry = kinds.BUILTIN) -> str:
@@ -124,10 +135,40 @@ def history_line(step_run: dict[str, Any]) -> str:
     )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """Click's usage errors (a bad flag value, a missing argument) as ONE line on stderr, exit 2,
+    like the package's own errors, instead of click's three-line usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.ClickException as exc:
+            ctx: click.Context | None = getattr(exc, "ctx", None)  # set on usage errors
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                click.echo(ctx.get_help())  # a bare group (`provisioner jobs`): its help, exit 0
+                sys.exit(0)
+            where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            click.echo(f"error: {exc.format_message()}{where}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(
+    cls=OneLineErrors,
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
+    invoke_without_command=True,
+)
 @click.version_option(__version__, prog_name="provisioner")
-@click.option("--owner-url", envvar="MIGRATIONS_DATABASE_URL", help="Owner role URL (DDL).")
-@click.option("--app-url", envvar="APP_DATABASE_URL", help="app_rw role URL (rows only).")
+@click.option(
+    "--owner-url", envvar="MIGRATIONS_DATABASE_URL", show_envvar=True, help="Owner role URL (DDL)."
+)
+@click.option(
+    "--app-url", envvar="APP_DATABASE_URL", show_envvar=True, help="app_rw role URL (rows only)."
+)
 @click.pass_context
 @fail_cleanly
 def main(ctx: click.Context, owner_url: str | None, app_url: str | None) -> None:
@@ -135,6 +176,9 @@ def main(ctx: click.Context, owner_url: str | None, app_url: str | None) -> None
 
     With no database URL set, commands run on an embedded PostgreSQL under .provisioner/.
     """
+    if ctx.invoked_subcommand is None:  # bare `provisioner`: the help, and success
+        click.echo(ctx.get_help())
+        ctx.exit(0)
     settings = Settings.from_env()
     ctx.obj = replace(
         settings,
@@ -149,7 +193,7 @@ def main(ctx: click.Context, owner_url: str | None, app_url: str | None) -> None
 def migrate(ctx: click.Context) -> None:
     """Bring the control schema to head (a no-op when it is there)."""
     settings: Settings = ctx.obj
-    settings = service.resolve(settings, migrate=False)
+    settings = service.resolve(settings, migrate=False, notify=say)
     before, after = service.migrate(settings)
     if before == after:
         click.echo(f"control schema already at head ({after})")
@@ -207,15 +251,29 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: 
     sys.exit(0 if job.status.value == "succeeded" else 1)
 
 
+EMBEDDED_WORKER_HINT = (
+    "note: no worker serves the embedded database on its own; run one against it with "
+    '`eval "$(provisioner local env)" && provisioner worker`, '
+    "or provision now with `provisioner provision {tenant}`"
+)
+
+
 @main.command()
 @click.argument("tenant_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON object.")
 @click.pass_context
 @fail_cleanly
-def enqueue(ctx: click.Context, tenant_id: str) -> None:
+def enqueue(ctx: click.Context, tenant_id: str, as_json: bool) -> None:
     """Queue TENANT_ID for a worker (idempotent); print the job id."""
     service.TenantId(tenant_id)
+    embedded = ctx.obj.embedded
     result = service.enqueue(settings_of(ctx), tenant_id)
-    click.echo(str(result.job.id))
+    if as_json:
+        emit_json({**result.job.view(), "created": result.created, "requeued": result.requeued})
+    else:
+        click.echo(str(result.job.id))
+    if embedded and not result.job.status.terminal:
+        click.echo(EMBEDDED_WORKER_HINT.format(tenant=tenant_id), err=True)
 
 
 @main.command()
@@ -282,7 +340,12 @@ def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
 @click.argument("tenant_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--watch", is_flag=True, help="Follow the tenant until its job ends.")
-@click.option("--interval", default=1.0, show_default=True, help="Seconds between --watch polls.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    help="Seconds between --watch polls.",
+)
 @click.pass_context
 @fail_cleanly
 def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, interval: float) -> None:
@@ -313,12 +376,13 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
             render_history(current.runs, current.step_runs)
             return
         if snapshot != last:
-            line = {**job.view(), "at": time.strftime("%H:%M:%S")}
+            now = datetime.now(UTC).astimezone()
             if as_json:
-                click.echo(json.dumps(line, default=str))
+                line = {**job.view(), "at": now.isoformat()}
+                click.echo(json.dumps(line, default=_json_default))
             else:
                 click.echo(
-                    f"{line['at']}  {job.status.value:<9} {job.progress:3d}%  "
+                    f"{now:%H:%M:%S}  {job.status.value:<9} {job.progress:3d}%  "
                     f"attempt {job.attempts}  {', '.join(job.steps_completed) or '-'}"
                     + (f"  error: {job.error_detail}" if job.error_detail else "")
                 )
@@ -455,25 +519,49 @@ SECONDS = click.FloatRange(min=0, min_open=True)
 @click.option(
     "--poll-interval",
     type=SECONDS,
-    help="Seconds between polls when no wake-up arrives (default 5).",
+    envvar="PROVISIONER_POLL_SECONDS",
+    show_envvar=True,
+    default=Settings.poll_interval_seconds,
+    help="Seconds between polls when no wake-up arrives.",
 )
 @click.option(
     "--stale-after",
     type=SECONDS,
-    help="Seconds after which a running job's lease has expired (default 900).",
+    envvar="PROVISIONER_JOB_STALE_AFTER_SECONDS",
+    show_envvar=True,
+    default=Settings.job_stale_after_seconds,
+    help="Seconds after which a running job's lease has expired.",
 )
 @click.option(
     "--heartbeat",
     type=SECONDS,
-    help="Seconds between heartbeats and lease renewals (default 10).",
+    envvar="PROVISIONER_HEARTBEAT_SECONDS",
+    show_envvar=True,
+    default=Settings.heartbeat_seconds,
+    help="Seconds between heartbeats and lease renewals.",
 )
 @click.option(
     "--drain-timeout",
     type=SECONDS,
-    help="On SIGTERM/SIGINT, seconds the running step gets to finish (default 30).",
+    envvar="PROVISIONER_DRAIN_TIMEOUT_SECONDS",
+    show_envvar=True,
+    default=Settings.drain_timeout_seconds,
+    help="On SIGTERM/SIGINT, seconds the running step gets to finish.",
 )
-@click.option("--component", help="Heartbeat component name (default provisioner-worker).")
-@click.option("--job-types", help="Comma-separated job types to claim (default provision_tenant).")
+@click.option(
+    "--component",
+    envvar="PROVISIONER_WORKER_COMPONENT",
+    show_envvar=True,
+    default=DEFAULT_COMPONENT,
+    help="Heartbeat component name.",
+)
+@click.option(
+    "--job-types",
+    envvar="PROVISIONER_WORKER_JOB_TYPES",
+    show_envvar=True,
+    default=",".join(DEFAULT_JOB_TYPES),
+    help="Comma-separated job types to claim.",
+)
 @click.option(
     "--allow-superuser",
     is_flag=True,
@@ -516,10 +604,19 @@ def worker(
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print what was seen as JSON.")
-@click.option("--component", help="Component to check (default provisioner-worker).")
+@click.option(
+    "--component",
+    envvar="PROVISIONER_WORKER_COMPONENT",
+    show_envvar=True,
+    default=DEFAULT_COMPONENT,
+    help="Component to check.",
+)
 @click.option(
     "--job-types",
-    help="Comma-separated job types the component must advertise (default provision_tenant).",
+    envvar="PROVISIONER_WORKER_JOB_TYPES",
+    show_envvar=True,
+    default=",".join(DEFAULT_JOB_TYPES),
+    help="Comma-separated job types the component must advertise.",
 )
 @click.option("--check-storage", is_flag=True, help="Also check the object store from here.")
 @click.pass_context
@@ -568,15 +665,15 @@ def jobs() -> None:
 
 @jobs.command("list")
 @click.option("--status", "status_filter", help="Only jobs in this status.")
-@click.option("--limit", default=50, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, help="At most this many jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of jobs.")
 @click.pass_context
 @fail_cleanly
 def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json: bool) -> None:
     """Running jobs first (with live progress), then the most recently changed."""
     found = service.list_jobs(settings_of(ctx), status=status_filter, limit=limit)
     if as_json:
-        emit_json([{**j.view(), "job_type": j.job_type, "locked_by": j.locked_by} for j in found])
+        emit_json([j.view() for j in found])
         return
     if not found:
         click.echo("no jobs")
@@ -624,19 +721,46 @@ def local() -> None:
 def local_stop(ctx: click.Context) -> None:
     """Stop the embedded PostgreSQL (its data stays for the next run)."""
     settings: Settings = ctx.obj
-    stopped = service.local_pg.stop_embedded(settings.state_dir)
+    state_dir = service.local_pg.locate_state_dir(settings.state_dir)
+    stopped = service.local_pg.stop_embedded(state_dir)
     click.echo("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL is not running")
+
+
+def export_lines(urls: service.local_pg.EmbeddedUrls) -> list[str]:
+    return [
+        f"export MIGRATIONS_DATABASE_URL={urls.owner}",
+        f"export APP_DATABASE_URL={urls.app}",
+        f"export OBJECT_STORE_PATH={urls.objects}",
+    ]
 
 
 @local.command("status")
 @click.pass_context
 @fail_cleanly
 def local_status(ctx: click.Context) -> None:
-    """Say whether the embedded PostgreSQL runs, and where."""
+    """Say whether the embedded PostgreSQL runs, where, and its URLs. Exit 0 running, 1 not."""
     settings: Settings = ctx.obj
-    cluster = service.local_pg.Cluster(settings.state_dir / "postgres")
-    if cluster.running():
-        click.echo(f"running on 127.0.0.1:{cluster.port}, data in {cluster.data}")
-    else:
-        click.echo("not running")
+    state_dir = service.local_pg.locate_state_dir(settings.state_dir)
+    cluster = service.local_pg.embedded_cluster(state_dir)
+    if not cluster.running():
+        click.echo(f"not running (state folder {state_dir})")
         sys.exit(1)
+    click.echo(f"running on 127.0.0.1:{cluster.port}, data in {cluster.data}")
+    click.echo(f"state folder {state_dir}")
+    for line in export_lines(service.local_pg.embedded_urls(state_dir)):
+        click.echo(line.removeprefix("export "))
+
+
+@local.command("env")
+@click.pass_context
+@fail_cleanly
+def local_env(ctx: click.Context) -> None:
+    """Print export lines for the embedded database's URLs (starting it if needed), so that a
+    worker can serve it: eval "$(provisioner local env)" && provisioner worker"""
+    settings: Settings = ctx.obj
+    resolved = service.resolve(
+        replace(settings, migrations_database_url=None, app_database_url=None), notify=say
+    )
+    urls = service.local_pg.embedded_urls(resolved.state_dir)
+    for line in export_lines(urls):
+        click.echo(line)

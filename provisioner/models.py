@@ -152,7 +152,9 @@ class Job:
         return Lease(job_id=self.id, locked_by=self.locked_by, attempts=self.attempts, run=self.run)
 
     def view(self) -> dict[str, Any]:
-        """The documented ``--json`` object of ``status`` and ``provision``."""
+        """The one JSON shape of a job, printed by every ``--json`` (``provision``, ``status``,
+        ``enqueue``, ``jobs list``): timestamps in ISO 8601 (``2026-07-28T09:15:02.123456+00:00``)
+        or null. Commands may add keys of their own next to these; they never change these."""
         return {
             "tenant_id": self.tenant_id,
             "job_id": str(self.id),
@@ -162,8 +164,19 @@ class Job:
             "steps_completed": list(self.steps_completed),
             "run": self.run,
             "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
             "error_detail": self.error_detail,
+            "locked_by": self.locked_by,
+            "available_at": iso(self.available_at),
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "finished_at": iso(self.finished_at),
         }
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 with ``T``, or None."""
+    return value.isoformat() if value is not None else None
 
 
 @dataclass(frozen=True)

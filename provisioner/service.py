@@ -47,13 +47,21 @@ def holder_id(kind: str) -> str:
     return f"{kind}:{socket.gethostname()[:24]}:{os.getpid()}"
 
 
-def resolve(settings: Settings, *, migrate: bool = True) -> Settings:
-    """Fill in the embedded default when no database URL is set, migrated and ready."""
+def resolve(
+    settings: Settings, *, migrate: bool = True, notify: local_pg.Notify | None = None
+) -> Settings:
+    """Fill in the embedded default when no database URL is set, migrated and ready.
+
+    The state folder is looked up like git's (:func:`local_pg.locate_state_dir`); ``notify``
+    hears when a cluster is created or a server started.
+    """
     if not settings.embedded:
         return settings
-    urls = local_pg.ensure_embedded(settings.state_dir)
+    state_dir = local_pg.locate_state_dir(settings.state_dir)
+    urls = local_pg.ensure_embedded(state_dir, notify or (lambda message: None))
     resolved = replace(
         settings,
+        state_dir=state_dir,
         migrations_database_url=urls.owner,
         app_database_url=urls.app,
         object_store_path=settings.object_store_path or urls.objects,

@@ -6,6 +6,7 @@ alone (no ``public`` fallback), so an unqualified name can never resolve elsewhe
 
 The schema comes from ``config.attributes["tenant_schema"]`` when called from code, or
 ``-x tenant_schema=NAME`` by hand. The connection comes from ``config.attributes["connection"]``
+(a Connection, or an Engine as pytest-alembic passes it)
 or from ``MIGRATIONS_DATABASE_URL`` / ``-x url=...``. ``upgrade head --sql`` prints the SQL.
 """
 
@@ -67,6 +68,10 @@ def run_offline(schema: str) -> None:
 
 def run_online(schema: str) -> None:
     connection = config.attributes.get("connection")
+    if isinstance(connection, sa.Engine):  # e.g. pytest-alembic's alembic_engine
+        with connection.begin() as begun:
+            _run(begun, schema)
+        return
     if connection is not None:
         _run(connection, schema)
         return

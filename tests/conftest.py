@@ -2,7 +2,9 @@
 bootstrap roles (``provisioner_owner`` and ``app_rw``), never as a superuser.
 
 With ``DATABASE_URL`` (a superuser URL) the harness uses that server; otherwise it starts a
-throwaway cluster from the machine's PostgreSQL binaries (or the ``pgserver`` wheel's). Either way
+throwaway cluster from the machine's PostgreSQL binaries (or the ``pgserver`` wheel's), through the
+package's own pytest plugin (``provisioner_server``, overridden here to read ``DATABASE_URL``;
+the plugin's ``tenant`` fixtures use the same server). Either way
 it runs ``infra/postgres/bootstrap.sql`` twice on a template database, migrates the control
 schema there as the owner, and clones that template for every test (~35 ms). The superuser URL
 is used only to create and drop those databases.
@@ -11,10 +13,8 @@ is used only to create and drop those databases.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,10 +26,15 @@ import sqlalchemy as sa
 from alembic import command as alembic_command
 from psycopg import sql
 
-from provisioner import db, local_pg, migrations, service, tenant_schema
+from provisioner import db, migrations, service, tenant_schema
 from provisioner.settings import Settings
+from provisioner.testing import PgServer
 
 pytest_plugins = ["tests.storage_fixtures", "tests.workers"]
+
+# A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest
+# subprocess of its own (its tests are not this suite's).
+collect_ignore = ["user_project"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOTSTRAP_SQL = ROOT / "infra" / "postgres" / "bootstrap.sql"
@@ -54,15 +59,19 @@ def _run_bootstrap(admin_url: str, database: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[Server]:
-    cluster = None
-    admin_url = os.environ.get("DATABASE_URL")
-    if not admin_url:
-        # Its own top-level temporary folder: pytest's are private to root, and as root the
-        # server runs as an unprivileged user who must be able to reach its folder.
-        cluster = local_pg.Cluster(Path(tempfile.mkdtemp(prefix="provisioner-pg-")), durable=False)
-        cluster.ensure_running()
-        admin_url = cluster.superuser_url()
+def provisioner_server() -> Iterator[PgServer]:
+    """The plugin's server, but named by ``DATABASE_URL`` here (the suite's own variable)."""
+    server = PgServer.start(os.environ.get("DATABASE_URL") or None)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server(provisioner_server: PgServer) -> Iterator[Server]:
+    """The plugin's server, with a migrated template database to clone for every test."""
+    admin_url = provisioner_server.admin_url
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     template = f"provisioner_tmpl_{worker}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -79,9 +88,6 @@ def pg_server() -> Iterator[Server]:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(template))
             )
-        if cluster is not None:
-            cluster.stop()
-            shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,27 @@ def database(pg_server: Server) -> Iterator[Database]:
     db = create_database(pg_server, name)
     try:
         yield db
+    finally:
+        drop_database(pg_server, name)
+
+
+@pytest.fixture
+def bare_database(pg_server: Server) -> Iterator[Database]:
+    """A fresh database with the bootstrap roles and NO control schema (for migration tests
+    that start from the base revision)."""
+    name = f"b_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} OWNER provisioner_owner").format(sql.Identifier(name))
+        )
+    _run_bootstrap(pg_server.admin_url, name)
+    try:
+        yield Database(
+            name=name,
+            owner_url=pg_server.url("provisioner_owner", name),
+            app_url=pg_server.url("app_rw", name),
+            admin_url=psycopg.conninfo.make_conninfo(pg_server.admin_url, dbname=name),
+        )
     finally:
         drop_database(pg_server, name)
 

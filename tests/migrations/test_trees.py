@@ -190,8 +190,33 @@ def test_the_built_wheel_ships_both_alembic_trees(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr
-    (wheel,) = tmp_path.glob("provisioner-*.whl")
+    (wheel,) = tmp_path.glob("pg_tenant_provisioner-*.whl")  # the distribution's name
     names = set(zipfile.ZipFile(wheel).namelist())
+    assert "provisioner/py.typed" in names  # mypy in a user's project sees the types
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    declared = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[pytest11]\nprovisioner = provisioner.pytest_plugin" in declared
+
+    # A user's project, type-checked against the installed wheel, sees the API's types.
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), wheel],
+        capture_output=True,
+        check=True,
+    )
+    user = tmp_path / "user_code.py"
+    user.write_text("import provisioner\nreveal_type(provisioner.enqueue)\n")
+    mypy = subprocess.run(
+        [str(Path(sys.executable).with_name("mypy")), "--strict", "--no-incremental", str(user)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert mypy.returncode == 0, mypy.stdout
+    assert "-> provisioner.models.Job" in mypy.stdout, mypy.stdout
     for tree in ("control_migrations", "tenant_template"):
         assert f"provisioner/{tree}/alembic.ini" in names
         assert f"provisioner/{tree}/env.py" in names

@@ -1,0 +1,101 @@
+"""The library's public functions, re-exported at the package top level (``provisioner.X``).
+
+    import provisioner
+
+    provisioner.enqueue(session, "acme")            # in the caller's transaction
+    await provisioner.enqueue_async(aconn, "acme")  # the same, for async applications
+    provisioner.provision("acme")                   # now, in this process
+    provisioner.status("acme")
+    provisioner.upgrade(dry_run=True)
+
+``settings`` defaults to :meth:`Settings.from_env`; with no database URL set, the embedded
+PostgreSQL under ``.provisioner/`` is used (started and migrated on first use), as the CLI does.
+Everything raises :class:`ProvisionerError` subclasses (see :mod:`provisioner.errors`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from provisioner import connections, queue, service
+from provisioner.engine import ProgressCallback, ignore_progress
+from provisioner.models import PROVISION_JOB_TYPE, Job, JobStatus, TenantId
+from provisioner.service import ProvisionResult, TenantStatus, UpgradeReport
+from provisioner.settings import Settings
+
+
+def _settings(settings: Settings | None) -> Settings:
+    return service.resolve(settings if settings is not None else Settings.from_env())
+
+
+def enqueue(conn: connections.SyncConnection, tenant_id: str) -> Job:
+    """Queue ``tenant_id``'s provisioning job in the caller's transaction, and return it.
+
+    ``conn`` is a SQLAlchemy ``Session`` or ``Connection`` on the psycopg 3 driver, or a psycopg
+    ``Connection``. Nothing is committed here: the job (and the NOTIFY that wakes a worker) goes
+    out with the caller's commit, or not at all. Idempotent: a tenant has one provisioning job;
+    a failed or cancelled one is queued again. A bad id or an unsupported connection (psycopg2)
+    raises :class:`InvalidInput` before anything is sent.
+    """
+    tenant = TenantId(tenant_id)
+    pg = connections.sync_connection(conn)
+    return queue.ensure_provision_job(pg, tenant, retry_terminal=True).job
+
+
+async def enqueue_async(conn: connections.AsyncConnectionLike, tenant_id: str) -> Job:
+    """:func:`enqueue` for a psycopg ``AsyncConnection``: the same statements, awaited."""
+    tenant = TenantId(tenant_id)
+    pg = await connections.async_connection(conn)
+    key = queue.provision_key(tenant)
+    async with pg.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queue.ENSURE_TENANT, {"tenant_id": tenant.value, "schema": tenant.schema})
+        params: dict[str, Any] = {
+            "tenant_id": tenant.value,
+            "job_type": PROVISION_JOB_TYPE,
+            "payload": Jsonb({}),
+            "idempotency_key": key,
+            "max_attempts": 5,
+        }
+        await cur.execute(queue.ENQUEUE, params)
+        row = await cur.fetchone()
+        if row is None:
+            await cur.execute(queue.BY_IDEMPOTENCY_KEY, {"key": key})
+            row = await cur.fetchone()
+            assert row is not None, "ON CONFLICT fired, so the key exists"
+            if JobStatus(row["status"]) not in (JobStatus.FAILED, JobStatus.CANCELLED):
+                return Job.from_row(row)
+            await cur.execute(queue.REQUEUE_TERMINAL, {"id": row["id"]})
+            row = await cur.fetchone()
+            assert row is not None
+        notify = {"channel": queue.NOTIFY_CHANNEL, "job_type": PROVISION_JOB_TYPE}
+        await cur.execute(queue.NOTIFY, notify)
+        return Job.from_row(row)
+
+
+def provision(
+    tenant_id: str,
+    *,
+    settings: Settings | None = None,
+    on_progress: ProgressCallback = ignore_progress,
+) -> ProvisionResult:
+    """Provision ``tenant_id`` now, in this process (resumes or repairs; a no-op when done).
+
+    ``result.job.status`` says how it ended; a failure is recorded in the job, not raised.
+    """
+    return service.provision(_settings(settings), tenant_id, on_progress=on_progress)
+
+
+def status(tenant_id: str, *, settings: Settings | None = None) -> TenantStatus:
+    """The tenant's provisioning job, control row and step history; UnknownTenant if none."""
+    return service.status(_settings(settings), tenant_id)
+
+
+def upgrade(
+    tenant_ids: list[str] | None = None, *, settings: Settings | None = None, dry_run: bool = False
+) -> UpgradeReport:
+    """Queue provisioned tenants (all when ``tenant_ids`` is None) whose schema is behind the
+    tenant template's head, for a worker to bring up."""
+    return service.upgrade(_settings(settings), tenant_ids, dry_run=dry_run)

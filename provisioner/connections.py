@@ -1,0 +1,83 @@
+"""The caller's connection, whatever wraps it, as the psycopg 3 connection the queue needs.
+
+An application enqueues a tenant inside its own transaction, through whatever it already holds:
+a SQLAlchemy ``Session`` or ``Connection`` (on the psycopg 3 driver), a psycopg ``Connection``,
+or, for async applications (FastAPI), a psycopg ``AsyncConnection``. This module finds the
+driver connection under the wrapper, in the caller's transaction, and refuses anything else
+(a psycopg2 connection above all) with one line, BEFORE any statement is sent: nothing is
+written in the caller's transaction when it is refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import psycopg
+import sqlalchemy as sa
+
+from provisioner.errors import InvalidInput
+
+# The ORM is imported only by applications that use it: the CLI starts without it.
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+#: What :func:`provisioner.enqueue` accepts.
+SyncConnection: TypeAlias = "Session | sa.Connection | psycopg.Connection[Any]"
+#: What :func:`provisioner.enqueue_async` accepts.
+AsyncConnectionLike: TypeAlias = "psycopg.AsyncConnection[Any]"
+
+NEEDS_PSYCOPG3 = (
+    "needs a psycopg 3 connection: with SQLAlchemy, use a postgresql+psycopg:// URL "
+    "(the psycopg2 driver is not supported)"
+)
+
+
+def _is_session(obj: object) -> bool:
+    """A SQLAlchemy ORM ``Session`` (or subclass), without importing the ORM to ask."""
+    return any(
+        klass.__module__ == "sqlalchemy.orm.session" and klass.__name__ == "Session"
+        for klass in type(obj).__mro__
+    )
+
+
+def _describe(obj: object) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _driver_only(driver: object, wrapper: object) -> psycopg.Connection[Any]:
+    if isinstance(driver, psycopg.Connection):
+        return driver
+    if isinstance(driver, psycopg.AsyncConnection):
+        raise InvalidInput("enqueue got an async connection: use enqueue_async (and await it)")
+    raise InvalidInput(
+        f"enqueue {NEEDS_PSYCOPG3}; got {_describe(driver)} under {_describe(wrapper)}"
+    )
+
+
+def sync_connection(conn: object) -> psycopg.Connection[Any]:
+    """The psycopg connection behind ``conn``, in the caller's transaction (a ``Session`` begins
+    one if none is open, as ``session.execute`` would)."""
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    if _is_session(conn):
+        session: Session = conn  # type: ignore[assignment]
+        return _driver_only(session.connection().connection.driver_connection, conn)
+    if isinstance(conn, sa.Connection):
+        return _driver_only(conn.connection.driver_connection, conn)
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise InvalidInput("enqueue got an async connection: use enqueue_async (and await it)")
+    if isinstance(conn, sa.Engine):
+        raise InvalidInput(
+            "enqueue needs a connection in a transaction (engine.begin(), a Session), not an Engine"
+        )
+    raise InvalidInput(f"enqueue {NEEDS_PSYCOPG3}; got {_describe(conn)}")
+
+
+async def async_connection(conn: object) -> psycopg.AsyncConnection[Any]:
+    """The psycopg ``AsyncConnection`` behind ``conn``, in the caller's transaction."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return conn
+    if isinstance(conn, psycopg.Connection | sa.Connection) or _is_session(conn):
+        raise InvalidInput("enqueue_async got a synchronous connection: use enqueue")
+    raise InvalidInput(f"enqueue_async {NEEDS_PSYCOPG3}; got {_describe(conn)}")

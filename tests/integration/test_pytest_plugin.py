@@ -1,0 +1,133 @@
+"""The pytest plugin's fixtures, used as an application would use them.
+
+``tenant`` and ``tenant_factory`` come from :mod:`provisioner.pytest_plugin` (loaded through its
+``pytest11`` entry point), on the suite's own server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+import provisioner
+from provisioner import service, tenant_schema
+from provisioner.testing import ProvisionerDatabase, Tenant, TenantFactory
+
+
+def test_the_tenant_fixture_is_a_provisioned_tenant_the_app_role_can_use(
+    tenant: Tenant, provisioner_settings: provisioner.Settings
+) -> None:
+    assert tenant.schema == f"tenant_{tenant.id}"
+    with tenant.connect() as conn:
+        conn.execute("INSERT INTO datasets (name) VALUES ('sales')")
+        assert conn.execute("SELECT name FROM datasets").fetchall() == [("sales",)]
+        assert conn.execute("SELECT count(*) FROM role_profiles").fetchone() == (4,)
+    current = provisioner.status(tenant.id, settings=provisioner_settings)
+    assert current.job.status is provisioner.JobStatus.SUCCEEDED
+    assert current.job.steps_completed == list(provisioner.models.STEPS)
+    assert current.tenant is not None and current.tenant.state == "onboarding"
+    assert current.tenant.schema_name == tenant.schema
+
+
+def test_a_handed_out_tenant_is_exactly_what_provisioning_builds(
+    tenant_factory: Callable[..., Tenant],
+    provisioner_tenants: TenantFactory,
+    provisioner_database: ProvisionerDatabase,
+) -> None:
+    settings = provisioner_database.settings
+    built = service.provision(settings, "plugin_reference").job
+    try:
+        handed = tenant_factory("plugin_handed")
+        with psycopg.connect(provisioner_database.owner_url) as conn:
+            assert tenant_schema.fingerprint(conn, handed.schema) == tenant_schema.fingerprint(
+                conn, "tenant_plugin_reference"
+            )
+        job = service.status(settings, handed.id).job
+        assert (job.status, job.progress, job.steps_completed, job.attempts) == (
+            built.status,
+            built.progress,
+            built.steps_completed,
+            built.attempts,
+        )
+        assert job.idempotency_key == "provision:plugin_handed"
+        assert {run["tenant_id"] for run in service.status(settings, handed.id).step_runs} == {
+            "plugin_handed"
+        }
+        # The engine agrees: nothing is missing, nothing to do.
+        assert service.provision(settings, handed.id).already_provisioned
+        assert provisioner_tenants.copy_off is None  # it was a verified copy of the model
+    finally:
+        provisioner_tenants.drop("plugin_reference")
+
+
+def test_tenants_are_dropped_after_use_and_ids_are_unique(
+    provisioner_tenants: TenantFactory, provisioner_database: ProvisionerDatabase
+) -> None:
+    first = provisioner_tenants.create()
+    second = provisioner_tenants.create()
+    assert first.id != second.id
+    # The spares and their model are schemas only: the application never sees them.
+    listed = service.list_jobs(provisioner_database.settings, limit=1000)
+    assert not [job for job in listed if str(job.tenant_id).startswith("zzspare")]
+    assert {first.id, second.id} <= {str(job.tenant_id) for job in listed}
+    with pytest.raises(provisioner.InvalidInput, match="already exists"):
+        provisioner_tenants.create(first.id)
+    service.enqueue(provisioner_database.settings, "only_queued")  # a control row, no schema
+    with pytest.raises(provisioner.InvalidInput, match="already exists"):
+        provisioner_tenants.create("only_queued")
+    provisioner_tenants.drop("only_queued")
+    provisioner_tenants.drop(first)
+    provisioner_tenants.drop(second)
+    with psycopg.connect(provisioner_database.owner_url) as conn:
+        schemas = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)",
+            ([first.schema, second.schema],),
+        ).fetchone()
+        rows = conn.execute(
+            "SELECT count(*) FROM control.tenants WHERE tenant_id = ANY(%s)",
+            ([first.id, second.id],),
+        ).fetchone()
+    assert schemas == (0,) and rows == (0,)
+
+
+def test_the_factory_gives_each_tenant_its_own_rows(tenant_factory: Callable[..., Tenant]) -> None:
+    one, two = tenant_factory(), tenant_factory()
+    with one.connect() as conn:
+        conn.execute("INSERT INTO datasets (name) VALUES ('only-in-one')")
+    with two.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM datasets").fetchone() == (0,)
+
+
+def test_a_copy_that_differs_from_the_model_falls_back_to_the_engine(
+    provisioner_database: ProvisionerDatabase,
+) -> None:
+    factory = TenantFactory(provisioner_database, batch=1)
+    try:
+        factory.drop(factory.create())  # the model, and one verified copy
+        assert factory.copy_off is None
+        factory._model_fingerprint["relations"].append(("a_table_no_copy_has", "r", ""))
+        handed = factory.create()
+        assert factory.copy_off is not None and "differs from the model" in factory.copy_off
+        assert service.status(provisioner_database.settings, handed.id).job.status.value == (
+            "succeeded"
+        )
+        with handed.connect() as conn:
+            assert conn.execute("SELECT count(*) FROM role_profiles").fetchone() == (4,)
+    finally:
+        factory.close()
+
+
+def test_the_app_role_writes_rows_but_runs_no_ddl_in_a_handed_out_tenant(tenant: Tenant) -> None:
+    with tenant.connect(autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO members (email, display_name, role_profile_id) "
+            "SELECT 'a@example.com', 'A', id FROM role_profiles WHERE key = 'viewer'"
+        )
+        conn.execute("UPDATE members SET display_name = 'B'")
+        conn.execute("DELETE FROM members")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE TABLE sneaky (id int)")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DROP TABLE datasets")

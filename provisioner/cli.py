@@ -173,11 +173,17 @@ def enqueue(ctx: click.Context, tenant_id: str) -> None:
 @click.argument("tenant_ids", nargs=-1, metavar="[TENANT_ID]...")
 @click.option("--all", "every", is_flag=True, help="Every provisioned tenant.")
 @click.option("--dry-run", is_flag=True, help="Say which tenants are behind; queue nothing.")
+@click.option("--details", is_flag=True, help="List every tenant behind, not the first ten.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @fail_cleanly
 def upgrade(
-    ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, dry_run: bool, as_json: bool
+    ctx: click.Context,
+    tenant_ids: tuple[str, ...],
+    every: bool,
+    dry_run: bool,
+    details: bool,
+    as_json: bool,
 ) -> None:
     """Queue provisioned tenants whose schema is behind the template's head for a worker.
 
@@ -192,27 +198,46 @@ def upgrade(
     if as_json:
         emit_json(upgrade_view(report))
         return
+    at = ", ".join(f"{n} at {v}" for v, n in report.versions_behind().items())
     click.echo(
         f"tenant template head {migrations.head_label(report.heads)}: {report.checked} provisioned "
-        f"tenant(s) checked, {len(report.behind)} behind"
+        f"tenant(s) checked, {len(report.behind)} behind" + (f" ({at})" if at else "")
     )
-    for item in report.behind:
-        at = migrations.head_label(item.versions) or "(no version table)"
-        click.echo(f"  {item.job.tenant_id:<24} at {at:<20} {item.action}  job {item.job.id}")
-    if report.unfinished:
-        shown = ", ".join(f"{j.tenant_id} ({j.status.value})" for j in report.unfinished[:10])
-        more = len(report.unfinished) - 10
+    action = "would queue" if dry_run else "queued"
+    if report.behind:
+        click.echo(f"{len(report.behind)} tenant(s) {action} for the workers")
+    shown = report.behind if details else report.behind[:LISTED]
+    for item in shown:
+        at_label = migrations.head_label(item.versions) or "(no version table)"
+        click.echo(f"  {item.job.tenant_id:<24} at {at_label:<20} {item.action}  job {item.job.id}")
+    if len(report.behind) > len(shown):
+        click.echo(f"  ... and {len(report.behind) - len(shown)} more (--details lists them all)")
+    if report.skipped:
+        names = ", ".join(f"{s.tenant_id} ({s.state})" for s in report.skipped[:LISTED])
+        more = len(report.skipped) - LISTED
         click.echo(
-            f"{len(report.unfinished)} tenant(s) not checked, their job has not succeeded "
-            f"(they reach head when it runs; see `provisioner jobs list`): {shown}"
+            f"{len(report.skipped)} tenant(s) skipped, suspended, archived or deleted: {names}"
             + (f" and {more} more" if more > 0 else "")
         )
+    if report.unfinished:
+        names = ", ".join(f"{j.tenant_id} ({j.status.value})" for j in report.unfinished[:LISTED])
+        more = len(report.unfinished) - LISTED
+        click.echo(
+            f"{len(report.unfinished)} tenant(s) not checked, their job has not succeeded "
+            f"(they reach head when it runs; see `provisioner jobs list`): {names}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+
+
+#: Tenants listed by name in a text report; --details (or --json) lists every one.
+LISTED = 10
 
 
 def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
     return {
         "heads": sorted(report.heads),
         "checked": report.checked,
+        "behind_by_version": report.versions_behind(),
         "behind": [
             {
                 "tenant_id": item.job.tenant_id,
@@ -226,6 +251,7 @@ def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
             {"tenant_id": j.tenant_id, "job_id": str(j.id), "status": j.status.value}
             for j in report.unfinished
         ],
+        "skipped": [{"tenant_id": s.tenant_id, "state": s.state} for s in report.skipped],
     }
 
 
@@ -434,11 +460,25 @@ def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json
 
 
 @jobs.command("retry")
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--failed", "every_failed", is_flag=True, help="Every failed job, in one command.")
+@click.option("--kind", default=None, help="With --failed: only jobs of this job type.")
 @click.pass_context
 @fail_cleanly
-def jobs_retry(ctx: click.Context, job_id: str) -> None:
-    """Queue a failed or cancelled job again, attempts reset, finished steps kept."""
+def jobs_retry(
+    ctx: click.Context, job_id: str | None, every_failed: bool, kind: str | None
+) -> None:
+    """Queue a failed or cancelled job again (or every failed one with --failed), attempts
+    reset, finished steps kept."""
+    if every_failed == bool(job_id):
+        raise InvalidInput("name one job to retry, or pass --failed (not both)")
+    if kind is not None and not every_failed:
+        raise InvalidInput("--kind goes with --failed")
+    if every_failed:
+        retried = service.retry_failed(settings_of(ctx), kind)
+        click.echo(f"{len(retried)} failed job(s) queued again")
+        return
+    assert job_id is not None
     job = service.retry_job(settings_of(ctx), job_id)
     click.echo(f"job {job.id} queued again ({len(job.steps_completed)}/{len(STEPS)} steps done)")
 

@@ -80,8 +80,10 @@ class Engine:
         app_role: str,
         store: ObjectStore,
         stale_after_seconds: float = 900.0,
+        lock_timeout_seconds: float = 5.0,
     ) -> None:
         self.holder = holder
+        self.lock_timeout_ms = max(1, int(lock_timeout_seconds * 1000))
         self.app_role = app_role
         self.store = store
         self._db = db.Database(
@@ -124,6 +126,7 @@ class Engine:
             app_role=settings.app_role,
             store=store_from_settings(settings),
             stale_after_seconds=settings.job_stale_after_seconds,
+            lock_timeout_seconds=settings.lock_timeout_seconds,
         )
 
     def refresh_control(self) -> None:
@@ -196,7 +199,12 @@ class Engine:
             )
 
     def _context(self, tenant: TenantId) -> StepContext:
-        return StepContext(tenant=tenant, app_role=self.app_role, store=self.store)
+        return StepContext(
+            tenant=tenant,
+            app_role=self.app_role,
+            store=self.store,
+            lock_timeout_ms=self.lock_timeout_ms,
+        )
 
     def _forget_vanished(self, job: Job, lease: Lease, ctx: StepContext) -> tuple[Job, set[str]]:
         if not job.steps_completed:

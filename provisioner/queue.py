@@ -70,6 +70,24 @@ UPDATE control.platform_jobs
 RETURNING *
 """
 
+# A fleet upgrade: open many succeeded jobs again in one statement (one NOTIFY follows).
+REOPEN_SUCCEEDED_MANY = """
+UPDATE control.platform_jobs
+   SET status = 'queued', attempts = 0, available_at = now(), finished_at = NULL,
+       updated_at = now()
+ WHERE id = ANY(%(ids)s) AND status = 'succeeded'
+RETURNING *
+"""
+
+# Bulk recovery: every failed job (of one type, or all) back in the queue, attempts reset.
+RETRY_FAILED = """
+UPDATE control.platform_jobs
+   SET status = 'queued', attempts = 0, available_at = now(), locked_at = NULL,
+       locked_by = NULL, finished_at = NULL, updated_at = now()
+ WHERE status = 'failed' AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
+RETURNING *
+"""
+
 # Wake idle workers once the surrounding transaction commits; the payload is the job type.
 NOTIFY = "SELECT pg_notify(%(channel)s, %(job_type)s)"
 
@@ -487,6 +505,23 @@ def reopen(conn: Conn, job_id: UUID, *, wake_workers: bool = False) -> Job:
     if wake_workers:
         _notify(conn, job.job_type)
     return job
+
+
+def reopen_many(conn: Conn, job_ids: list[UUID]) -> list[Job]:
+    """Queue many succeeded jobs again in one statement and wake the workers once (a fleet
+    upgrade); jobs no longer succeeded are left as they are and not returned."""
+    jobs = [Job.from_row(r) for r in _all(conn, REOPEN_SUCCEEDED_MANY, {"ids": job_ids})]
+    for job_type in sorted({j.job_type for j in jobs}):
+        _notify(conn, job_type)
+    return jobs
+
+
+def retry_failed(conn: Conn, job_type: str | None = None) -> list[Job]:
+    """Queue every failed job (of ``job_type``, or all) again; the workers are woken once."""
+    jobs = [Job.from_row(r) for r in _all(conn, RETRY_FAILED, {"job_type": job_type})]
+    for kind in sorted({j.job_type for j in jobs}):
+        _notify(conn, kind)
+    return jobs
 
 
 def get_job(conn: Conn, job_id: UUID) -> Job:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from provisioner import migrations, tenant_schema, tenant_template_cache, tenants
+from provisioner import migrations, tenant_schema, tenants, upgrade_replay
 from provisioner.db import Transaction
 from provisioner.models import STEPS, TenantId
 from provisioner.storage import ObjectStore
@@ -21,6 +21,8 @@ class StepContext:
     tenant: TenantId
     app_role: str
     store: ObjectStore
+    #: how long a migration waits for a table lock (PROVISIONER_LOCK_TIMEOUT_SECONDS)
+    lock_timeout_ms: int = 5000
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,9 @@ def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
 
 
 def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
-    # The verified template replay when it applies, else Alembic; the detail says which ran.
-    return tenant_template_cache.PROCESS_CACHE.migrate(tx, ctx.tenant.schema).detail
+    # A verified replay when it applies (the template for a new schema, the new revisions' DDL
+    # for one behind the head), else Alembic; the detail says which ran and why.
+    return upgrade_replay.PROCESS_UPGRADES.migrate(tx, ctx.tenant.schema, ctx.lock_timeout_ms)
 
 
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:

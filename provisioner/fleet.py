@@ -1,0 +1,171 @@
+"""Fleet upgrades: find the tenants behind the tenant template's head and queue them.
+
+"Who is behind" is two kinds of query, whatever the fleet's size: one catalog lookup for the
+schemas that have a version table, then their versions read by ``UNION ALL`` queries of
+:data:`VERSION_CHUNK` schemas each. Each chunk runs in its own (autocommit) transaction, so
+10,000 tenants never hold 10,000 table locks at once (the lock table would run out).
+
+A worker then re-runs ``run_tenant_migrations`` alone for each queued tenant, replaying the new
+revisions' DDL when :mod:`provisioner.upgrade_replay` can verify it, else through Alembic.
+Tenants whose lifecycle state is suspended, archived or deleted are left alone and reported.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from provisioner import db, migrations, queue
+from provisioner.errors import InvalidInput, UnknownTenant
+from provisioner.models import Job, JobStatus, TenantId
+from provisioner.settings import Settings
+
+#: Schemas per ``UNION ALL`` version query (and so table locks per transaction).
+VERSION_CHUNK = 500
+
+#: Lifecycle states an upgrade never touches.
+LEFT_ALONE = ("suspended", "archived", "deleted")
+
+#: A tenant stuck behind a long migration's lock fails the command rather than hang it.
+UPGRADE_OPTIONS = {"lock_timeout": "5s"}
+
+# The schemas (of those named) that hold a version table: one catalog lookup by relname.
+VERSIONED_SCHEMAS = """
+SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p') AND n.nspname = ANY(%(schemas)s)
+"""
+
+# Tenants an upgrade leaves alone, by lifecycle state.
+TENANTS_LEFT_ALONE = """
+SELECT tenant_id, state FROM control.tenants WHERE state = ANY(%(states)s)
+"""
+
+
+@dataclass(frozen=True)
+class TenantUpgrade:
+    """A provisioned tenant whose schema is behind the tenant template's head."""
+
+    job: Job
+    #: what ``alembic_version`` in its schema records; empty when there is no version table
+    versions: frozenset[str]
+    #: 'queued' (a worker brings it to head), or 'would queue' (``dry_run``)
+    action: str
+
+
+@dataclass(frozen=True)
+class SkippedTenant:
+    """A tenant left alone because of its lifecycle state."""
+
+    tenant_id: str
+    state: str
+
+
+@dataclass(frozen=True)
+class UpgradeReport:
+    heads: frozenset[str]
+    checked: int
+    behind: list[TenantUpgrade]
+    #: tenants whose job has not succeeded: they reach head when it runs (or after a retry)
+    unfinished: list[Job]
+    #: tenants whose lifecycle state keeps them out of an upgrade
+    skipped: list[SkippedTenant]
+
+    def versions_behind(self) -> dict[str, int]:
+        """How many tenants are at each older revision, for a summary line."""
+        counts = Counter(migrations.head_label(b.versions) or "(none)" for b in self.behind)
+        return dict(sorted(counts.items()))
+
+
+def schema_versions(
+    conn: psycopg.Connection[Any], schemas: list[str]
+) -> dict[str, frozenset[str] | None]:
+    """Each schema's recorded revisions (None: no version table, or no schema).
+
+    ``conn`` is in autocommit: every chunk is a transaction of its own.
+    """
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(VERSIONED_SCHEMAS, {"schemas": schemas})
+        versioned = sorted(row[0] for row in cur.fetchall())
+    found: dict[str, set[str]] = {schema: set() for schema in versioned}
+    for start in range(0, len(versioned), VERSION_CHUNK):
+        chunk = versioned[start : start + VERSION_CHUNK]
+        query = sql.SQL(" UNION ALL ").join(
+            sql.SQL("SELECT {}::text, version_num::text FROM {}.alembic_version").format(
+                sql.Literal(schema), sql.Identifier(schema)
+            )
+            for schema in chunk
+        )
+        with conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(query)
+            for schema, version in cur.fetchall():
+                found[schema].add(version)
+    return {s: frozenset(found[s]) if s in found else None for s in schemas}
+
+
+def upgrade(
+    settings: Settings, tenant_ids: list[str] | None = None, *, dry_run: bool = False
+) -> UpgradeReport:
+    """Queue every provisioned tenant whose schema is behind the template's head for a worker.
+
+    ``tenant_ids`` None means all tenants. A named tenant that is suspended, archived or
+    deleted is refused (:class:`InvalidInput`); with all tenants, such tenants are skipped and
+    reported. The jobs found behind are queued in one statement: all of them, or none (and none
+    with ``dry_run``).
+    """
+    wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
+    heads = migrations.tenant_heads()
+    owner = db.connect(
+        settings.owner_url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS
+    )
+    with closing(owner) as conn, db.translated():
+        _require_control_at_head(conn)
+        jobs = queue.provision_jobs(conn, wanted)
+        missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
+        if missing:
+            raise UnknownTenant(f"unknown tenant(s) {', '.join(missing)}: no provisioning job")
+        rows = conn.execute(TENANTS_LEFT_ALONE, {"states": list(LEFT_ALONE)}).fetchall()
+        states: dict[str, str] = {r["tenant_id"]: r["state"] for r in rows}
+        skipped = [
+            SkippedTenant(str(j.tenant_id), states[j.tenant_id])
+            for j in jobs
+            if j.tenant_id in states
+        ]
+        if wanted is not None and skipped:
+            first = skipped[0]
+            raise InvalidInput(
+                f"tenant {first.tenant_id} is {first.state}: an upgrade leaves it alone"
+            )
+        jobs = [j for j in jobs if j.tenant_id not in states]
+        finished = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
+        versions = schema_versions(conn, [TenantId(str(j.tenant_id)).schema for j in finished])
+        behind = [
+            (job, versions[TenantId(str(job.tenant_id)).schema] or frozenset())
+            for job in finished
+            if versions[TenantId(str(job.tenant_id)).schema] != heads
+        ]
+        if dry_run or not behind:
+            upgrades = [
+                TenantUpgrade(job, v, "would queue" if dry_run else "queued") for job, v in behind
+            ]
+        else:
+            with conn.transaction():
+                reopened = {j.id: j for j in queue.reopen_many(conn, [job.id for job, _ in behind])}
+            upgrades = [
+                TenantUpgrade(reopened[job.id], v, "queued")
+                for job, v in behind
+                if job.id in reopened
+            ]
+    unfinished = [j for j in jobs if j.status is not JobStatus.SUCCEEDED]
+    return UpgradeReport(heads, len(finished), upgrades, unfinished, skipped)
+
+
+def _require_control_at_head(conn: psycopg.Connection[Any]) -> None:
+    from provisioner.service import require_control_at_head  # the facade owns the rule
+
+    require_control_at_head(conn)

@@ -56,12 +56,14 @@ class WorkerProcess:
     """``python -m provisioner worker ARGS`` with JSON logs going to a file (a pipe nobody
     reads would fill up and block the worker's logging)."""
 
-    def __init__(self, database: BenchDatabase, *args: str) -> None:
+    def __init__(
+        self, database: BenchDatabase, *args: str, env: dict[str, str] | None = None
+    ) -> None:
         self.log_path = database.objects.parent / f"worker-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "provisioner", "worker", "--log-format", "json", *args],
-            env=database.env(),
+            env=database.env(**(env or {})),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,

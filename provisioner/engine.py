@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, queue
+from provisioner import db, queue, upgrade_replay
 from provisioner.errors import LeaseLost, PermanentError, ProvisionerError
 from provisioner.models import STEPS, Job, Lease, TenantId
 from provisioner.settings import Settings
@@ -176,7 +176,11 @@ class Engine:
         journal = self.control
         current = "resume check"
         try:
-            job, repaired = self._forget_vanished(job, lease, ctx)
+            # A fleet upgrade's job runs the migration step alone (see upgrade_replay).
+            if upgrade_replay.upgrade_only(job):
+                repaired: set[str] = set()
+            else:
+                job, repaired = self._forget_vanished(job, lease, ctx)
             for step in PROVISION_STEPS:
                 if step.name in job.steps_completed:
                     on_progress(StepEvent(job, step.name, "skipped"))
@@ -239,7 +243,8 @@ class Engine:
                     detail = "; ".join(
                         filter(None, ["re-ran: its effect was missing from the catalog", detail])
                     )
-                job = queue.record_step(tx.pg, lease, [*job.steps_completed, step.name])
+                done = {*job.steps_completed, step.name}
+                job = queue.record_step(tx.pg, lease, [s for s in STEPS if s in done])
                 queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
         except BaseException as exc:
             outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"

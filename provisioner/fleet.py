@@ -21,13 +21,15 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from provisioner import db, migrations, queue
+from provisioner import db, migrations, queue, upgrade_replay
 from provisioner.errors import InvalidInput, UnknownTenant
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
 
 #: Schemas per ``UNION ALL`` version query (and so table locks per transaction).
 VERSION_CHUNK = 500
+
+MIGRATION_STEP = "run_tenant_migrations"
 
 #: Lifecycle states an upgrade never touches.
 LEFT_ALONE = ("suspended", "archived", "deleted")
@@ -155,7 +157,16 @@ def upgrade(
             ]
         else:
             with conn.transaction():
-                reopened = {j.id: j for j in queue.reopen_many(conn, [job.id for job, _ in behind])}
+                reopened = {
+                    j.id: j
+                    for j in queue.reopen_for_upgrade(
+                        conn,
+                        [job.id for job, _ in behind],
+                        step=MIGRATION_STEP,
+                        key=upgrade_replay.UPGRADE_TO,
+                        head=migrations.head_label(heads),
+                    )
+                }
             upgrades = [
                 TenantUpgrade(reopened[job.id], v, "queued")
                 for job, v in behind

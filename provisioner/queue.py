@@ -70,10 +70,13 @@ UPDATE control.platform_jobs
 RETURNING *
 """
 
-# A fleet upgrade: open many succeeded jobs again in one statement (one NOTIFY follows).
-REOPEN_SUCCEEDED_MANY = """
+# A fleet upgrade: open many succeeded jobs again in one statement (one NOTIFY follows), with
+# only the migration step left to run and the head it goes to in the payload.
+REOPEN_FOR_UPGRADE = """
 UPDATE control.platform_jobs
    SET status = 'queued', attempts = 0, available_at = now(), finished_at = NULL,
+       steps_completed = steps_completed - %(step)s::text,
+       payload = payload || jsonb_build_object(%(key)s::text, %(head)s::text),
        updated_at = now()
  WHERE id = ANY(%(ids)s) AND status = 'succeeded'
 RETURNING *
@@ -507,10 +510,14 @@ def reopen(conn: Conn, job_id: UUID, *, wake_workers: bool = False) -> Job:
     return job
 
 
-def reopen_many(conn: Conn, job_ids: list[UUID]) -> list[Job]:
-    """Queue many succeeded jobs again in one statement and wake the workers once (a fleet
-    upgrade); jobs no longer succeeded are left as they are and not returned."""
-    jobs = [Job.from_row(r) for r in _all(conn, REOPEN_SUCCEEDED_MANY, {"ids": job_ids})]
+def reopen_for_upgrade(
+    conn: Conn, job_ids: list[UUID], *, step: str, key: str, head: str
+) -> list[Job]:
+    """Queue many succeeded jobs again in one statement, ``step`` alone left to run and
+    ``payload[key] = head``, and wake the workers once (a fleet upgrade). Jobs no longer
+    succeeded are left as they are and not returned."""
+    params = {"ids": job_ids, "step": step, "key": key, "head": head}
+    jobs = [Job.from_row(r) for r in _all(conn, REOPEN_FOR_UPGRADE, params)]
     for job_type in sorted({j.job_type for j in jobs}):
         _notify(conn, job_type)
     return jobs

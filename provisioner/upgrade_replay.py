@@ -43,6 +43,7 @@ from psycopg import sql
 
 from provisioner import migrations, tenant_schema
 from provisioner.db import DatabaseError, Transaction, translated
+from provisioner.models import Job
 from provisioner.tenant_template_cache import (
     PLACEHOLDER_SCHEMA,
     PROCESS_CACHE,
@@ -52,6 +53,9 @@ from provisioner.tenant_template_cache import (
 )
 
 SAVEPOINT = "tenant_upgrade_replay"
+
+#: The job payload key a fleet upgrade sets: the head label the job brings the tenant to.
+UPGRADE_TO = "upgrade_to"
 
 #: The statements a pure-DDL revision may emit, by their first words.
 DDL = re.compile(r"(CREATE|ALTER|DROP|COMMENT|GRANT|REVOKE)\s", re.IGNORECASE)
@@ -110,6 +114,17 @@ class UpgradeScript:
         if not any(VERSION_ROW.match(t) for t in kept):
             raise NotReplayable("the offline SQL does not move the version table")
         return cls(before.digest, start, before.heads, tuple(kept))
+
+
+def upgrade_only(job: Job) -> bool:
+    """A job a fleet upgrade re-opened, for the head the tree has now: its engine runs the
+    migration step alone and trusts the other recorded steps without re-checking them (a
+    repair is ``provisioner provision``'s job). Re-opened another way, or after the head moved
+    again, the job is re-checked as usual."""
+    return (
+        job.payload.get(UPGRADE_TO) == migrations.head_label(migrations.tenant_heads())
+        and "run_tenant_migrations" not in job.steps_completed
+    )
 
 
 def _only_comments(text: str) -> bool:

@@ -235,9 +235,8 @@ def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> Non
                         finally:
                             cluster.drop_database(clone)
                         samples[contender].append(seconds / tenants * 1000)
-                        say(
-                            f"  fleet: run {run_no + 1}, {contender}: {samples[contender][-1]:.2f} ms/tenant"
-                        )
+                        per_tenant = samples[contender][-1]
+                        say(f"  fleet: run {run_no + 1}, {contender}: {per_tenant:.2f} ms/tenant")
         finally:
             cluster.drop_database(base)
     labels = {

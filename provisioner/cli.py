@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from functools import wraps
@@ -227,6 +228,64 @@ def upgrade(
             f"(they reach head when it runs; see `provisioner jobs list`): {names}"
             + (f" and {more} more" if more > 0 else "")
         )
+
+
+@main.command()
+@click.argument("tenant_ids", nargs=-1, metavar="[TENANT_ID]...")
+@click.option("--all", "every", is_flag=True, help="Every provisioned tenant.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+@fail_cleanly
+def check(ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, as_json: bool) -> None:
+    """Compare tenants' catalogs with what the template head builds (read-only).
+
+    Reports extra, missing and altered objects and missing grants. Exit 0 clean, 1 drift found.
+    """
+    if every == bool(tenant_ids):
+        raise InvalidInput("name tenants to check, or pass --all (not both)")
+    for tenant_id in tenant_ids:
+        service.TenantId(tenant_id)
+    report = service.check(settings_of(ctx), list(tenant_ids) or None)
+    if as_json:
+        emit_json(
+            {
+                "heads": sorted(report.heads),
+                "tenants": [
+                    {
+                        "tenant_id": t.tenant_id,
+                        "state": t.state.value,
+                        "versions": sorted(t.versions),
+                        "drift": [
+                            {
+                                "kind": d.kind.value,
+                                "section": d.section,
+                                "name": d.name,
+                                "detail": d.detail,
+                            }
+                            for d in t.drifts
+                        ],
+                    }
+                    for t in report.tenants
+                ],
+            }
+        )
+    else:
+        states = Counter(t.state.value for t in report.tenants)
+        click.echo(
+            f"tenant template head {migrations.head_label(report.heads)}: "
+            f"{len(report.tenants)} tenant(s) checked: "
+            + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+        )
+        for tenant in report.tenants:
+            if tenant.state.value == "behind":
+                at = migrations.head_label(tenant.versions)
+                click.echo(f"  {tenant.tenant_id}: behind (at {at}; see `provisioner upgrade`)")
+            for drift in tenant.drifts:
+                click.echo(
+                    f"  {tenant.tenant_id}: {drift.kind.value} {drift.section} {drift.name}: "
+                    f"{drift.detail}"
+                )
+    sys.exit(1 if report.drifted else 0)
 
 
 #: Tenants listed by name in a text report; --details (or --json) lists every one.

@@ -17,7 +17,7 @@ from uuid import UUID
 
 import psycopg
 
-from provisioner import db, fleet, heartbeats, local_pg, migrations, queue, tenants
+from provisioner import db, drift, fleet, heartbeats, local_pg, migrations, queue, tenants
 from provisioner.engine import Engine, ProgressCallback, StopRequested, ignore_progress, never_stop
 from provisioner.errors import (
     ConfigurationError,
@@ -162,6 +162,11 @@ def upgrade(
 ) -> UpgradeReport:
     """Queue the provisioned tenants behind the tenant template's head (see :mod:`fleet`)."""
     return fleet.upgrade(settings, tenant_ids, dry_run=dry_run)
+
+
+def check(settings: Settings, tenant_ids: list[str] | None = None) -> drift.DriftReport:
+    """Compare tenants' catalogs with the template head's shape (see :mod:`drift`)."""
+    return drift.check(settings, tenant_ids)
 
 
 def retry_failed(settings: Settings, kind: str | None = None) -> list[Job]:

@@ -21,15 +21,13 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from provisioner import db, migrations, queue, upgrade_replay
+from provisioner import db, migrations, queue, rollout
 from provisioner.errors import InvalidInput, UnknownTenant
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
 
 #: Schemas per ``UNION ALL`` version query (and so table locks per transaction).
 VERSION_CHUNK = 500
-
-MIGRATION_STEP = "run_tenant_migrations"
 
 #: Lifecycle states an upgrade never touches.
 LEFT_ALONE = ("suspended", "archived", "deleted")
@@ -77,6 +75,8 @@ class UpgradeReport:
     unfinished: list[Job]
     #: tenants whose lifecycle state keeps them out of an upgrade
     skipped: list[SkippedTenant]
+    #: the rollout recorded for the queued tenants (None with ``dry_run`` or nothing behind)
+    rollout_id: int | None = None
 
     def versions_behind(self) -> dict[str, int]:
         """How many tenants are at each older revision, for a summary line."""
@@ -111,15 +111,24 @@ def schema_versions(
 
 
 def upgrade(
-    settings: Settings, tenant_ids: list[str] | None = None, *, dry_run: bool = False
+    settings: Settings,
+    tenant_ids: list[str] | None = None,
+    *,
+    dry_run: bool = False,
+    canary: int | None = None,
+    max_failures: int | None = None,
 ) -> UpgradeReport:
     """Queue every provisioned tenant whose schema is behind the template's head for a worker.
 
     ``tenant_ids`` None means all tenants. A named tenant that is suspended, archived or
     deleted is refused (:class:`InvalidInput`); with all tenants, such tenants are skipped and
-    reported. The jobs found behind are queued in one statement: all of them, or none (and none
-    with ``dry_run``).
+    reported. The jobs found behind are recorded as a rollout (:mod:`provisioner.rollout`) and
+    queued in one transaction: all of them (or the ``canary`` first ones), or none (and none
+    with ``dry_run``). ``max_failures`` halts the rollout at that many failed tenants.
     """
+    for name, value in (("canary", canary), ("max_failures", max_failures)):
+        if value is not None and value < 1:
+            raise InvalidInput(f"{name.replace('_', '-')} must be at least 1, got {value}")
     wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
     heads = migrations.tenant_heads()
     owner = db.connect(
@@ -151,32 +160,69 @@ def upgrade(
             for job in finished
             if versions[TenantId(str(job.tenant_id)).schema] != heads
         ]
+        rollout_id = None
         if dry_run or not behind:
-            upgrades = [
-                TenantUpgrade(job, v, "would queue" if dry_run else "queued") for job, v in behind
-            ]
+            action = "would queue" if dry_run else "queued"
+            upgrades = [TenantUpgrade(job, v, action) for job, v in behind]
         else:
             with conn.transaction():
-                reopened = {
-                    j.id: j
-                    for j in queue.reopen_for_upgrade(
-                        conn,
-                        [job.id for job, _ in behind],
-                        step=MIGRATION_STEP,
-                        key=upgrade_replay.UPGRADE_TO,
-                        head=migrations.head_label(heads),
-                    )
-                }
+                started, queued = rollout.start(
+                    conn,
+                    migrations.head_label(heads),
+                    [job for job, _ in behind],
+                    canary=canary,
+                    max_failures=max_failures,
+                )
+            rollout_id = started.id
+            reopened = {j.id: j for j in queued}
             upgrades = [
-                TenantUpgrade(reopened[job.id], v, "queued")
+                TenantUpgrade(
+                    reopened.get(job.id, job), v, "queued" if job.id in reopened else "pending"
+                )
                 for job, v in behind
-                if job.id in reopened
             ]
     unfinished = [j for j in jobs if j.status is not JobStatus.SUCCEEDED]
-    return UpgradeReport(heads, len(finished), upgrades, unfinished, skipped)
+    return UpgradeReport(heads, len(finished), upgrades, unfinished, skipped, rollout_id)
 
 
 def _require_control_at_head(conn: psycopg.Connection[Any]) -> None:
     from provisioner.service import require_control_at_head  # the facade owns the rule
 
     require_control_at_head(conn)
+
+
+def _owner(settings: Settings, name: str) -> psycopg.Connection[dict[str, Any]]:
+    return db.connect(settings.owner_url, application_name=name, autocommit=True)
+
+
+def resume(settings: Settings) -> rollout.Resumed:
+    """Continue the active rollout (the rest after a canary, or the jobs a halt held)."""
+    with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
+        return rollout.resume(conn)
+
+
+def abort(settings: Settings) -> rollout.Aborted:
+    """Drop what the active rollout has not started."""
+    with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
+        return rollout.abort(conn)
+
+
+def progress(settings: Settings) -> rollout.Progress:
+    """The latest rollout's numbers, for ``upgrade --watch`` (read-only)."""
+    with closing(_owner(settings, "upgrade-watch")) as conn, db.translated():
+        return rollout.progress(conn)
+
+
+def wait_for_canary(settings: Settings, rollout_id: int) -> dict[str, int]:
+    """Block until the canary of ``rollout_id`` has finished; its jobs by status."""
+    with closing(_owner(settings, "upgrade")) as conn, db.translated():
+        return rollout.wait_for_canary(conn, rollout.get(conn, rollout_id))
+
+
+def tenants_per_head(settings: Settings) -> dict[str, int]:
+    """How many provisioned tenants record each revision (the watch's first line)."""
+    with closing(_owner(settings, "upgrade-watch")) as conn, db.translated():
+        jobs = [j for j in queue.provision_jobs(conn) if j.status is not JobStatus.RUNNING]
+        found = schema_versions(conn, sorted({TenantId(str(j.tenant_id)).schema for j in jobs}))
+    counts = Counter(migrations.head_label(v) if v else "(none)" for v in found.values())
+    return dict(sorted(counts.items()))

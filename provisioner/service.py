@@ -17,7 +17,17 @@ from uuid import UUID
 
 import psycopg
 
-from provisioner import db, drift, fleet, heartbeats, local_pg, migrations, queue, tenants
+from provisioner import (
+    db,
+    drift,
+    fleet,
+    heartbeats,
+    local_pg,
+    migrations,
+    queue,
+    rollout,
+    tenants,
+)
 from provisioner.engine import Engine, ProgressCallback, StopRequested, ignore_progress, never_stop
 from provisioner.errors import (
     ConfigurationError,
@@ -158,10 +168,38 @@ UpgradeReport = fleet.UpgradeReport
 
 
 def upgrade(
-    settings: Settings, tenant_ids: list[str] | None = None, *, dry_run: bool = False
+    settings: Settings,
+    tenant_ids: list[str] | None = None,
+    *,
+    dry_run: bool = False,
+    canary: int | None = None,
+    max_failures: int | None = None,
 ) -> UpgradeReport:
-    """Queue the provisioned tenants behind the tenant template's head (see :mod:`fleet`)."""
-    return fleet.upgrade(settings, tenant_ids, dry_run=dry_run)
+    """Queue the provisioned tenants behind the tenant template's head as a rollout (see
+    :mod:`fleet` and :mod:`rollout`)."""
+    return fleet.upgrade(
+        settings, tenant_ids, dry_run=dry_run, canary=canary, max_failures=max_failures
+    )
+
+
+def upgrade_resume(settings: Settings) -> rollout.Resumed:
+    return fleet.resume(settings)
+
+
+def upgrade_abort(settings: Settings) -> rollout.Aborted:
+    return fleet.abort(settings)
+
+
+def upgrade_progress(settings: Settings) -> rollout.Progress:
+    return fleet.progress(settings)
+
+
+def tenants_per_head(settings: Settings) -> dict[str, int]:
+    return fleet.tenants_per_head(settings)
+
+
+def wait_for_canary(settings: Settings, rollout_id: int) -> dict[str, int]:
+    return fleet.wait_for_canary(settings, rollout_id)
 
 
 def check(settings: Settings, tenant_ids: list[str] | None = None) -> drift.DriftReport:

@@ -41,7 +41,7 @@ def test_demo_flow_on_the_embedded_default(state_dir: Path) -> None:
     env = embedded_env(state_dir)
     migrate = run_cli(None, "migrate", env=env)
     assert migrate.returncode == 0, migrate.stderr
-    assert "control schema upgraded (empty) -> 20260728_c004" in migrate.stdout
+    assert "control schema upgraded (empty) -> 20260804_c008" in migrate.stdout
     assert run_cli(None, "migrate", env=env).stdout.startswith("control schema already at head")
 
     first = run_cli(None, "provision", "demo", env=env)

@@ -353,3 +353,108 @@ def test_check_finds_no_drift_then_a_hand_made_index_a_dropped_column_and_a_revo
     assert [(t.tenant_id, t.state.value) for t in behind.tenants] == [("clean", "behind")]
     assert run_cli(settings, "check", "ghost").returncode == 3
     assert run_cli(settings, "check").returncode == 2
+
+
+def watch(settings: Settings, env: dict[str, str]) -> dict[str, Any]:
+    shown = run_cli(settings, "upgrade", "--watch", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    return dict(json.loads(shown.stdout))
+
+
+def test_canary_stops_for_review_and_resume_queues_the_rest(
+    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenants = ["can_a", "can_b", "can_c", "can_d", "can_e"]
+    provision_fleet(settings, tenants)
+    env = use_tree(monkeypatch, make_tree(tmp_path))
+    started = run_cli(settings, "upgrade", "--all", "--canary", "2", env=env)
+    assert started.returncode == 0, started.stderr
+    assert "2 tenant(s) queued, 3 tenant(s) pending (rollout 1)" in started.stdout
+    assert "canary of 2 queued; review it, then `provisioner upgrade --resume`" in started.stdout
+    assert [job_row(database, t)["status"] for t in tenants] == ["queued"] * 2 + ["succeeded"] * 3
+
+    again = run_cli(settings, "upgrade", "--all", env=env)
+    assert again.returncode == 2 and "rollout 1 is canary" in again.stderr
+    early = run_cli(settings, "upgrade", "--resume", env=env)
+    assert early.returncode == 2 and "2 canary tenant(s) have not succeeded" in early.stderr
+
+    assert run_cli(settings, "worker", "--once", env=env).returncode == 0
+    assert [versions(database, t) for t in tenants] == [["t005"]] * 2 + [["t004"]] * 3
+    view = watch(settings, env)
+    assert view["rollout"]["state"] == "canary"
+    assert view["phases"] == {"done": 2, "pending": 3} and view["finished"]
+
+    resumed = run_cli(settings, "upgrade", "--resume", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "rollout 1 resumed: 3 tenant(s) queued" in resumed.stdout
+    assert run_cli(settings, "worker", "--once", env=env).returncode == 0
+    assert [versions(database, t) for t in tenants] == [["t005"]] * 5
+    assert watch(settings, env)["phases"] == {"done": 5}
+    text = run_cli(settings, "upgrade", "--watch", env=env)
+    assert "rollout 1 to t005 (running): 5 done, 0 running" in text.stdout
+    assert "tenants per head: t005 5" in text.stdout
+
+
+def test_max_failures_holds_the_rest_resume_releases_and_abort_drops(
+    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenants = ["bad_1", "bad_2", "ok_1", "ok_2", "ok_3"]
+    provision_fleet(settings, tenants)
+    with database.app() as conn:
+        for tenant in ("bad_1", "bad_2"):
+            conn.execute(f"INSERT INTO tenant_{tenant}.audit_events (action) VALUES ('x')")
+    env = use_tree(monkeypatch, make_tree(tmp_path, STRICT_TARGET))
+    started = run_cli(settings, "upgrade", "--all", "--max-failures", "1", env=env)
+    assert started.returncode == 0, started.stderr
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET max_attempts = 1")
+
+    assert run_cli(settings, "worker", "--once", env=env).returncode == 0
+    assert job_row(database, "bad_1")["status"] == "failed"
+    view = watch(settings, env)
+    assert view["rollout"]["state"] == "halted"
+    assert view["phases"] == {"failed": 1, "held": 4}
+    assert view["failures"][0]["tenant_id"] == "bad_1"
+    assert "target_type" in view["failures"][0]["error"]
+    for tenant in tenants[1:]:  # held, not failed, and untouched
+        assert job_row(database, tenant)["status"] == "queued"
+        assert versions(database, tenant) == ["t004"]
+
+    resumed = run_cli(settings, "upgrade", "--resume", env=env)
+    assert "4 held job(s) released" in resumed.stdout
+    assert run_cli(settings, "worker", "--once", env=env).returncode == 0
+    assert job_row(database, "bad_2")["status"] == "failed"  # the brake holds again
+    assert watch(settings, env)["phases"] == {"failed": 2, "held": 3}
+
+    aborted = run_cli(settings, "upgrade", "--abort", env=env)
+    assert aborted.returncode == 0, aborted.stderr
+    assert "rollout 1 aborted: 3 job(s) not started dropped" in aborted.stdout
+    for tenant in ("ok_1", "ok_2", "ok_3"):
+        assert job_row(database, tenant)["status"] == "succeeded"
+        assert versions(database, tenant) == ["t004"]
+    with database.app() as conn:  # the failed tenants still work for the application
+        conn.execute("INSERT INTO tenant_bad_1.audit_events (action) VALUES ('later')")
+    preview = service.upgrade(settings, dry_run=True)
+    assert [str(b.job.tenant_id) for b in preview.behind] == ["ok_1", "ok_2", "ok_3"]
+    assert sorted(str(j.tenant_id) for j in preview.unfinished) == ["bad_1", "bad_2"]
+    assert run_cli(settings, "upgrade", "--abort", env=env).returncode == 2
+    assert run_cli(settings, "upgrade", "--resume", "--all", env=env).returncode == 2
+
+
+@pytest.mark.slow
+def test_canary_then_all_continues_once_the_canary_succeeded(
+    fast: Settings,
+    database: Database,
+    workers: Workers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tenants = ["then_a", "then_b", "then_c", "then_d"]
+    provision_fleet(fast, tenants)
+    env = use_tree(monkeypatch, make_tree(tmp_path))
+    workers.start(env=env)
+    done = run_cli(fast, "upgrade", "--all", "--canary", "1", "--then-all", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "rollout 1: canary succeeded; 3 more tenant(s) queued" in done.stdout
+    wait_until(lambda: all_succeeded(database, tenants), 60, "the rest of the rollout")
+    assert [versions(database, t) for t in tenants] == [["t005"]] * 4

@@ -32,7 +32,7 @@ def objects_outside(conn: psycopg.Connection, schema: str) -> list[tuple[str, st
 
 def test_control_migrate_is_a_noop_the_second_time(settings: Settings) -> None:
     before, after = service.migrate(settings)  # the template database is already at head
-    assert before == after == "20260728_c004"
+    assert before == after == "20260804_c008"
 
 
 def test_control_tree_downgrades_and_upgrades(database: Database) -> None:

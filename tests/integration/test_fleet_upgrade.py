@@ -63,7 +63,7 @@ def make_tree(tmp_path: Path, body: str = ADD_SOURCE, *, pure: bool = True) -> P
 
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
-    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=10.0)
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=4.0)
 
 
 @pytest.fixture(autouse=True)

@@ -14,12 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench import claim, pool, provisioning, scale, tenant_fixture, wake, workers
+from bench import claim, fleet, pool, provisioning, scale, tenant_fixture, wake, workers
 from bench.cluster import bench_cluster, say
 from bench.figures import Goal, Results
 from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
-SCENARIOS = ("provision", "pool", "worker", "wake", "claim", "fixture")
+SCENARIOS = ("provision", "pool", "worker", "wake", "claim", "fixture", "fleet")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-tenants", type=int, default=40)
     parser.add_argument("--worker-runs", type=int, default=3)
     parser.add_argument("--pool-tenants", type=int, default=15)
+    parser.add_argument("--fleet-tenants", type=int, default=150)
+    parser.add_argument("--fleet-runs", type=int, default=2)
     parser.add_argument(
         "--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}"
     )
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
                 "fixture": (
                     "the pytest plugin's tenant fixture vs provisioning vs raw SQL",
                     lambda: tenant_fixture.run(cluster, results, args.fixture_rounds),
+                ),
+                "fleet": (
+                    "fleet upgrade t004 -> t005: raw SQL, Alembic loop, 1 and 2 worker children",
+                    lambda: fleet.run(cluster, results, args.fleet_tenants, args.fleet_runs),
                 ),
             }
             load: dict[str, str] = {}
@@ -178,6 +184,31 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
                 "per tenant and the machine's load below"
             )
         out.append(goal)
+    if "fleet_worker_1" in results.figures:
+        out.append(
+            goal_ratio(results, "fleet_worker_1", 5.0, "fleet upgrade, 1 worker <= 5x raw SQL")
+        )
+        out.append(
+            goal_ratio(
+                results,
+                "fleet_worker_2",
+                1.0,
+                "fleet upgrade, 2 workers beat 1 (ms per tenant <= 1x)",
+            )
+        )
+    if "fleet_scale_behind" in results.figures:
+        median = results.figures["fleet_scale_behind"].median
+        out.append(
+            Goal(
+                "who is behind over the scale fleet < 1 s",
+                "< 1000 ms",
+                f"{median:.0f} ms median",
+                median < 1000,
+            )
+        )
+        out.append(
+            goal_ratio(results, "fleet_scale_last", 1.0, "fleet upgrade: last block <= first block")
+        )
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench import before
+from bench import before, fleet
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
@@ -138,6 +138,9 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
             )
         finally:
             raw_conn.close()
+        # The same fleet, upgraded to a generated t005: who is behind, and the per-tenant cost
+        # of the first and the last block of the upgrade.
+        fleet.run_scale(database, results, tenants, block)
     first, last = blocks[0], blocks[-1]
     results.add(
         Figure(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -280,46 +281,265 @@ def enqueue(ctx: click.Context, tenant_id: str, as_json: bool) -> None:
 @click.argument("tenant_ids", nargs=-1, metavar="[TENANT_ID]...")
 @click.option("--all", "every", is_flag=True, help="Every provisioned tenant.")
 @click.option("--dry-run", is_flag=True, help="Say which tenants are behind; queue nothing.")
+@click.option("--details", is_flag=True, help="List every tenant behind, not the first ten.")
+@click.option(
+    "--canary", type=int, default=None, help="Queue N tenants first, then stop for review."
+)
+@click.option("--then-all", is_flag=True, help="With --canary: continue once the canary succeeded.")
+@click.option("--max-failures", type=int, default=None, help="Hold the rest after K failures.")
+@click.option("--resume", is_flag=True, help="Continue the rollout after review or a halt.")
+@click.option("--abort", is_flag=True, help="Drop what the rollout has not started.")
+@click.option("--watch", is_flag=True, help="Follow the latest rollout live.")
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between --watch frames.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @fail_cleanly
 def upgrade(
-    ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, dry_run: bool, as_json: bool
+    ctx: click.Context,
+    tenant_ids: tuple[str, ...],
+    every: bool,
+    dry_run: bool,
+    details: bool,
+    canary: int | None,
+    then_all: bool,
+    max_failures: int | None,
+    resume: bool,
+    abort: bool,
+    watch: bool,
+    interval: float,
+    as_json: bool,
 ) -> None:
     """Queue provisioned tenants whose schema is behind the template's head for a worker.
 
     Run it after a release that adds tenant_template revisions (migrate, roll the workers,
-    then upgrade --all). Only run_tenant_migrations runs again, in place.
+    then upgrade --all). Only run_tenant_migrations runs again, in place. Exit 0 done,
+    1 the canary failed (--then-all), 2 bad input or no rollout to resume/abort, 3 unknown tenant.
     """
+    levers = [
+        name for name, on in (("--resume", resume), ("--abort", abort), ("--watch", watch)) if on
+    ]
+    if levers:
+        if len(levers) > 1 or every or tenant_ids:
+            raise InvalidInput(f"{' '.join(levers)} goes alone (no tenants, no --all)")
+        settings = settings_of(ctx)
+        if resume:
+            resumed = service.upgrade_resume(settings)
+            click.echo(
+                f"rollout {resumed.rollout.id} resumed: {resumed.queued} tenant(s) queued, "
+                f"{resumed.released} held job(s) released"
+            )
+        elif abort:
+            aborted = service.upgrade_abort(settings)
+            click.echo(
+                f"rollout {aborted.rollout.id} aborted: {aborted.dropped_jobs} job(s) not started "
+                "dropped (those tenants stay at their old head); running jobs finish"
+            )
+        else:
+            watch_rollout(settings, interval, as_json)
+        return
     if every == bool(tenant_ids):
         raise InvalidInput("name tenants to upgrade, or pass --all (not both)")
+    if then_all and canary is None:
+        raise InvalidInput("--then-all goes with --canary N")
     for tenant_id in tenant_ids:
         service.TenantId(tenant_id)
-    report = service.upgrade(settings_of(ctx), list(tenant_ids) or None, dry_run=dry_run)
+    settings = settings_of(ctx)
+    report = service.upgrade(
+        settings,
+        list(tenant_ids) or None,
+        dry_run=dry_run,
+        canary=canary,
+        max_failures=max_failures,
+    )
     if as_json:
         emit_json(upgrade_view(report))
-        return
+    else:
+        print_upgrade(report, details)
+    if report.rollout_id is not None and canary is not None and canary < len(report.behind):
+        if not then_all:
+            if not as_json:
+                click.echo(
+                    f"rollout {report.rollout_id}: canary of {canary} queued; review it, then "
+                    "`provisioner upgrade --resume` (or `--abort`)"
+                )
+            return
+        counts = service.wait_for_canary(settings, report.rollout_id)
+        if set(counts) - {"succeeded"}:
+            click.echo(
+                f"rollout {report.rollout_id}: the canary did not succeed "
+                f"({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}); the rest is "
+                "not queued: see `provisioner upgrade --watch`, then --resume or --abort",
+                err=True,
+            )
+            sys.exit(1)
+        resumed = service.upgrade_resume(settings)
+        if not as_json:
+            click.echo(
+                f"rollout {report.rollout_id}: canary succeeded; {resumed.queued} more tenant(s) "
+                "queued"
+            )
+
+
+def print_upgrade(report: service.UpgradeReport, details: bool) -> None:
+    at = ", ".join(f"{n} at {v}" for v, n in report.versions_behind().items())
     click.echo(
         f"tenant template head {migrations.head_label(report.heads)}: {report.checked} provisioned "
-        f"tenant(s) checked, {len(report.behind)} behind"
+        f"tenant(s) checked, {len(report.behind)} behind" + (f" ({at})" if at else "")
     )
-    for item in report.behind:
-        at = migrations.head_label(item.versions) or "(no version table)"
-        click.echo(f"  {item.job.tenant_id:<24} at {at:<20} {item.action}  job {item.job.id}")
-    if report.unfinished:
-        shown = ", ".join(f"{j.tenant_id} ({j.status.value})" for j in report.unfinished[:10])
-        more = len(report.unfinished) - 10
+    actions = Counter(item.action for item in report.behind)
+    if report.behind:
         click.echo(
-            f"{len(report.unfinished)} tenant(s) not checked, their job has not succeeded "
-            f"(they reach head when it runs; see `provisioner jobs list`): {shown}"
+            ", ".join(f"{actions[a]} tenant(s) {a}" for a in ACTIONS if actions[a])
+            + ("" if report.rollout_id is None else f" (rollout {report.rollout_id})")
+        )
+    shown = report.behind if details else report.behind[:LISTED]
+    for item in shown:
+        at_label = migrations.head_label(item.versions) or "(no version table)"
+        click.echo(f"  {item.job.tenant_id:<24} at {at_label:<20} {item.action}  job {item.job.id}")
+    if len(report.behind) > len(shown):
+        click.echo(f"  ... and {len(report.behind) - len(shown)} more (--details lists them all)")
+    if report.skipped:
+        names = ", ".join(f"{s.tenant_id} ({s.state})" for s in report.skipped[:LISTED])
+        more = len(report.skipped) - LISTED
+        click.echo(
+            f"{len(report.skipped)} tenant(s) skipped, suspended, archived or deleted: {names}"
             + (f" and {more} more" if more > 0 else "")
         )
+    if report.unfinished:
+        names = ", ".join(f"{j.tenant_id} ({j.status.value})" for j in report.unfinished[:LISTED])
+        more = len(report.unfinished) - LISTED
+        click.echo(
+            f"{len(report.unfinished)} tenant(s) not checked, their job has not succeeded "
+            f"(they reach head when it runs; see `provisioner jobs list`): {names}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+
+
+@main.command()
+@click.argument("tenant_ids", nargs=-1, metavar="[TENANT_ID]...")
+@click.option("--all", "every", is_flag=True, help="Every provisioned tenant.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+@fail_cleanly
+def check(ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, as_json: bool) -> None:
+    """Compare tenants' catalogs with what the template head builds (read-only).
+
+    Reports extra, missing and altered objects and missing grants. Exit 0 clean, 1 drift found.
+    """
+    if every == bool(tenant_ids):
+        raise InvalidInput("name tenants to check, or pass --all (not both)")
+    for tenant_id in tenant_ids:
+        service.TenantId(tenant_id)
+    report = service.check(settings_of(ctx), list(tenant_ids) or None)
+    if as_json:
+        emit_json(
+            {
+                "heads": sorted(report.heads),
+                "tenants": [
+                    {
+                        "tenant_id": t.tenant_id,
+                        "state": t.state.value,
+                        "versions": sorted(t.versions),
+                        "drift": [
+                            {
+                                "kind": d.kind.value,
+                                "section": d.section,
+                                "name": d.name,
+                                "detail": d.detail,
+                            }
+                            for d in t.drifts
+                        ],
+                    }
+                    for t in report.tenants
+                ],
+            }
+        )
+    else:
+        states = Counter(t.state.value for t in report.tenants)
+        click.echo(
+            f"tenant template head {migrations.head_label(report.heads)}: "
+            f"{len(report.tenants)} tenant(s) checked: "
+            + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+        )
+        for tenant in report.tenants:
+            if tenant.state.value == "behind":
+                at = migrations.head_label(tenant.versions)
+                click.echo(f"  {tenant.tenant_id}: behind (at {at}; see `provisioner upgrade`)")
+            for drift in tenant.drifts:
+                click.echo(
+                    f"  {tenant.tenant_id}: {drift.kind.value} {drift.section} {drift.name}: "
+                    f"{drift.detail}"
+                )
+    sys.exit(1 if report.drifted else 0)
+
+
+def watch_rollout(settings: Settings, interval: float, as_json: bool) -> None:
+    """Frames of the latest rollout until nothing is queued or running (one with --json)."""
+    while True:
+        frame = service.upgrade_progress(settings)
+        if as_json:
+            emit_json(progress_view(frame))
+            return
+        if frame.rollout is None:
+            click.echo("no rollout yet: `provisioner upgrade --all` starts one")
+            return
+        heads = service.tenants_per_head(settings)
+        phases = ", ".join(
+            f"{frame.phases.get(p, 0)} {p}"
+            for p in ("done", "running", "queued", "held", "failed", "pending", "dropped")
+        )
+        rate = f"{frame.rate_per_minute:.0f} tenants/min" if frame.rate_per_minute else "-"
+        eta = f"{frame.eta_minutes * 60:.0f} s" if frame.eta_minutes is not None else "-"
+        click.echo(
+            f"{time.strftime('%H:%M:%S')} rollout {frame.rollout.id} to {frame.rollout.head} "
+            f"({frame.rollout.state}): {phases}; rate {rate}, ETA {eta}"
+        )
+        click.echo("  tenants per head: " + ", ".join(f"{h} {n}" for h, n in heads.items()))
+        for failure in frame.failures:
+            click.echo(
+                f"  {failure.tenant_id} ({failure.status}, attempt {failure.attempts}): "
+                f"{failure.error[:160]}"
+            )
+        if frame.finished:
+            return
+        time.sleep(interval)
+
+
+def progress_view(frame: Any) -> dict[str, Any]:
+    rollout = frame.rollout
+    return {
+        "rollout": None
+        if rollout is None
+        else {
+            "id": rollout.id,
+            "head": rollout.head,
+            "state": rollout.state,
+            "canary": rollout.canary,
+            "max_failures": rollout.max_failures,
+        },
+        "phases": frame.phases,
+        "rate_per_minute": frame.rate_per_minute,
+        "eta_minutes": frame.eta_minutes,
+        "failures": [
+            {"tenant_id": f.tenant_id, "status": f.status, "attempts": f.attempts, "error": f.error}
+            for f in frame.failures
+        ],
+        "finished": frame.finished,
+    }
+
+
+#: The actions of an upgrade report, in the order a summary lists them.
+ACTIONS = ("queued", "pending", "would queue")
+
+#: Tenants listed by name in a text report; --details (or --json) lists every one.
+LISTED = 10
 
 
 def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
     return {
         "heads": sorted(report.heads),
         "checked": report.checked,
+        "behind_by_version": report.versions_behind(),
         "behind": [
             {
                 "tenant_id": item.job.tenant_id,
@@ -333,6 +553,8 @@ def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
             {"tenant_id": j.tenant_id, "job_id": str(j.id), "status": j.status.value}
             for j in report.unfinished
         ],
+        "skipped": [{"tenant_id": s.tenant_id, "state": s.state} for s in report.skipped],
+        "rollout_id": report.rollout_id,
     }
 
 
@@ -691,11 +913,25 @@ def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json
 
 
 @jobs.command("retry")
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--failed", "every_failed", is_flag=True, help="Every failed job, in one command.")
+@click.option("--kind", default=None, help="With --failed: only jobs of this job type.")
 @click.pass_context
 @fail_cleanly
-def jobs_retry(ctx: click.Context, job_id: str) -> None:
-    """Queue a failed or cancelled job again, attempts reset, finished steps kept."""
+def jobs_retry(
+    ctx: click.Context, job_id: str | None, every_failed: bool, kind: str | None
+) -> None:
+    """Queue a failed or cancelled job again (or every failed one with --failed), attempts
+    reset, finished steps kept."""
+    if every_failed == bool(job_id):
+        raise InvalidInput("name one job to retry, or pass --failed (not both)")
+    if kind is not None and not every_failed:
+        raise InvalidInput("--kind goes with --failed")
+    if every_failed:
+        retried = service.retry_failed(settings_of(ctx), kind)
+        click.echo(f"{len(retried)} failed job(s) queued again")
+        return
+    assert job_id is not None
     job = service.retry_job(settings_of(ctx), job_id)
     click.echo(f"job {job.id} queued again, run {job.run} ({step_count(job)} steps done)")
 

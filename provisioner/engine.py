@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, kinds, queue, tenants
+from provisioner import db, kinds, queue, tenants, upgrade_replay
 from provisioner.errors import (
     InvalidInput,
     LeaseLost,
@@ -98,13 +98,17 @@ class Engine:
         store: ObjectStore,
         stale_after_seconds: float = 900.0,
         job_kinds: KindRegistry = kinds.BUILTIN,
+        lock_timeout_seconds: float = 5.0,
     ) -> None:
         self.holder = holder
+        self.lock_timeout_ms = max(1, int(lock_timeout_seconds * 1000))
         self.app_role = app_role
         self.store = store
         self.kinds = job_kinds
         #: the verified template replay's references, read once per engine (see the module)
         self.templates = TemplateCache(holder=holder)
+        #: the fleet upgrade replay's scripts and references (see upgrade_replay)
+        self.upgrades = upgrade_replay.UpgradeCache()
         self._db = db.Database(
             owner_url,
             application_name=holder,
@@ -146,6 +150,7 @@ class Engine:
             store=store_from_settings(settings),
             stale_after_seconds=settings.job_stale_after_seconds,
             job_kinds=settings.job_kinds,
+            lock_timeout_seconds=settings.lock_timeout_seconds,
         )
 
     def refresh_control(self) -> None:
@@ -220,7 +225,11 @@ class Engine:
         current = "resume check"
         try:
             self._check_state(kind, ctx.tenant, journal)
-            job, repaired = self._forget_vanished(kind, job, lease, ctx)
+            # A fleet upgrade's job runs the migration step alone (see upgrade_replay).
+            if upgrade_replay.upgrade_only(job):
+                repaired: set[str] = set()
+            else:
+                job, repaired = self._forget_vanished(kind, job, lease, ctx)
             for step in kind.steps:
                 if step.name in job.steps_completed:
                     on_progress(StepEvent(job, step.name, "skipped"))
@@ -250,7 +259,12 @@ class Engine:
 
     def _context(self, tenant: TenantId) -> StepContext:
         return StepContext(
-            tenant=tenant, app_role=self.app_role, store=self.store, templates=self.templates
+            tenant=tenant,
+            app_role=self.app_role,
+            store=self.store,
+            templates=self.templates,
+            upgrades=self.upgrades,
+            lock_timeout_ms=self.lock_timeout_ms,
         )
 
     def _forget_vanished(

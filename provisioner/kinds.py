@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from provisioner.db import Transaction
     from provisioner.storage import ObjectStore
     from provisioner.tenant_template_cache import TemplateCache
+    from provisioner.upgrade_replay import UpgradeCache
 
 
 def _new_template_cache() -> TemplateCache:
@@ -36,6 +37,13 @@ def _new_template_cache() -> TemplateCache:
     from provisioner.tenant_template_cache import TemplateCache
 
     return TemplateCache()
+
+
+def _new_upgrade_cache() -> UpgradeCache:
+    """A fresh upgrade cache for a context built without an engine's (imported late)."""
+    from provisioner.upgrade_replay import UpgradeCache
+
+    return UpgradeCache()
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,10 @@ class StepContext:
     store: ObjectStore
     #: the engine's template cache (the verified replay's references)
     templates: TemplateCache = field(default_factory=_new_template_cache)
+    #: the engine's fleet upgrade cache (the verified replay of new revisions in place)
+    upgrades: UpgradeCache = field(default_factory=_new_upgrade_cache)
+    #: how long a migration waits for a table lock (PROVISIONER_LOCK_TIMEOUT_SECONDS)
+    lock_timeout_ms: int = 5000
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ concurrency from processes.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -53,9 +54,16 @@ def control_config(**attributes: Any) -> Config:
     return _no_sys_path_change(config)
 
 
+#: A tenant tree to use instead of the packaged one (a deployment's own tree; the bench and
+#: the tests use it to add a revision in a copy without touching the shipped tree).
+TENANT_TREE_ENV = "PROVISIONER_TENANT_TREE"
+
+
 def tenant_tree() -> Path:
-    """The folder of the ``tenant_template`` Alembic tree shipped with the package."""
-    return _tree("provisioner.tenant_template")
+    """The folder of the tenant Alembic tree: ``$PROVISIONER_TENANT_TREE``, else the one shipped
+    with the package."""
+    override = os.environ.get(TENANT_TREE_ENV)
+    return Path(override) if override else _tree("provisioner.tenant_template")
 
 
 def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -> Config:
@@ -193,16 +201,43 @@ class _StatementRecorder:
         return None
 
 
-def tenant_offline_sql(schema: str, *, tree: Path | None = None) -> list[str]:
-    """The statements ``upgrade head --sql`` emits for ``schema`` (never connects), in order,
-    each as Alembic wrote it (comments and ``BEGIN``/``COMMIT`` included)."""
+def tenant_offline_sql(
+    schema: str, *, tree: Path | None = None, start: frozenset[str] | None = None
+) -> list[str]:
+    """The statements ``upgrade [START:]head --sql`` emits for ``schema`` (never connects), in
+    order, each as Alembic wrote it (comments and ``BEGIN``/``COMMIT`` included). ``start`` is
+    the revision a schema is at (one head only: Alembic's offline range takes one)."""
     from alembic import command
 
     recorder = _StatementRecorder()
     config = tenant_config(schema, tree=tree)
     config.output_buffer = recorder  # type: ignore[assignment]
-    command.upgrade(config, "head", sql=True)
+    target = "head" if not start else f"{head_label(start)}:head"
+    command.upgrade(config, target, sql=True)
     return [text.strip() for text in recorder.statements if text.strip()]
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One tenant revision, as far as an upgrade replay cares."""
+
+    revision: str
+    #: the revision file says ``pure_ddl = True``: its upgrade only issues DDL statements,
+    #: so the SQL its offline mode emits is the whole of what it does
+    pure_ddl: bool
+
+
+def tenant_revisions_after(start: frozenset[str], tree: Path | None = None) -> list[Revision]:
+    """The revisions an upgrade from ``start`` to the tree's head runs, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(tenant_config("tenant_x", tree=tree or tenant_tree()))
+    found = list(scripts.iterate_revisions("heads", tuple(start)))
+    return [
+        Revision(s.revision, getattr(s.module, "pure_ddl", False) is True)
+        for s in reversed(found)
+        if s.revision not in start
+    ]
 
 
 def _versions(pg_conn: Any, schema: str) -> frozenset[str] | None:

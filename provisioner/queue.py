@@ -80,6 +80,40 @@ ON CONFLICT (job_id, run) DO NOTHING
 
 # Every run of a job, oldest first.
 RUNS_FOR_JOB = "SELECT * FROM control.job_runs WHERE job_id = %(job_id)s ORDER BY run"
+# A fleet upgrade: open many succeeded jobs again in one statement (one NOTIFY follows), with
+# only the migration step left to run and the head it goes to in the payload.
+REOPEN_FOR_UPGRADE = """
+WITH reopened AS (
+    UPDATE control.platform_jobs
+       SET status = 'queued', attempts = 0, run = run + 1, available_at = now(),
+           finished_at = NULL, steps_completed = steps_completed - %(step)s::text,
+           payload = payload || jsonb_build_object(%(key)s::text, %(head)s::text),
+           updated_at = now()
+     WHERE id = ANY(%(ids)s) AND status = 'succeeded'
+    RETURNING *
+), started AS (
+    INSERT INTO control.job_runs (job_id, run, job_type, started_by)
+    SELECT id, run, job_type, %(started_by)s FROM reopened
+    ON CONFLICT (job_id, run) DO NOTHING
+)
+SELECT * FROM reopened
+"""
+
+# Bulk recovery: every failed job (of one type, or all) back in the queue, attempts reset.
+RETRY_FAILED = """
+WITH retried AS (
+    UPDATE control.platform_jobs
+       SET status = 'queued', attempts = 0, run = run + 1, available_at = now(),
+           locked_at = NULL, locked_by = NULL, finished_at = NULL, updated_at = now()
+     WHERE status = 'failed' AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s)
+    RETURNING *
+), started AS (
+    INSERT INTO control.job_runs (job_id, run, job_type, started_by)
+    SELECT id, run, job_type, %(started_by)s FROM retried
+    ON CONFLICT (job_id, run) DO NOTHING
+)
+SELECT * FROM retried
+"""
 
 # Wake idle workers once the surrounding transaction commits; the payload is the job type.
 NOTIFY = "SELECT pg_notify(%(channel)s, %(job_type)s)"
@@ -597,6 +631,37 @@ def reopen(
     if wake_workers:
         _notify(conn, job.job_type)
     return job
+
+
+def reopen_for_upgrade(
+    conn: Conn,
+    job_ids: list[UUID],
+    *,
+    step: str,
+    key: str,
+    head: str,
+    started_by: str = "upgrade",
+) -> list[Job]:
+    """Queue many succeeded jobs again in one statement, ``step`` alone left to run and
+    ``payload[key] = head``, and wake the workers once (a fleet upgrade). Jobs no longer
+    succeeded are left as they are and not returned."""
+    params = {"ids": job_ids, "step": step, "key": key, "head": head, "started_by": started_by}
+    jobs = [Job.from_row(r) for r in _all(conn, REOPEN_FOR_UPGRADE, params)]
+    for job_type in sorted({j.job_type for j in jobs}):
+        _notify(conn, job_type)
+    return jobs
+
+
+def retry_failed(
+    conn: Conn, job_type: str | None = None, *, started_by: str = "jobs retry --failed"
+) -> list[Job]:
+    """Queue every failed job (of ``job_type``, or all) again, each a new run; the workers are
+    woken once."""
+    params = {"job_type": job_type, "started_by": started_by}
+    jobs = [Job.from_row(r) for r in _all(conn, RETRY_FAILED, params)]
+    for kind in sorted({j.job_type for j in jobs}):
+        _notify(conn, kind)
+    return jobs
 
 
 def get_job(conn: Conn, job_id: UUID) -> Job:

@@ -18,10 +18,13 @@ import psycopg
 
 from provisioner import (
     db,
+    drift,
+    fleet,
     heartbeats,
     local_pg,
     migrations,
     queue,
+    rollout,
     runner,
     tenant_lifecycle,
     tenants,
@@ -280,68 +283,57 @@ def change_lifecycle(
         return LifecycleResult(tenant, job_type, job, state)
 
 
-@dataclass(frozen=True)
-class TenantUpgrade:
-    """A provisioned tenant whose schema is behind the tenant template's head."""
-
-    job: Job
-    #: what ``alembic_version`` in its schema records; empty when there is no version table
-    versions: frozenset[str]
-    #: 'queued' (a worker brings it to head), or 'would queue' (``dry_run``)
-    action: str
-
-
-@dataclass(frozen=True)
-class UpgradeReport:
-    heads: frozenset[str]
-    checked: int
-    behind: list[TenantUpgrade]
-    #: tenants whose job has not succeeded: they reach head when it runs (or after a retry)
-    unfinished: list[Job]
-
-
-UPGRADE_OPTIONS = {"lock_timeout": "5s"}
+TenantUpgrade = fleet.TenantUpgrade
+UpgradeReport = fleet.UpgradeReport
 
 
 def upgrade(
-    settings: Settings, tenant_ids: list[str] | None = None, *, dry_run: bool = False
+    settings: Settings,
+    tenant_ids: list[str] | None = None,
+    *,
+    dry_run: bool = False,
+    canary: int | None = None,
+    max_failures: int | None = None,
 ) -> UpgradeReport:
-    """Queue every provisioned tenant whose schema is behind the template's head for a worker.
-
-    ``tenant_ids`` None means all tenants. A queued job re-checks its steps against the catalog
-    when it runs, so only ``run_tenant_migrations`` runs again, in place. The jobs found behind
-    are queued in one transaction: all of them, or none (and none with ``dry_run``).
-    """
-    wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
-    heads = migrations.tenant_heads()
-    # Autocommit: each schema's version is read in a transaction of its own, so checking
-    # 10,000 tenants never holds 10,000 table locks (the lock table would run out). The lock
-    # timeout makes a tenant locked by a long migration fail the command rather than hang it.
-    owner = db.connect(
-        settings.owner_url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS
+    """Queue the provisioned tenants behind the tenant template's head as a rollout (see
+    :mod:`fleet` and :mod:`rollout`)."""
+    return fleet.upgrade(
+        settings, tenant_ids, dry_run=dry_run, canary=canary, max_failures=max_failures
     )
-    with closing(owner) as conn, db.translated():
-        require_control_at_head(conn)
-        jobs = queue.provision_jobs(conn, wanted)
-        missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
-        if missing:
-            raise UnknownTenant(f"unknown tenant(s) {', '.join(missing)}: no provisioning job")
-        finished = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
-        behind: list[tuple[Job, frozenset[str]]] = []
-        for job in finished:
-            versions = migrations.tenant_versions(conn, TenantId(str(job.tenant_id)).schema)
-            if versions != heads:
-                behind.append((job, versions or frozenset()))
-        if dry_run:
-            upgrades = [TenantUpgrade(job, versions, "would queue") for job, versions in behind]
-        else:
-            with conn.transaction():
-                upgrades = [
-                    TenantUpgrade(queue.reopen(conn, job.id, wake_workers=True), versions, "queued")
-                    for job, versions in behind
-                ]
-    unfinished = [j for j in jobs if j.status is not JobStatus.SUCCEEDED]
-    return UpgradeReport(heads, len(finished), upgrades, unfinished)
+
+
+def upgrade_resume(settings: Settings) -> rollout.Resumed:
+    return fleet.resume(settings)
+
+
+def upgrade_abort(settings: Settings) -> rollout.Aborted:
+    return fleet.abort(settings)
+
+
+def upgrade_progress(settings: Settings) -> rollout.Progress:
+    return fleet.progress(settings)
+
+
+def tenants_per_head(settings: Settings) -> dict[str, int]:
+    return fleet.tenants_per_head(settings)
+
+
+def wait_for_canary(settings: Settings, rollout_id: int) -> dict[str, int]:
+    return fleet.wait_for_canary(settings, rollout_id)
+
+
+def check(settings: Settings, tenant_ids: list[str] | None = None) -> drift.DriftReport:
+    """Compare tenants' catalogs with the template head's shape (see :mod:`drift`)."""
+    return drift.check(settings, tenant_ids)
+
+
+def retry_failed(settings: Settings, kind: str | None = None) -> list[Job]:
+    """Queue every failed job (of job type ``kind``, or all) again, as the owner."""
+    conn = db.connect(settings.owner_url, application_name="retry")
+    with closing(conn), db.translated():
+        jobs = queue.retry_failed(conn, kind)
+        conn.commit()
+    return jobs
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,8 @@ class Settings:
     heartbeat_seconds: float = 10.0
     poll_interval_seconds: float = 5.0
     drain_timeout_seconds: float = 30.0
+    #: how long a tenant migration waits for a table lock before it gives up (and is retried)
+    lock_timeout_seconds: float = 5.0
     object_store_provider: str = "filesystem"
     object_store_path: Path | None = None
     s3_bucket: str | None = None
@@ -191,6 +193,9 @@ class Settings:
             ),
             drain_timeout_seconds=_float(
                 env, "PROVISIONER_DRAIN_TIMEOUT_SECONDS", cls.drain_timeout_seconds
+            ),
+            lock_timeout_seconds=_float(
+                env, "PROVISIONER_LOCK_TIMEOUT_SECONDS", cls.lock_timeout_seconds
             ),
             object_store_provider=(
                 env.get("OBJECT_STORE_PROVIDER") or cls.object_store_provider

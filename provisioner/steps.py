@@ -25,8 +25,9 @@ def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
 
 
 def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
-    # The verified template replay when it applies, else Alembic; the detail says which ran.
-    return ctx.templates.migrate(tx, ctx.tenant.schema).detail
+    # A verified replay when it applies (the template for a new schema, the new revisions' DDL
+    # for one behind the head), else Alembic; the detail says which ran and why.
+    return ctx.upgrades.migrate(tx, ctx.tenant.schema, ctx.lock_timeout_ms, ctx.templates)
 
 
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:

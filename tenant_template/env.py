@@ -22,7 +22,9 @@ from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url
 
 SCHEMA_RULE = re.compile(r"tenant_[a-z][a-z0-9_]{0,47}")
 # A migration waits at most this long for a table lock, instead of queueing every query behind it.
-LOCK_TIMEOUT = "5s"
+# Overridden by config.attributes["lock_timeout"] or -x lock_timeout=...; online, a lock_timeout
+# the caller's transaction already set (the provisioner's PROVISIONER_LOCK_TIMEOUT_SECONDS) wins.
+DEFAULT_LOCK_TIMEOUT = "5s"
 
 config = context.config
 x_args = context.get_x_argument(as_dictionary=True)
@@ -37,6 +39,19 @@ def tenant_schema() -> str:
     return str(schema)
 
 
+def _explicit_lock_timeout() -> str | None:
+    value = config.attributes.get("lock_timeout") or x_args.get("lock_timeout")
+    return str(value) if value else None
+
+
+def _lock_timeout(connection: sa.Connection) -> str:
+    explicit = _explicit_lock_timeout()
+    if explicit:
+        return explicit
+    current = connection.execute(sa.text("SELECT current_setting('lock_timeout')")).scalar()
+    return str(current) if current and current != "0" else DEFAULT_LOCK_TIMEOUT
+
+
 def _url() -> str:
     url = x_args.get("url") or os.environ.get("MIGRATIONS_DATABASE_URL")
     return sqlalchemy_url(url) if url else config.get_main_option("sqlalchemy.url") or ""
@@ -44,7 +59,8 @@ def _url() -> str:
 
 def _run(connection: sa.Connection, schema: str) -> None:
     # Transaction-local: ends with the migration's transaction and never leaks into a pool.
-    connection.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"), {"t": LOCK_TIMEOUT})
+    lock_timeout = _lock_timeout(connection)
+    connection.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"), {"t": lock_timeout})
     connection.execute(sa.text("SELECT set_config('search_path', :s, true)"), {"s": f'"{schema}"'})
     context.configure(
         connection=connection,
@@ -61,7 +77,8 @@ def run_offline(schema: str) -> None:
         url=_url(), target_metadata=None, literal_binds=True, version_table_schema=schema
     )
     with context.begin_transaction():
-        context.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        lock_timeout = _explicit_lock_timeout() or DEFAULT_LOCK_TIMEOUT
+        context.execute(f"SET LOCAL lock_timeout = '{lock_timeout}'")
         context.execute(f'SET LOCAL search_path TO "{schema}"')
         context.run_migrations()
 

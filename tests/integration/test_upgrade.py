@@ -74,7 +74,7 @@ def test_a_worker_brings_the_queued_tenants_to_head_running_only_the_migrations(
                 (tenant, len(STEPS)),
             ).fetchall()
             assert [step for step, _ in reran] == ["run_tenant_migrations"]
-            assert "effect was missing" in reran[0][1] and "upgraded in place" in reran[0][1]
+            assert reran[0][1].startswith("path=alembic (fallback: no reference upgrade from ")
     assert job_of(database, "current") == untouched
     assert service.upgrade(settings).behind == []
 

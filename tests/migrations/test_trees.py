@@ -59,6 +59,8 @@ def test_control_tree_downgrades_and_upgrades(database: Database) -> None:
         ("job_runs", "INSERT,SELECT"),
         ("job_step_runs", "SELECT"),
         ("platform_jobs", "INSERT,SELECT,UPDATE"),
+        ("rollout_tenants", "SELECT"),
+        ("rollouts", "SELECT"),
         ("runtime_heartbeats", "INSERT,SELECT,UPDATE"),
         # app_rw inserts only (tenant_id, schema_name, display_name): a column privilege
         ("tenants", "SELECT"),

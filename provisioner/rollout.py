@@ -1,0 +1,323 @@
+"""Safe rollouts of a fleet upgrade: a canary wave, a failure brake, resume and abort, and the
+numbers behind ``upgrade --watch``.
+
+Every ``provisioner upgrade`` that queues tenants records a rollout (``control.rollouts``) and
+its tenants (``control.rollout_tenants``). With ``canary=N`` only the first N tenants' jobs are
+queued and the rollout waits in ``canary`` for review; ``resume`` queues the rest once every
+canary job has succeeded. With ``max_failures=K``, the K-th failed job halts the rollout: a
+trigger in the control schema holds its queued jobs (``available_at`` set to 9999-01-01: never
+claimed, not failed) in the transaction that records the failure, whichever process wrote it.
+``resume`` releases them; ``abort`` drops what has not started: held and queued jobs go back
+to succeeded (their schema was never touched, it is still at its old head) and pending tenants
+are dropped. A failed tenant stays at its old head, usable, and ``status`` shows its error.
+
+Rollout writes go through the owner URL (the application role only reads these tables).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from provisioner import queue, upgrade_replay
+from provisioner.errors import InvalidInput
+from provisioner.models import PROVISION_JOB_TYPE, STEPS, Job
+
+MIGRATION_STEP = "run_tenant_migrations"
+
+# The newest rollout that still needs an operator or a worker.
+ACTIVE = """
+SELECT * FROM control.rollouts WHERE state IN ('canary', 'running', 'halted')
+ ORDER BY id DESC LIMIT 1 FOR UPDATE
+"""
+
+LATEST = "SELECT * FROM control.rollouts ORDER BY id DESC LIMIT 1"
+
+GET = "SELECT * FROM control.rollouts WHERE id = %(id)s"
+
+# A new rollout closes the running ones before it (their jobs stay where they are).
+CLOSE_RUNNING = (
+    "UPDATE control.rollouts SET state = 'done', updated_at = now() WHERE state = 'running'"
+)
+
+CREATE = """
+INSERT INTO control.rollouts (head, canary, max_failures, state)
+VALUES (%(head)s, %(canary)s, %(max_failures)s, %(state)s)
+RETURNING *
+"""
+
+ADD_TENANTS = """
+INSERT INTO control.rollout_tenants (rollout_id, tenant_id, job_id, wave, state)
+SELECT %(rollout)s, t, j, %(wave)s, %(state)s
+  FROM unnest(%(tenants)s::text[], %(jobs)s::uuid[]) AS u(t, j)
+"""
+
+PENDING_JOBS = """
+SELECT job_id FROM control.rollout_tenants WHERE rollout_id = %(rollout)s AND state = 'pending'
+"""
+
+MARK_QUEUED = """
+UPDATE control.rollout_tenants SET state = 'queued'
+ WHERE rollout_id = %(rollout)s AND job_id = ANY(%(jobs)s)
+"""
+
+DROP_PENDING = """
+UPDATE control.rollout_tenants SET state = 'dropped'
+ WHERE rollout_id = %(rollout)s AND state = 'pending'
+"""
+
+SET_STATE = "UPDATE control.rollouts SET state = %(state)s, updated_at = now() WHERE id = %(id)s"
+
+# The canary's jobs by status.
+CANARY_STATUS = """
+SELECT j.status, count(*) AS n FROM control.rollout_tenants t
+  JOIN control.platform_jobs j ON j.id = t.job_id
+ WHERE t.rollout_id = %(rollout)s AND t.wave = 'canary' GROUP BY j.status
+"""
+
+# Release the jobs the brake held.
+RELEASE_HELD = """
+UPDATE control.platform_jobs j SET available_at = now(), updated_at = now()
+  FROM control.rollout_tenants t
+ WHERE t.rollout_id = %(rollout)s AND t.job_id = j.id AND j.status = 'queued'
+   AND j.available_at = '9999-01-01 00:00:00+00'
+RETURNING j.id
+"""
+
+# Abort: jobs not started go back to succeeded, with every step recorded (as before the
+# rollout: the schema was never touched).
+DROP_QUEUED = """
+UPDATE control.platform_jobs j
+   SET status = 'succeeded', steps_completed = %(steps)s, progress = 100, attempts = 0,
+       available_at = now(), finished_at = now(), error_detail = NULL, updated_at = now()
+  FROM control.rollout_tenants t
+ WHERE t.rollout_id = %(rollout)s AND t.job_id = j.id AND j.status = 'queued'
+RETURNING j.id
+"""
+
+# The watch: each tenant of the rollout with its job's state folded into one word.
+PROGRESS = """
+SELECT CASE
+         WHEN t.state <> 'queued' THEN t.state
+         WHEN j.status = 'queued' AND j.available_at = '9999-01-01 00:00:00+00' THEN 'held'
+         WHEN j.status = 'succeeded' THEN 'done'
+         ELSE j.status
+       END AS phase,
+       count(*) AS n
+  FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
+ WHERE t.rollout_id = %(rollout)s
+ GROUP BY 1
+"""
+
+FINISHED_SPAN = """
+SELECT count(*) AS done, min(j.finished_at) AS first, max(j.finished_at) AS last
+  FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
+ WHERE t.rollout_id = %(rollout)s AND t.state = 'queued' AND j.status = 'succeeded'
+   AND j.finished_at >= %(since)s
+"""
+
+LATEST_FAILURES = """
+SELECT j.tenant_id, j.error_detail, j.status, j.attempts FROM control.rollout_tenants t
+  JOIN control.platform_jobs j ON j.id = t.job_id
+ WHERE t.rollout_id = %(rollout)s AND j.error_detail IS NOT NULL AND j.status <> 'succeeded'
+ ORDER BY j.updated_at DESC LIMIT %(limit)s
+"""
+
+Conn = psycopg.Connection[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    id: int
+    head: str
+    state: str
+    canary: int | None
+    max_failures: int | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Rollout:
+        return cls(
+            row["id"],
+            row["head"],
+            row["state"],
+            row["canary"],
+            row["max_failures"],
+            row["created_at"],
+        )
+
+
+def _reopen(conn: Conn, rollout: Rollout, job_ids: list[UUID]) -> list[Job]:
+    jobs = queue.reopen_for_upgrade(
+        conn, job_ids, step=MIGRATION_STEP, key=upgrade_replay.UPGRADE_TO, head=rollout.head
+    )
+    conn.execute(MARK_QUEUED, {"rollout": rollout.id, "jobs": [j.id for j in jobs]})
+    return jobs
+
+
+def start(
+    conn: Conn,
+    head: str,
+    behind: list[Job],
+    *,
+    canary: int | None = None,
+    max_failures: int | None = None,
+) -> tuple[Rollout, list[Job]]:
+    """Record a rollout of ``behind`` and queue its first wave (all, or the canary); in the
+    caller's transaction. Refused while another rollout waits for review or is halted."""
+    active = conn.execute(ACTIVE).fetchone()
+    if active is not None and active["state"] in ("canary", "halted"):
+        raise InvalidInput(
+            f"rollout {active['id']} is {active['state']}: "
+            "`provisioner upgrade --resume` or `--abort` it first"
+        )
+    conn.execute(CLOSE_RUNNING)
+    state = "canary" if canary is not None and canary < len(behind) else "running"
+    row = conn.execute(
+        CREATE, {"head": head, "canary": canary, "max_failures": max_failures, "state": state}
+    ).fetchone()
+    assert row is not None
+    rollout = Rollout.from_row(row)
+    first = behind[: canary or len(behind)]
+    rest = behind[len(first) :]
+    for wave, jobs in (("canary" if canary else "main", first), ("main", rest)):
+        if jobs:
+            conn.execute(
+                ADD_TENANTS,
+                {
+                    "rollout": rollout.id,
+                    "wave": wave,
+                    "state": "pending",
+                    "tenants": [str(j.tenant_id) for j in jobs],
+                    "jobs": [j.id for j in jobs],
+                },
+            )
+    return rollout, _reopen(conn, rollout, [j.id for j in first])
+
+
+@dataclass(frozen=True)
+class Resumed:
+    rollout: Rollout
+    #: jobs queued now (the rest after a canary), or released (held by the brake)
+    queued: int
+    released: int
+
+
+def resume(conn: Conn) -> Resumed:
+    """Continue the active rollout: after a successful canary, queue the rest; after a halt,
+    release the held jobs. In the caller's transaction."""
+    row = conn.execute(ACTIVE).fetchone()
+    if row is None or row["state"] == "running":
+        raise InvalidInput("no rollout waits for review or is halted: nothing to resume")
+    rollout = Rollout.from_row(row)
+    if rollout.state == "canary":
+        counts = {r["status"]: r["n"] for r in conn.execute(CANARY_STATUS, {"rollout": rollout.id})}
+        unfinished = sum(n for status, n in counts.items() if status != "succeeded")
+        if unfinished:
+            raise InvalidInput(
+                f"rollout {rollout.id}: {unfinished} canary tenant(s) have not succeeded "
+                f"({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}); wait, fix and "
+                "`jobs retry --failed`, or `upgrade --abort`"
+            )
+        pending = [r["job_id"] for r in conn.execute(PENDING_JOBS, {"rollout": rollout.id})]
+        queued = _reopen(conn, rollout, pending)
+        conn.execute(DROP_PENDING, {"rollout": rollout.id})  # no longer behind: nothing to do
+        conn.execute(SET_STATE, {"state": "running", "id": rollout.id})
+        return Resumed(rollout, len(queued), 0)
+    released = conn.execute(RELEASE_HELD, {"rollout": rollout.id}).fetchall()
+    if released:  # wake the idle workers once the release commits
+        conn.execute(
+            queue.NOTIFY, {"channel": queue.NOTIFY_CHANNEL, "job_type": PROVISION_JOB_TYPE}
+        )
+    conn.execute(SET_STATE, {"state": "running", "id": rollout.id})
+    return Resumed(rollout, 0, len(released))
+
+
+@dataclass(frozen=True)
+class Aborted:
+    rollout: Rollout
+    dropped_jobs: int
+
+
+def abort(conn: Conn) -> Aborted:
+    """Drop what the active rollout has not started; running jobs finish. In the caller's
+    transaction."""
+    row = conn.execute(ACTIVE).fetchone()
+    if row is None:
+        raise InvalidInput("no rollout is in progress: nothing to abort")
+    rollout = Rollout.from_row(row)
+    dropped = conn.execute(DROP_QUEUED, {"rollout": rollout.id, "steps": Jsonb(list(STEPS))})
+    count = len(dropped.fetchall())
+    conn.execute(DROP_PENDING, {"rollout": rollout.id})
+    conn.execute(SET_STATE, {"state": "aborted", "id": rollout.id})
+    return Aborted(rollout, count)
+
+
+@dataclass(frozen=True)
+class Failure:
+    tenant_id: str
+    status: str
+    attempts: int
+    error: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One frame of ``upgrade --watch``."""
+
+    rollout: Rollout | None
+    #: tenants of the rollout by phase: done, running, queued, held, failed, pending, dropped
+    phases: dict[str, int]
+    #: tenants finished per minute since the first finished, and the minutes left at that rate
+    rate_per_minute: float | None
+    eta_minutes: float | None
+    failures: list[Failure]
+
+    @property
+    def finished(self) -> bool:
+        return not any(self.phases.get(p) for p in ("running", "queued"))
+
+
+def progress(conn: Conn, failures: int = 5) -> Progress:
+    row = conn.execute(LATEST).fetchone()
+    if row is None:
+        return Progress(None, {}, None, None, [])
+    rollout = Rollout.from_row(row)
+    phases = {r["phase"]: int(r["n"]) for r in conn.execute(PROGRESS, {"rollout": rollout.id})}
+    span = conn.execute(FINISHED_SPAN, {"rollout": rollout.id, "since": rollout.created_at})
+    done = span.fetchone()
+    rate = eta = None
+    if done and done["done"] and done["last"] is not None:
+        seconds = max((done["last"] - rollout.created_at).total_seconds(), 0.001)
+        rate = done["done"] / seconds * 60
+        left = phases.get("queued", 0) + phases.get("running", 0)
+        eta = left / rate if rate else None
+    latest = [
+        Failure(str(r["tenant_id"]), r["status"], int(r["attempts"]), str(r["error_detail"]))
+        for r in conn.execute(LATEST_FAILURES, {"rollout": rollout.id, "limit": failures})
+    ]
+    return Progress(rollout, phases, rate, eta, latest)
+
+
+def get(conn: Conn, rollout_id: int) -> Rollout:
+    row = conn.execute(GET, {"id": rollout_id}).fetchone()
+    if row is None:
+        raise InvalidInput(f"no rollout {rollout_id}")
+    return Rollout.from_row(row)
+
+
+def wait_for_canary(conn: Conn, rollout: Rollout, poll_seconds: float = 0.5) -> dict[str, int]:
+    """Block until no canary job is queued or running; the canary's jobs by status."""
+    while True:
+        counts = {
+            r["status"]: int(r["n"]) for r in conn.execute(CANARY_STATUS, {"rollout": rollout.id})
+        }
+        if not counts.get("queued") and not counts.get("running"):
+            return counts
+        time.sleep(poll_seconds)

@@ -1,0 +1,265 @@
+"""The verified fast path of a fleet upgrade: replay the new revisions' DDL in place.
+
+``provisioner upgrade`` re-opens the provisioning job of every tenant behind the head, and a
+worker re-runs ``run_tenant_migrations`` on a schema that already holds the tenant's tables and
+data. Running Alembic there costs ~13 ms a tenant (loading ``env.py`` and every revision file,
+one round trip per statement) for DDL that takes ~1 ms. Here, as for an empty schema
+(:mod:`provisioner.tenant_template_cache`), the statements Alembic's offline mode emits for
+``FROM:head`` are replayed in ONE round trip under a savepoint, and the result is proven equal
+to what Alembic builds. The step record says which path ran and why::
+
+    path=replay from=t004 head=t005
+    path=alembic (fallback: <reason>) from=t004 head=t005
+
+The checks, in order:
+
+1. **Every revision to run is pure DDL.** A revision opts in with ``pure_ddl = True`` at module
+   level (the revision template writes ``pure_ddl = False``), and the SQL it emits offline must
+   be DDL alone (``CREATE``/``ALTER``/``DROP``/``COMMENT``/``GRANT``/``REVOKE``, plus the version
+   table's own row). A data migration or a revision whose Python reads the database cannot be
+   captured offline: it always runs through Alembic, tenant by tenant.
+2. **The script is current**: captured for this tree digest and this starting revision.
+3. **A reference exists**: the catalog fingerprint of a tenant that Alembic itself upgraded
+   from the same revision, in the same database, for the same tree. The first such tenant a
+   process upgrades runs Alembic and becomes the reference.
+4. **The replay matches**: the upgraded schema's fingerprint equals the reference. A mismatch
+   (a tenant that drifted, or a reference that had) rolls back to the savepoint and runs Alembic;
+   the reference is dropped and the next Alembic run supplies a new one, so one drifted tenant
+   never turns the fast path off for the fleet.
+
+A lock timeout is not a reason to fall back: Alembic would wait for the same lock. The error
+propagates and the queue retries the tenant later with backoff.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from provisioner import migrations, tenant_schema
+from provisioner.db import DatabaseError, Transaction, translated
+from provisioner.models import Job
+from provisioner.template_reference import PLACEHOLDER_SCHEMA, Fingerprint
+from provisioner.tenant_template_cache import TemplateCache, database_key, describe_difference
+
+SAVEPOINT = "tenant_upgrade_replay"
+
+#: The job payload key a fleet upgrade sets: the head label the job brings the tenant to.
+UPGRADE_TO = "upgrade_to"
+
+#: The statements a pure-DDL revision may emit, by their first words.
+DDL = re.compile(r"(CREATE|ALTER|DROP|COMMENT|GRANT|REVOKE)\s", re.IGNORECASE)
+#: Alembic's own bookkeeping of the version table (schema qualifier already removed).
+VERSION_ROW = re.compile(
+    r"(UPDATE alembic_version SET|INSERT INTO alembic_version|DELETE FROM alembic_version)\b"
+)
+#: Lines the replay sets itself or the step's transaction owns.
+SESSION_LINES = re.compile(r"(BEGIN|COMMIT|SET LOCAL (search_path|lock_timeout)\b.*);?$", re.I)
+
+
+class NotReplayable(Exception):
+    """The revisions between a schema's version and the head cannot be replayed."""
+
+
+@dataclass(frozen=True)
+class UpgradeScript:
+    """The DDL that brings a schema from ``start`` to ``heads``, schema-less, as one script."""
+
+    digest: str
+    start: frozenset[str]
+    heads: frozenset[str]
+    statements: tuple[str, ...]
+
+    @property
+    def script(self) -> str:
+        return "\n".join(self.statements)
+
+    @classmethod
+    def capture(cls, start: frozenset[str], tree: Path | None = None) -> UpgradeScript:
+        """Alembic offline for ``start:head``; refused unless every revision is pure DDL."""
+        if len(start) != 1:
+            raise NotReplayable(f"the schema records {len(start)} revisions (a merge point)")
+        impure = [
+            r.revision for r in migrations.tenant_revisions_after(start, tree) if not r.pure_ddl
+        ]
+        if impure:
+            raise NotReplayable(
+                f"revision(s) {', '.join(impure)} do not declare pure_ddl = True: "
+                "data or Python migrations run through Alembic"
+            )
+        before = migrations.tenant_tree_state(tree)
+        emitted = migrations.tenant_offline_sql(PLACEHOLDER_SCHEMA, tree=tree, start=start)
+        if migrations.tenant_tree_state(tree) != before:
+            raise NotReplayable("the tree changed while its SQL was captured")
+        kept: list[str] = []
+        for text in emitted:
+            if _only_comments(text) or SESSION_LINES.match(text):
+                continue
+            text = text.replace(f"{PLACEHOLDER_SCHEMA}.", "")
+            if PLACEHOLDER_SCHEMA in text:
+                raise NotReplayable(f"a statement names the schema: {text[:80]!r}")
+            if not (DDL.match(text) or VERSION_ROW.match(text)):
+                raise NotReplayable(f"a statement is not DDL: {text[:80]!r}")
+            kept.append(text)
+        if not any(VERSION_ROW.match(t) for t in kept):
+            raise NotReplayable("the offline SQL does not move the version table")
+        return cls(before.digest, start, before.heads, tuple(kept))
+
+
+def upgrade_only(job: Job) -> bool:
+    """A job a fleet upgrade re-opened, for the head the tree has now: its engine runs the
+    migration step alone and trusts the other recorded steps without re-checking them (a
+    repair is ``provisioner provision``'s job). Re-opened another way, or after the head moved
+    again, the job is re-checked as usual."""
+    return (
+        job.payload.get(UPGRADE_TO) == migrations.head_label(migrations.tenant_heads())
+        and "run_tenant_migrations" not in job.steps_completed
+    )
+
+
+def _only_comments(text: str) -> bool:
+    return all(not line.strip() or line.lstrip().startswith("--") for line in text.splitlines())
+
+
+def _is_lock_timeout(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.Error) and cause.sqlstate == "55P03"
+
+
+@dataclass(frozen=True)
+class UpgradeOutcome:
+    path: str  # 'replay' or 'alembic'
+    start: frozenset[str]
+    heads: frozenset[str]
+    reason: str | None = None
+
+    @property
+    def detail(self) -> str:
+        via = self.path if self.reason is None else f"{self.path} (fallback: {self.reason})"
+        return (
+            f"path={via} from={migrations.head_label(self.start)} "
+            f"head={migrations.head_label(self.heads)}"
+        )
+
+
+ReferenceKey = tuple[str, frozenset[str], tuple[str, ...]]
+
+
+class UpgradeCache:
+    """An engine's upgrade scripts and reference fingerprints, keyed by tree and start (owned
+    by the engine and passed in the step context, like the template cache)."""
+
+    def __init__(self) -> None:
+        self.scripts: dict[tuple[str, frozenset[str]], UpgradeScript | str] = {}
+        self.references: dict[ReferenceKey, Fingerprint] = {}
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self.scripts.clear()
+            self.references.clear()
+
+    def migrate(
+        self, tx: Transaction, schema: str, lock_timeout_ms: int, templates: TemplateCache
+    ) -> str:
+        """Bring ``schema`` to head in the step's transaction; the step record's detail.
+
+        A new schema (no version table) and one already at head go to the provisioning fast
+        path (``templates``, the engine's); a schema behind the head is upgraded here.
+        """
+        with tx.pg.cursor() as cur:
+            cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{lock_timeout_ms}ms",))
+        with translated():
+            versions = migrations.tenant_versions(tx.pg, schema)
+        tree = migrations.tenant_tree_state()
+        if not versions or versions == tree.heads:
+            return templates.migrate(tx, schema).detail
+        with self._lock:
+            return self._upgrade(tx, schema, versions, tree).detail
+
+    def _upgrade(
+        self, tx: Transaction, schema: str, start: frozenset[str], tree: migrations.TreeState
+    ) -> UpgradeOutcome:
+        script = self.scripts.get((tree.digest, start))
+        if script is None:
+            try:
+                script = UpgradeScript.capture(start)
+            except NotReplayable as exc:
+                script = str(exc)
+            except Exception as exc:  # e.g. a revision the tree does not know: Alembic says it
+                script = f"cannot capture the upgrade's SQL: {type(exc).__name__}: {exc}"
+            self.scripts[(tree.digest, start)] = script
+        if isinstance(script, str):
+            return self._alembic(tx, schema, start, tree, script)
+        if script.digest != tree.digest:
+            del self.scripts[(tree.digest, start)]
+            return self._alembic(tx, schema, start, tree, "the tree changed since the capture")
+        key = (tree.digest, start, database_key(tx))
+        reference = self.references.get(key)
+        if reference is None:
+            return self._alembic(
+                tx,
+                schema,
+                start,
+                tree,
+                f"no reference upgrade from {migrations.head_label(start)} yet for this tree "
+                "and database: this one becomes it",
+                learn=key,
+            )
+        problem = self._replay(tx, schema, script, reference)
+        if problem is None:
+            return UpgradeOutcome("replay", start, tree.heads)
+        self.references.pop(key, None)
+        return self._alembic(tx, schema, start, tree, problem, learn=key)
+
+    def _replay(
+        self, tx: Transaction, schema: str, script: UpgradeScript, reference: Fingerprint
+    ) -> str | None:
+        """Replay under a savepoint; None when the result matches the reference, else why it
+        was rolled back. A lock timeout is raised, not turned into a fallback."""
+        text = (
+            sql.SQL("SAVEPOINT {}; SET LOCAL search_path TO {};\n")
+            .format(sql.Identifier(SAVEPOINT), sql.Identifier(schema))
+            .as_string(tx.pg)
+            + script.script
+        )
+        with tx.pg.cursor() as cur:
+            try:
+                with translated():
+                    cur.execute(text.encode())
+                    got = tenant_schema.fingerprint(tx.pg, schema)
+            except DatabaseError as exc:
+                cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
+                if _is_lock_timeout(exc):
+                    raise
+                problem = f"replay failed: {exc}"
+            else:
+                if got == reference:
+                    cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
+                    return None
+                problem = f"fingerprint mismatch: {describe_difference(reference, got)}"
+                cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
+            cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
+        return problem
+
+    def _alembic(
+        self,
+        tx: Transaction,
+        schema: str,
+        start: frozenset[str],
+        tree: migrations.TreeState,
+        reason: str,
+        *,
+        learn: ReferenceKey | None = None,
+    ) -> UpgradeOutcome:
+        """Run the revisions in place; with ``learn``, keep the result as the reference."""
+        migrations.upgrade_tenant(tx.sa, schema)
+        after = migrations.tenant_tree_state()
+        if learn is not None and after == tree:
+            self.references[learn] = tenant_schema.fingerprint(tx.pg, schema)
+        return UpgradeOutcome("alembic", start, after.heads, reason)

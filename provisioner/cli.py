@@ -283,14 +283,28 @@ def enqueue(ctx: click.Context, tenant_id: str, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Say which tenants are behind; queue nothing.")
 @click.option("--details", is_flag=True, help="List every tenant behind, not the first ten.")
 @click.option(
-    "--canary", type=int, default=None, help="Queue N tenants first, then stop for review."
+    "--canary",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Queue N tenants first, then stop for review.",
 )
 @click.option("--then-all", is_flag=True, help="With --canary: continue once the canary succeeded.")
-@click.option("--max-failures", type=int, default=None, help="Hold the rest after K failures.")
+@click.option(
+    "--max-failures",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Hold the rest after K failures.",
+)
 @click.option("--resume", is_flag=True, help="Continue the rollout after review or a halt.")
 @click.option("--abort", is_flag=True, help="Drop what the rollout has not started.")
 @click.option("--watch", is_flag=True, help="Follow the latest rollout live.")
-@click.option("--interval", default=1.0, show_default=True, help="Seconds between --watch frames.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Seconds between --watch frames.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @fail_cleanly
@@ -573,8 +587,6 @@ def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
 def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, interval: float) -> None:
     """Show TENANT_ID's provisioning state. Exit 3 if the tenant is unknown."""
     service.TenantId(tenant_id)
-    if interval <= 0:
-        raise InvalidInput(f"--interval must be a positive number of seconds, got {interval:g}")
     settings = settings_of(ctx)
     last: tuple[Any, ...] | None = None
     while True:

@@ -188,9 +188,12 @@ def test_a_file_as_object_store_path_is_refused_before_anything_is_created(
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (("jobs", "list", "--limit", "-1"), "--limit must be at least 1"),
-        (("jobs", "list", "--limit", "0"), "--limit must be at least 1"),
-        (("status", "acme", "--watch", "--interval", "-1"), "--interval must be a positive"),
+        (("jobs", "list", "--limit", "-1"), "Invalid value for '--limit': -1 is not in the range"),
+        (("jobs", "list", "--limit", "0"), "Invalid value for '--limit': 0 is not in the range"),
+        (
+            ("status", "acme", "--watch", "--interval", "-1"),
+            "Invalid value for '--interval': -1.0 is not in the range",
+        ),
     ],
 )
 def test_bad_flag_values_exit_2_with_one_line(

@@ -13,13 +13,16 @@ import provisioner
 
 
 def sign_up(session: Session, tenant_id: str, display_name: str) -> provisioner.Job:
-    """Queue the tenant's provisioning and record its name; the caller commits both or neither."""
-    job = provisioner.enqueue(session, tenant_id)
+    """Register the tenant under its name and queue its provisioning; the caller commits both or
+    neither. (The application role may register a tenant, never change one: the owner's.)"""
     session.execute(
-        sa.text("UPDATE control.tenants SET display_name = :name WHERE tenant_id = :id"),
-        {"name": display_name, "id": tenant_id},
+        sa.text(
+            "INSERT INTO control.tenants (tenant_id, schema_name, display_name) "
+            "VALUES (:id, :schema, :name) ON CONFLICT (tenant_id) DO NOTHING"
+        ),
+        {"id": tenant_id, "schema": f"tenant_{tenant_id}", "name": display_name},
     )
-    return job
+    return provisioner.enqueue(session, tenant_id)
 
 
 async def sign_up_async(conn: psycopg.AsyncConnection[Any], tenant_id: str) -> provisioner.Job:

@@ -176,11 +176,12 @@ def control_revision_sa(engine: sa.Engine) -> str | None:
         return context.get_current_revision()
 
 
-def upgrade_tenant(connection: sa.Connection, schema: str) -> None:
-    """Run the tenant template to head inside ``schema``, in the caller's transaction."""
+def upgrade_tenant(connection: sa.Connection, schema: str, target: str = "head") -> None:
+    """Run the tenant template to ``target`` (the head by default) inside ``schema``, in the
+    caller's transaction."""
     from alembic import command
 
-    command.upgrade(tenant_config(schema, connection=connection), "head")
+    command.upgrade(tenant_config(schema, connection=connection), target)
 
 
 class _StatementRecorder:

@@ -27,7 +27,13 @@ def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
 def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
     # A verified replay when it applies (the template for a new schema, the new revisions' DDL
     # for one behind the head), else Alembic; the detail says which ran and why.
-    return ctx.upgrades.migrate(tx, ctx.tenant.schema, ctx.lock_timeout_ms, ctx.templates)
+    return ctx.upgrades.migrate(
+        tx,
+        ctx.tenant.schema,
+        lock_timeout_ms=ctx.lock_timeout_ms,
+        templates=ctx.templates,
+        app_role=ctx.app_role,
+    )
 
 
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:

@@ -19,13 +19,16 @@ The checks, in order:
    table's own row). A data migration or a revision whose Python reads the database cannot be
    captured offline: it always runs through Alembic, tenant by tenant.
 2. **The script is current**: captured for this tree digest and this starting revision.
-3. **A reference exists**: the catalog fingerprint of a tenant that Alembic itself upgraded
-   from the same revision, in the same database, for the same tree. The first such tenant a
-   process upgrades runs Alembic and becomes the reference.
+3. **A reference exists**: the catalog fingerprint of a scratch schema that Alembic built at
+   the starting revision, that was granted like a tenant, and that Alembic then upgraded to the
+   head, in the same database, for the same tree. It is computed once per database, tree state
+   and starting revision, under an advisory lock, stored in
+   ``control.tenant_upgrade_references`` and the scratch schema rolled back: every process,
+   one-off or worker, replays from its first tenant, and no tenant's drift can become the
+   reference.
 4. **The replay matches**: the upgraded schema's fingerprint equals the reference. A mismatch
-   (a tenant that drifted, or a reference that had) rolls back to the savepoint and runs Alembic;
-   the reference is dropped and the next Alembic run supplies a new one, so one drifted tenant
-   never turns the fast path off for the fleet.
+   (a tenant that drifted) rolls back to the savepoint and runs Alembic for that tenant alone;
+   the next tenant replays again.
 
 A lock timeout is not a reason to fall back: Alembic would wait for the same lock. The error
 propagates and the queue retries the tenant later with backoff.
@@ -34,12 +37,15 @@ propagates and the queue retries the tenant later with backoff.
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from provisioner import migrations, tenant_schema
 from provisioner.db import DatabaseError, Transaction, translated
@@ -48,6 +54,21 @@ from provisioner.template_reference import PLACEHOLDER_SCHEMA, Fingerprint
 from provisioner.tenant_template_cache import TemplateCache, database_key, describe_difference
 
 SAVEPOINT = "tenant_upgrade_replay"
+SCRATCH_SAVEPOINT = "tenant_upgrade_reference"
+#: First key of the advisory lock under which one process computes a reference ('upgr').
+REFERENCE_LOCK_CLASS = 0x75706772
+
+# The stored reference of an upgrade from one revision, for one tree state.
+SELECT_REFERENCE = """
+SELECT fingerprint FROM control.tenant_upgrade_references
+ WHERE tree_digest = %(digest)s AND start = %(start)s
+"""
+INSERT_REFERENCE = """
+INSERT INTO control.tenant_upgrade_references (tree_digest, start, heads, fingerprint, created_by)
+VALUES (%(digest)s, %(start)s, %(heads)s, %(fingerprint)s, %(created_by)s)
+ON CONFLICT (tree_digest, start) DO NOTHING
+"""
+LOCK_REFERENCE = "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(digest)s || %(start)s))"
 
 #: The job payload key a fleet upgrade sets: the head label the job brings the tenant to.
 UPGRADE_TO = "upgrade_to"
@@ -150,6 +171,72 @@ class UpgradeOutcome:
 ReferenceKey = tuple[str, frozenset[str], tuple[str, ...]]
 
 
+def _load_reference(tx: Transaction, digest: str, start: str) -> Fingerprint | None:
+    with tx.pg.cursor(row_factory=dict_row) as cur:
+        cur.execute(SELECT_REFERENCE, {"digest": digest, "start": start})
+        row = cur.fetchone()
+    if row is None:
+        return None
+    return {name: [tuple(r) for r in rows] for name, rows in row["fingerprint"].items()}
+
+
+def obtain_reference(
+    tx: Transaction,
+    start: frozenset[str],
+    tree: migrations.TreeState,
+    app_role: str,
+    created_by: str,
+) -> Fingerprint:
+    """The stored reference of an upgrade from ``start``, computed and stored in ``tx`` when
+    nobody did it yet (the caller's transaction holds the advisory lock until it ends)."""
+    label = migrations.head_label(start)
+    found = _load_reference(tx, tree.digest, label)
+    if found is not None:
+        return found
+    with tx.pg.cursor() as cur:
+        cur.execute(
+            LOCK_REFERENCE, {"class": REFERENCE_LOCK_CLASS, "digest": tree.digest, "start": label}
+        )
+    found = _load_reference(tx, tree.digest, label)  # computed by the lock's previous holder
+    if found is not None:
+        return found
+    fingerprint = _compute_reference(tx, label, tree, app_role)
+    with tx.pg.cursor() as cur:
+        cur.execute(
+            INSERT_REFERENCE,
+            {
+                "digest": tree.digest,
+                "start": label,
+                "heads": sorted(tree.heads),
+                "fingerprint": Jsonb(fingerprint),
+                "created_by": created_by,
+            },
+        )
+    return fingerprint
+
+
+def _compute_reference(
+    tx: Transaction, start: str, tree: migrations.TreeState, app_role: str
+) -> Fingerprint:
+    """Alembic builds a scratch schema at ``start``, it is granted like a tenant, Alembic
+    upgrades it to the head, and its fingerprint is taken; the savepoint rolls all of it back."""
+    scratch = f"tenant_zz_upgrade_{secrets.token_hex(6)}"
+    savepoint = sql.Identifier(SCRATCH_SAVEPOINT)
+    with tx.pg.cursor() as cur:
+        cur.execute(sql.SQL("SAVEPOINT {}").format(savepoint))
+        try:
+            tenant_schema.create_schema(tx.pg, scratch)
+            migrations.upgrade_tenant(tx.sa, scratch, start)
+            tenant_schema.grant_app_role(tx.pg, scratch, app_role)
+            migrations.upgrade_tenant(tx.sa, scratch)
+            if migrations.tenant_tree_state() != tree:
+                raise NotReplayable("the tree changed while the upgrade reference was built")
+            return tenant_schema.fingerprint(tx.pg, scratch)
+        finally:
+            cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(savepoint))
+            cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(savepoint))
+
+
 class UpgradeCache:
     """An engine's upgrade scripts and reference fingerprints, keyed by tree and start (owned
     by the engine and passed in the step context, like the template cache)."""
@@ -165,7 +252,13 @@ class UpgradeCache:
             self.references.clear()
 
     def migrate(
-        self, tx: Transaction, schema: str, lock_timeout_ms: int, templates: TemplateCache
+        self,
+        tx: Transaction,
+        schema: str,
+        *,
+        lock_timeout_ms: int,
+        templates: TemplateCache,
+        app_role: str,
     ) -> str:
         """Bring ``schema`` to head in the step's transaction; the step record's detail.
 
@@ -180,10 +273,16 @@ class UpgradeCache:
         if not versions or versions == tree.heads:
             return templates.migrate(tx, schema).detail
         with self._lock:
-            return self._upgrade(tx, schema, versions, tree).detail
+            return self._upgrade(tx, schema, versions, tree, app_role, templates.holder).detail
 
     def _upgrade(
-        self, tx: Transaction, schema: str, start: frozenset[str], tree: migrations.TreeState
+        self,
+        tx: Transaction,
+        schema: str,
+        start: frozenset[str],
+        tree: migrations.TreeState,
+        app_role: str,
+        holder: str,
     ) -> UpgradeOutcome:
         script = self.scripts.get((tree.digest, start))
         if script is None:
@@ -195,27 +294,22 @@ class UpgradeCache:
                 script = f"cannot capture the upgrade's SQL: {type(exc).__name__}: {exc}"
             self.scripts[(tree.digest, start)] = script
         if isinstance(script, str):
-            return self._alembic(tx, schema, start, tree, script)
+            return self._alembic(tx, schema, start, reason=script)
         if script.digest != tree.digest:
             del self.scripts[(tree.digest, start)]
-            return self._alembic(tx, schema, start, tree, "the tree changed since the capture")
+            return self._alembic(tx, schema, start, reason="the tree changed since the capture")
         key = (tree.digest, start, database_key(tx))
         reference = self.references.get(key)
         if reference is None:
-            return self._alembic(
-                tx,
-                schema,
-                start,
-                tree,
-                f"no reference upgrade from {migrations.head_label(start)} yet for this tree "
-                "and database: this one becomes it",
-                learn=key,
-            )
+            try:
+                reference = obtain_reference(tx, start, tree, app_role, holder)
+            except NotReplayable as exc:
+                return self._alembic(tx, schema, start, reason=str(exc))
+            self.references[key] = reference
         problem = self._replay(tx, schema, script, reference)
         if problem is None:
             return UpgradeOutcome("replay", start, tree.heads)
-        self.references.pop(key, None)
-        return self._alembic(tx, schema, start, tree, problem, learn=key)
+        return self._alembic(tx, schema, start, reason=problem)
 
     def _replay(
         self, tx: Transaction, schema: str, script: UpgradeScript, reference: Fingerprint
@@ -248,18 +342,8 @@ class UpgradeCache:
         return problem
 
     def _alembic(
-        self,
-        tx: Transaction,
-        schema: str,
-        start: frozenset[str],
-        tree: migrations.TreeState,
-        reason: str,
-        *,
-        learn: ReferenceKey | None = None,
+        self, tx: Transaction, schema: str, start: frozenset[str], *, reason: str
     ) -> UpgradeOutcome:
-        """Run the revisions in place; with ``learn``, keep the result as the reference."""
+        """Run the revisions in place through Alembic, saying why the replay did not."""
         migrations.upgrade_tenant(tx.sa, schema)
-        after = migrations.tenant_tree_state()
-        if learn is not None and after == tree:
-            self.references[learn] = tenant_schema.fingerprint(tx.pg, schema)
-        return UpgradeOutcome("alembic", start, after.heads, reason)
+        return UpgradeOutcome("alembic", start, migrations.tenant_heads(), reason)

@@ -8,6 +8,11 @@ the rollout's queued jobs (``available_at`` set to 9999-01-01, a finite date dri
 never claimed, not failed) and halts the rollout, in the same transaction as the failure,
 whichever process wrote it.
 
+``tenant_upgrade_references``: for one state of the tenant tree and one starting revision, the
+catalog fingerprint Alembic builds when it upgrades a granted tenant from there to the head
+(computed once per database on a scratch schema that is rolled back): what a replayed upgrade
+must match.
+
 Revision ID: 20260804_c008
 Revises: 20260728_c004
 Create Date: 2026-08-04
@@ -54,6 +59,19 @@ def upgrade() -> None:
         """
     )
     op.execute("CREATE INDEX rollout_tenants_job_idx ON control.rollout_tenants (job_id)")
+    op.execute(
+        """
+        CREATE TABLE control.tenant_upgrade_references (
+            tree_digest TEXT NOT NULL,
+            start       TEXT NOT NULL,
+            heads       TEXT[] NOT NULL,
+            fingerprint JSONB NOT NULL,
+            created_by  TEXT NOT NULL,
+            created_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (tree_digest, start)
+        )
+        """
+    )
     op.execute(
         """
         CREATE FUNCTION control.rollout_brake() RETURNS trigger
@@ -103,5 +121,6 @@ def downgrade() -> None:
     revoke_from_app_role("ALL", "TABLE control.rollouts")
     op.execute("DROP TRIGGER platform_jobs_rollout_brake ON control.platform_jobs")
     op.execute("DROP FUNCTION control.rollout_brake()")
+    op.execute("DROP TABLE control.tenant_upgrade_references")
     op.execute("DROP TABLE control.rollout_tenants")
     op.execute("DROP TABLE control.rollouts")

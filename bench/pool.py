@@ -27,7 +27,7 @@ from bench.figures import Figure, Results
 from bench.provisioning import raw_script
 from provisioner import migrations, queue, tenant_schema
 from provisioner.models import TenantId
-from provisioner.tenant_template_cache import Template
+from provisioner.template_replay import Template
 
 POOL_SIZE = 4
 #: Pause between the pool being full again and the next sign-up (and between no-pool tenants).

@@ -49,7 +49,7 @@ from provisioner import (
 from provisioner.engine import Engine
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.storage import store_from_settings
-from provisioner.tenant_template_cache import Template, TemplateCache
+from provisioner.template_replay import Template, TemplateCache
 
 
 def raw_script(

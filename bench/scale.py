@@ -26,7 +26,7 @@ from bench.figures import Figure, Results
 from bench.provisioning import raw_script
 from provisioner import service, tenant_schema
 from provisioner.models import JobStatus
-from provisioner.tenant_template_cache import Template
+from provisioner.template_replay import Template
 
 PROBES = 5
 

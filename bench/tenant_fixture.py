@@ -31,7 +31,7 @@ from bench.cluster import BenchCluster, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
 from provisioner import service, tenant_schema
-from provisioner.tenant_template_cache import Template
+from provisioner.template_replay import Template
 from provisioner.testing import PgServer, ProvisionerDatabase, TenantFactory
 
 

@@ -21,7 +21,7 @@ from bench.figures import Figure, Results
 from bench.provisioning import raw_script
 from provisioner import queue, service, tenant_schema
 from provisioner.models import TenantId
-from provisioner.tenant_template_cache import Template
+from provisioner.template_replay import Template
 
 CONCURRENCY = (1, 2, 4)
 

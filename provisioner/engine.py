@@ -36,7 +36,7 @@ from provisioner.kinds import JobKind, KindRegistry, Step, StepContext
 from provisioner.models import PROVISION_JOB_TYPE, Job, Lease, TenantId
 from provisioner.settings import Settings
 from provisioner.storage import ObjectStore, store_from_settings
-from provisioner.tenant_template_cache import TemplateCache
+from provisioner.template_replay import TemplateCache
 
 #: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
 TENANT_LOCK_CLASS = 0x70726F76

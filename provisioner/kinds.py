@@ -27,14 +27,14 @@ from provisioner.models import PROVISION_JOB_TYPE, TenantId
 if TYPE_CHECKING:
     from provisioner.db import Transaction
     from provisioner.storage import ObjectStore
-    from provisioner.tenant_template_cache import TemplateCache
+    from provisioner.template_replay import TemplateCache
     from provisioner.upgrade_replay import UpgradeCache
 
 
 def _new_template_cache() -> TemplateCache:
     """A fresh cache for a context built without an engine's (imported late: it loads the
     template reference machinery, which this light module must not)."""
-    from provisioner.tenant_template_cache import TemplateCache
+    from provisioner.template_replay import TemplateCache
 
     return TemplateCache()
 

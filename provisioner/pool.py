@@ -38,7 +38,7 @@ from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
 from provisioner.template_reference import TemplateUnusable
-from provisioner.tenant_template_cache import replay
+from provisioner.template_replay import replay
 
 #: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
 SPARE_PREFIX = "pool_"

@@ -1,6 +1,6 @@
 """The tenant template's reference: what Alembic builds for the head, stored once per database.
 
-The fast path of ``run_tenant_migrations`` (:mod:`provisioner.tenant_template_cache`) and the
+The fast path of ``run_tenant_migrations`` (:mod:`provisioner.template_replay`) and the
 warm pool (:mod:`provisioner.pool`) replay the tree's DDL instead of running Alembic, and prove
 the result against a reference: the catalog fingerprint
 (:func:`provisioner.tenant_schema.fingerprint`, schema name abstracted) of a schema that Alembic

@@ -49,7 +49,7 @@ from provisioner import db, local_pg, migrations, queue, service, tenant_schema
 from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.models import TenantId
 from provisioner.settings import Settings
-from provisioner.tenant_template_cache import Template, TemplateUnusable, describe_difference
+from provisioner.template_replay import Template, TemplateUnusable, describe_difference
 
 #: A superuser URL of a server to use instead of a throwaway cluster.
 SERVER_URL_ENV = "PROVISIONER_TEST_DATABASE_URL"

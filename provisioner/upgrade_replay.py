@@ -4,7 +4,7 @@
 worker re-runs ``run_tenant_migrations`` on a schema that already holds the tenant's tables and
 data. Running Alembic there costs ~13 ms a tenant (loading ``env.py`` and every revision file,
 one round trip per statement) for DDL that takes ~1 ms. Here, as for an empty schema
-(:mod:`provisioner.tenant_template_cache`), the statements Alembic's offline mode emits for
+(:mod:`provisioner.template_replay`), the statements Alembic's offline mode emits for
 ``FROM:head`` are replayed in ONE round trip under a savepoint, and the result is proven equal
 to what Alembic builds. The step record says which path ran and why::
 
@@ -51,7 +51,7 @@ from provisioner import migrations, tenant_schema
 from provisioner.db import DatabaseError, Transaction, translated
 from provisioner.models import Job
 from provisioner.template_reference import PLACEHOLDER_SCHEMA, Fingerprint
-from provisioner.tenant_template_cache import TemplateCache, database_key, describe_difference
+from provisioner.template_replay import TemplateCache, database_key, describe_difference
 
 SAVEPOINT = "tenant_upgrade_replay"
 SCRATCH_SAVEPOINT = "tenant_upgrade_reference"

@@ -1,6 +1,6 @@
 """The provisioner worker: recover, heartbeat, listen, claim, run, finish, drain.
 
-One parent process and ``concurrency`` engine processes (:mod:`provisioner.children`).
+One parent process and ``concurrency`` engine processes (:mod:`provisioner.engine_processes`).
 
 * The **parent** supervises: stale recovery at start and every quarter of the stale
   threshold; ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the
@@ -49,7 +49,8 @@ from typing import Any, assert_never
 import psycopg
 
 from provisioner import __version__, db, heartbeats, logs, pool, queue, runner, service
-from provisioner.children import (
+from provisioner.engine import describe
+from provisioner.engine_processes import (
     Claimed,
     ClaimNext,
     EngineProcess,
@@ -60,18 +61,17 @@ from provisioner.children import (
     StepReport,
     Stop,
 )
-from provisioner.engine import describe
 from provisioner.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     LeaseLost,
     ProvisionerError,
 )
-from provisioner.liveness import DB_ERRORS, Heartbeat, Outage
 from provisioner.logs import event, job_fields
 from provisioner.models import Job
-from provisioner.preflight import check_configuration, check_database, storage_status
 from provisioner.settings import Settings
+from provisioner.startup_checks import check_configuration, check_database, storage_status
+from provisioner.worker_heartbeat import DB_ERRORS, Heartbeat, Outage
 
 #: Longest wait between two reconnection attempts after the database went away.
 RECONNECT_CAP_SECONDS = 5.0

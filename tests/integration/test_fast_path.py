@@ -11,7 +11,7 @@ from alembic import command
 from provisioner import db, migrations, service, tenant_schema
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
-from provisioner.tenant_template_cache import TemplateCache
+from provisioner.template_replay import TemplateCache
 from tests.conftest import Database
 
 HEAD = ",".join(sorted(migrations.tenant_heads()))

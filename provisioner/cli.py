@@ -488,7 +488,10 @@ def check(ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, as_json:
 
 
 def watch_rollout(settings: Settings, interval: float, as_json: bool) -> None:
-    """Frames of the latest rollout until nothing is queued or running (one with --json)."""
+    """Frames of the latest rollout until nothing is queued or running (one with --json). On a
+    terminal each frame replaces the last (the screen is cleared); piped, frames follow each
+    other, one block per interval."""
+    redraw = sys.stdout.isatty()
     while True:
         frame = service.upgrade_progress(settings)
         if as_json:
@@ -502,6 +505,8 @@ def watch_rollout(settings: Settings, interval: float, as_json: bool) -> None:
             f"{frame.phases.get(p, 0)} {p}"
             for p in ("done", "running", "queued", "held", "failed", "pending", "dropped")
         )
+        if redraw:
+            click.clear()
         rate = f"{frame.rate_per_minute:.0f} tenants/min" if frame.rate_per_minute else "-"
         eta = f"{frame.eta_minutes * 60:.0f} s" if frame.eta_minutes is not None else "-"
         click.echo(

@@ -35,6 +35,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from provisioner.db import CONNECT_TIMEOUT_SECONDS
 from provisioner.errors import ConfigurationError
 
 EMBEDDED_DATABASE = "provisioner"
@@ -239,14 +240,16 @@ def bootstrap_sql() -> str:
 
 def bootstrap_database(superuser_url: str, database: str) -> None:
     """Create ``database`` if missing and run the role bootstrap in it (idempotent)."""
-    with psycopg.connect(superuser_url, autocommit=True) as conn:
+    # Bounded like every connection of the package: a silent server fails, never hangs.
+    timeout = CONNECT_TIMEOUT_SECONDS
+    with psycopg.connect(superuser_url, autocommit=True, connect_timeout=timeout) as conn:
         exists = conn.execute(
             "SELECT 1 FROM pg_database WHERE datname = %s", (database,)
         ).fetchone()
         if not exists:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
     target = superuser_url.rsplit("/", 1)[0] + f"/{database}"
-    with psycopg.connect(target, autocommit=True) as conn:
+    with psycopg.connect(target, autocommit=True, connect_timeout=timeout) as conn:
         conn.execute(bootstrap_sql())
 
 

@@ -59,7 +59,8 @@ BOOTSTRAP_LOCK_KEY = 7_220_261_201
 
 SPARE_PREFIX = "zzspare_"
 
-# A handed-out spare: its schema renamed, and the model's control rows written for the new id
+# A handed-out spare: its schema renamed, and the model's control rows (tenant, job, job runs,
+# step runs) written for the new id
 # (``jsonb_populate_record`` over the table's own row type: whatever columns the tables have).
 HAND_OUT = """
 ALTER SCHEMA {spare_schema} RENAME TO {schema};
@@ -72,6 +73,10 @@ SELECT (jsonb_populate_record(NULL::control.platform_jobs, %(job)s::jsonb || jso
             'id', %(job_id)s::uuid, 'tenant_id', %(id)s::text, 'idempotency_key', %(key)s::text,
             'created_at', now(), 'available_at', now(), 'updated_at', now(),
             'finished_at', now()))).*;
+INSERT INTO control.job_runs
+SELECT (jsonb_populate_record(NULL::control.job_runs, run || jsonb_build_object(
+            'job_id', %(job_id)s::uuid, 'started_at', now()))).*
+  FROM jsonb_array_elements(%(job_runs)s::jsonb) AS x(run);
 INSERT INTO control.job_step_runs OVERRIDING SYSTEM VALUE
 SELECT (jsonb_populate_record(NULL::control.job_step_runs, run || jsonb_build_object(
             'id', nextval(pg_get_serial_sequence('control.job_step_runs', 'id')),
@@ -79,12 +84,16 @@ SELECT (jsonb_populate_record(NULL::control.job_step_runs, run || jsonb_build_ob
   FROM jsonb_array_elements(%(runs)s::jsonb) WITH ORDINALITY AS x(run, n) ORDER BY n;
 """
 
-# The model's control rows as JSON: its tenant row, its one job, its step history.
+# The model's control rows as JSON: its tenant row, its one job, its runs (which command
+# started each: ``status`` shows it), its step history.
 MODEL_ROWS = """
 SELECT (SELECT to_jsonb(t) FROM control.tenants t WHERE t.tenant_id = %(id)s) AS tenant,
        (SELECT to_jsonb(j) FROM control.platform_jobs j WHERE j.tenant_id = %(id)s) AS job,
        (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.id), '[]'::jsonb)
-          FROM control.job_step_runs r WHERE r.tenant_id = %(id)s) AS runs
+          FROM control.job_step_runs r WHERE r.tenant_id = %(id)s) AS runs,
+       (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.run), '[]'::jsonb)
+          FROM control.job_runs r JOIN control.platform_jobs j ON j.id = r.job_id
+         WHERE j.tenant_id = %(id)s) AS job_runs
 """
 
 RETIRED_PREFIX = "zzretired_"
@@ -239,7 +248,9 @@ class TenantFactory:
                 self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
                 rows = conn.execute(MODEL_ROWS, {"id": model.value}).fetchone()
                 assert rows is not None and rows[1] is not None, "the model has its job"
-                self._model_rows = {"tenant": rows[0], "job": rows[1], "runs": rows[2]}
+                self._model_rows = {
+                    "tenant": rows[0], "job": rows[1], "runs": rows[2], "job_runs": rows[3]
+                }
                 conn.execute(DELETE_TENANT, {"id": model.value})
             self.model = model
         for _ in range(self.batch):

@@ -26,9 +26,9 @@ import sqlalchemy as sa
 from alembic import command as alembic_command
 from psycopg import sql
 
-from provisioner import db, migrations, service, tenant_schema
+from provisioner import db, migrations, tenant_schema
 from provisioner.settings import Settings
-from provisioner.testing import PgServer
+from provisioner.testing import PgServer, ProvisionerDatabase, Tenant
 
 pytest_plugins = ["tests.storage_fixtures", "tests.workers"]
 
@@ -216,11 +216,28 @@ def fingerprint(database: Database, tenant: str) -> dict:
         return tenant_schema.fingerprint(conn, f"tenant_{tenant}")
 
 
+@pytest.fixture(scope="session")
+def tenant_database(provisioner_database: ProvisionerDatabase) -> Database:
+    """The plugin's database (where ``tenant`` and ``tenant_factory`` hand out tenants), seen
+    through the suite's :class:`Database`, so the suite's helpers read it the same way.
+
+    One database for the whole session (per xdist worker): a test that counts rows or schemas
+    across the database, numbers rollouts, or runs a worker beside other rows keeps the per-test
+    ``database`` instead."""
+    return Database(
+        name=provisioner_database.name,
+        owner_url=provisioner_database.owner_url,
+        app_url=provisioner_database.app_url,
+        admin_url=provisioner_database.admin_url,
+    )
+
+
 @pytest.fixture
-def clean_fingerprint(settings: Settings, database: Database) -> dict:
-    """The fingerprint of a tenant provisioned in one clean run, to compare others with."""
-    service.provision(settings, "reference")
-    return fingerprint(database, "reference")
+def clean_fingerprint(tenant: Tenant) -> dict:
+    """The fingerprint of a freshly provisioned tenant (the plugin's, provisioned in one clean
+    run and verified against it), to compare others with."""
+    with psycopg.connect(tenant.owner_url, autocommit=True) as conn:
+        return tenant_schema.fingerprint(conn, tenant.schema)
 
 
 def downgrade_tenant(database: Database, tenant: str, revision: str) -> None:

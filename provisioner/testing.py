@@ -59,11 +59,9 @@ BOOTSTRAP_LOCK_KEY = 7_220_261_201
 
 SPARE_PREFIX = "zzspare_"
 
-# A handed-out spare: its schema renamed, and the model's control rows (tenant, job, job runs,
-# step runs) written for the new id
+# The model's control rows (tenant, job, job runs, step runs) written for a new id
 # (``jsonb_populate_record`` over the table's own row type: whatever columns the tables have).
-HAND_OUT = """
-ALTER SCHEMA {spare_schema} RENAME TO {schema};
+CONTROL_ROWS = """
 INSERT INTO control.tenants
 SELECT (jsonb_populate_record(NULL::control.tenants, %(tenant)s::jsonb || jsonb_build_object(
             'tenant_id', %(id)s::text, 'schema_name', %(schema)s::text, 'created_at', now(),
@@ -83,6 +81,9 @@ SELECT (jsonb_populate_record(NULL::control.job_step_runs, run || jsonb_build_ob
             'job_id', %(job_id)s::uuid, 'tenant_id', %(id)s::text))).*
   FROM jsonb_array_elements(%(runs)s::jsonb) WITH ORDINALITY AS x(run, n) ORDER BY n;
 """
+
+# A handed-out spare: its schema renamed, and the model's control rows written for the new id.
+HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema};" + CONTROL_ROWS
 
 # The model's control rows as JSON: its tenant row, its one job, its runs (which command
 # started each: ``status`` shows it), its step history.
@@ -249,7 +250,10 @@ class TenantFactory:
                 rows = conn.execute(MODEL_ROWS, {"id": model.value}).fetchone()
                 assert rows is not None and rows[1] is not None, "the model has its job"
                 self._model_rows = {
-                    "tenant": rows[0], "job": rows[1], "runs": rows[2], "job_runs": rows[3]
+                    "tenant": rows[0],
+                    "job": rows[1],
+                    "runs": rows[2],
+                    "job_runs": rows[3],
                 }
                 conn.execute(DELETE_TENANT, {"id": model.value})
             self.model = model
@@ -269,10 +273,16 @@ class TenantFactory:
 
     def _copy_model(self, spare: TenantId) -> None:
         """Build ``spare`` as a verified copy of the model, in one transaction (see module)."""
+        with self._owner() as conn:
+            self._build_copy(conn, spare, self.database.settings.app_role)
+
+    def _build_copy(self, conn: psycopg.Connection[Any], tenant: TenantId, app_role: str) -> None:
+        """In ``conn``'s transaction: the tenant's schema built as the model's copy (template
+        DDL, grants, seeds), raising when its catalog fingerprint differs from the model's."""
         assert self.model is not None
         if self._template is None:
             self._template = Template.capture()
-        schema = sql.Identifier(spare.schema)
+        schema = sql.Identifier(tenant.schema)
         ddl = (
             sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER; SET LOCAL search_path TO {};\n")
             .format(schema, schema)
@@ -280,14 +290,13 @@ class TenantFactory:
             + self._template.script
             + "\nSET LOCAL search_path TO DEFAULT;"
         )
-        with self._owner() as conn:
-            conn.execute(ddl.encode())
-            tenant_schema.grant_app_role(conn, spare.schema, self.database.settings.app_role)
-            tenant_schema.seed_role_profiles(conn, spare.schema)
-            got = tenant_schema.fingerprint(conn, spare.schema)
-            if got != self._model_fingerprint:
-                difference = describe_difference(self._model_fingerprint, got)
-                raise ProvisionerError(f"a copy differs from the model: {difference}")
+        conn.execute(ddl.encode())
+        tenant_schema.grant_app_role(conn, tenant.schema, app_role)
+        tenant_schema.seed_role_profiles(conn, tenant.schema)
+        got = tenant_schema.fingerprint(conn, tenant.schema)
+        if got != self._model_fingerprint:
+            difference = describe_difference(self._model_fingerprint, got)
+            raise ProvisionerError(f"a copy differs from the model: {difference}")
 
     @contextmanager
     def _owner(self) -> Iterator[psycopg.Connection[Any]]:
@@ -301,24 +310,31 @@ class TenantFactory:
         with self._conn.transaction():
             yield self._conn
 
-    def create(self, tenant_id: str | None = None) -> Tenant:
-        """A freshly provisioned tenant called ``tenant_id`` (a unique id when None)."""
-        tenant = TenantId(tenant_id or f"t{uuid.uuid4().hex[:12]}")
-        if tenant.value.startswith(SPARE_PREFIX):
-            raise InvalidInput(f"tenant ids starting with {SPARE_PREFIX} are the factory's own")
-        if not self.spares:
-            self._provision_spares()
-        spare = self.spares.pop()
-        statement = sql.SQL(HAND_OUT).format(
-            spare_schema=sql.Identifier(spare.schema), schema=sql.Identifier(tenant.schema)
-        )
-        params = {
+    def _control_params(self, tenant: TenantId) -> dict[str, Any]:
+        """The parameters of :data:`CONTROL_ROWS` for ``tenant``."""
+        return {
             "id": tenant.value,
             "schema": tenant.schema,
             "key": queue.provision_key(tenant),
             "job_id": uuid.uuid4(),
             **{name: Jsonb(value) for name, value in self._model_rows.items()},
         }
+
+    def create(self, tenant_id: str | None = None, *, settings: Settings | None = None) -> Tenant:
+        """A freshly provisioned tenant called ``tenant_id`` (a unique id when None), in the
+        factory's database, or in the database ``settings`` name (see :meth:`create_in`)."""
+        tenant = TenantId(tenant_id or f"t{uuid.uuid4().hex[:12]}")
+        if tenant.value.startswith(SPARE_PREFIX):
+            raise InvalidInput(f"tenant ids starting with {SPARE_PREFIX} are the factory's own")
+        if settings is not None and settings.owner_url != self.database.owner_url:
+            return self.create_in(settings, tenant)
+        if not self.spares:
+            self._provision_spares()
+        spare = self.spares.pop()
+        statement = sql.SQL(HAND_OUT).format(
+            spare_schema=sql.Identifier(spare.schema), schema=sql.Identifier(tenant.schema)
+        )
+        params = self._control_params(tenant)
         with self._owner() as conn, psycopg.ClientCursor(conn) as cur:
             try:
                 cur.execute(statement, params)  # several statements, one round trip
@@ -327,10 +343,36 @@ class TenantFactory:
                 raise InvalidInput(f"tenant {tenant} already exists") from None
         return Tenant(tenant.value, tenant.schema, self.database.app_url, self.database.owner_url)
 
+    def create_in(self, settings: Settings, tenant: TenantId) -> Tenant:
+        """``tenant`` provisioned in another database (``settings``' URLs; its control schema at
+        head, the same roles), for a test that needs it beside rows of its own there.
+
+        No spare there to rename: the model's copy is built in place, in one transaction with
+        its control rows (the template DDL, grants and seeds, checked against the model's
+        fingerprint). When copies are off (see :attr:`copy_off`) the engine provisions it."""
+        if self.model is None:
+            self._provision_spares()  # the model, in the factory's own database
+        if self.copy_off is not None:
+            service.provision(settings, tenant.value, holder="pytest-spares")
+        else:
+            with (
+                psycopg.connect(settings.owner_url, options="-c synchronous_commit=off") as conn,
+                psycopg.ClientCursor(conn) as cur,
+            ):
+                try:
+                    self._build_copy(conn, tenant, settings.app_role)
+                    cur.execute(CONTROL_ROWS, self._control_params(tenant))
+                except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
+                    raise InvalidInput(f"tenant {tenant} already exists") from None
+        return Tenant(tenant.value, tenant.schema, settings.app_url, settings.owner_url)
+
     def drop(self, tenant: Tenant | str) -> None:
         """Remove the tenant: its control rows (jobs and step history included) at once, and its
         schema, renamed out of the way now and dropped with the next batch (:meth:`reclaim`)."""
         tenant_id = TenantId(tenant.id if isinstance(tenant, Tenant) else tenant)
+        if isinstance(tenant, Tenant) and tenant.owner_url != self.database.owner_url:
+            self._drop_elsewhere(tenant_id, tenant.owner_url)
+            return
         retired = f"{RETIRED_PREFIX}{uuid.uuid4().hex[:16]}"
         with self._owner() as conn:
             conn.execute(DELETE_TENANT, {"id": tenant_id.value})
@@ -341,6 +383,20 @@ class TenantFactory:
                     )
                 )
                 self.retired.append(retired)
+
+    @staticmethod
+    def _drop_elsewhere(tenant: TenantId, owner_url: str) -> None:
+        """Drop a tenant of :meth:`create_in` at once: its control rows and its schema. A
+        database already gone (a test's own, dropped first) took the tenant with it."""
+        try:
+            conn = psycopg.connect(owner_url, autocommit=True)
+        except psycopg.OperationalError:
+            return
+        with conn:
+            conn.execute(DELETE_TENANT, {"id": tenant.value})
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(tenant.schema))
+            )
 
     def reclaim(self) -> None:
         """Drop the schemas of the tenants dropped so far, in one statement."""

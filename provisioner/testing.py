@@ -59,6 +59,9 @@ BOOTSTRAP_LOCK_KEY = 7_220_261_201
 
 SPARE_PREFIX = "zzspare_"
 
+# The factory's sessions commit asynchronously: a test database need not survive a server crash.
+ASYNC_COMMIT = "-c synchronous_commit=off"
+
 # The model's control rows (tenant, job, job runs, step runs) written for a new id
 # (``jsonb_populate_record`` over the table's own row type: whatever columns the tables have).
 CONTROL_ROWS = """
@@ -239,12 +242,12 @@ class TenantFactory:
     _template: Template | None = field(default=None, repr=False)
     _conn: psycopg.Connection[Any] | None = field(default=None, repr=False)
 
-    def _provision_spares(self) -> None:
-        self.reclaim()
-        settings = self.database.settings
+    def _provision_model(self) -> TenantId:
+        """The model: provisioned through the engine once, its fingerprint and control rows kept
+        (and those rows deleted: see the module)."""
         if self.model is None:
             model = TenantId(f"{SPARE_PREFIX}model_{uuid.uuid4().hex[:8]}")
-            service.provision(settings, model.value, holder="pytest-spares")
+            service.provision(self.database.settings, model.value, holder="pytest-spares")
             with self._owner() as conn:
                 self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
                 rows = conn.execute(MODEL_ROWS, {"id": model.value}).fetchone()
@@ -257,6 +260,12 @@ class TenantFactory:
                 }
                 conn.execute(DELETE_TENANT, {"id": model.value})
             self.model = model
+        return self.model
+
+    def _provision_spares(self) -> None:
+        self.reclaim()
+        settings = self.database.settings
+        self._provision_model()
         for _ in range(self.batch):
             spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
             if self.copy_off is None:
@@ -304,9 +313,7 @@ class TenantFactory:
         connection costs several milliseconds). Commits are asynchronous: a test database
         does not need to survive a server crash."""
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(
-                self.database.owner_url, options="-c synchronous_commit=off"
-            )
+            self._conn = psycopg.connect(self.database.owner_url, options=ASYNC_COMMIT)
         with self._conn.transaction():
             yield self._conn
 
@@ -349,21 +356,23 @@ class TenantFactory:
 
         No spare there to rename: the model's copy is built in place, in one transaction with
         its control rows (the template DDL, grants and seeds, checked against the model's
-        fingerprint). When copies are off (see :attr:`copy_off`) the engine provisions it."""
-        if self.model is None:
-            self._provision_spares()  # the model, in the factory's own database
-        if self.copy_off is not None:
-            service.provision(settings, tenant.value, holder="pytest-spares")
-        else:
-            with (
-                psycopg.connect(settings.owner_url, options="-c synchronous_commit=off") as conn,
-                psycopg.ClientCursor(conn) as cur,
-            ):
-                try:
+        fingerprint). When copies are off (see :attr:`copy_off`), or this copy differs from the
+        model, it is rolled back and the engine provisions the tenant instead."""
+        self._provision_model()  # in the factory's own database; no spares needed here
+        if self.copy_off is None:
+            try:
+                with (
+                    psycopg.connect(settings.owner_url, options=ASYNC_COMMIT) as conn,
+                    psycopg.ClientCursor(conn) as cur,
+                ):
                     self._build_copy(conn, tenant, settings.app_role)
                     cur.execute(CONTROL_ROWS, self._control_params(tenant))
-                except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
-                    raise InvalidInput(f"tenant {tenant} already exists") from None
+                return Tenant(tenant.value, tenant.schema, settings.app_url, settings.owner_url)
+            except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
+                raise InvalidInput(f"tenant {tenant} already exists") from None
+            except (ProvisionerError, psycopg.Error, TemplateUnusable):
+                pass  # rolled back: the engine provisions it below
+        service.provision(settings, tenant.value, holder="pytest-spares")
         return Tenant(tenant.value, tenant.schema, settings.app_url, settings.owner_url)
 
     def drop(self, tenant: Tenant | str) -> None:

@@ -190,9 +190,9 @@ def test_a_job_waits_while_another_job_of_its_tenant_runs(database: Database) ->
 
 @pytest.mark.slow
 def test_the_default_worker_never_claims_a_deprovision_job(
-    fast: Settings, database: Database, workers: Workers
+    fast: Settings, database: Database, workers: Workers, tenant_factory: Callable[..., Tenant]
 ) -> None:
-    service.provision(fast, "acme")
+    tenant_factory("acme", settings=fast)  # in this test's database, where the workers run
     queued = run_cli(fast, "deprovision", "acme", "--queue")
     assert queued.returncode == 0, queued.stderr
     job_id = queued.stdout.strip()

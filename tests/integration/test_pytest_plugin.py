@@ -156,6 +156,7 @@ def test_a_copy_that_differs_from_the_model_falls_back_to_the_engine(
         )
         with handed.connect() as conn:
             assert conn.execute("SELECT count(*) FROM role_profiles").fetchone() == (4,)
+        factory.drop(handed)  # the session's database is shared: leave no tenant behind
     finally:
         factory.close()
 

@@ -8,6 +8,10 @@ the plugin's ``tenant`` fixtures use the same server). Either way
 it runs ``infra/postgres/bootstrap.sql`` twice on a template database, migrates the control
 schema there as the owner, and clones that template for every test (~35 ms). The superuser URL
 is used only to create and drop those databases.
+
+A test that needs a provisioned tenant and does not examine provisioning takes it from the
+plugin: ``tenant``/``tenant_factory`` in the plugin's database (``tenant_database`` shows it as
+a :class:`Database`), or ``tenant_factory(id, settings=settings)`` in the test's own database.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from psycopg import sql
 
 from provisioner import db, migrations, tenant_schema
 from provisioner.settings import Settings
-from provisioner.testing import PgServer, ProvisionerDatabase, Tenant
+from provisioner.testing import PgServer, ProvisionerDatabase, Tenant, role_url
 
 pytest_plugins = ["tests.storage_fixtures", "tests.workers"]
 
@@ -47,9 +51,7 @@ class Server:
 
     def url(self, role: str, database: str) -> str:
         """The bootstrap roles have no password: the test servers trust 127.0.0.1."""
-        info = psycopg.conninfo.conninfo_to_dict(self.admin_url)
-        host, port = info.get("host", "127.0.0.1"), info.get("port", "5432")
-        return f"postgresql://{role}@{host}:{port}/{database}"
+        return role_url(self.admin_url, role, database)
 
 
 def _run_bootstrap(admin_url: str, database: str) -> None:

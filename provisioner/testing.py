@@ -23,6 +23,11 @@ out of the way at once (nothing answers to the tenant's id or schema name any mo
 renamed schemas are dropped together when the next batch of spares is built and at the end of
 the session (``DROP SCHEMA ... CASCADE`` costs several times the rename).
 
+A tenant asked for in another database (``create(id, settings=...)``: a test's own database,
+migrated, with the same roles) has no spare to rename there: the model's copy is built in place
+and checked the same way, in one transaction with its control rows (the engine provisions it if
+the copy differs), and it is dropped at once when the test ends.
+
 Safe with pytest-xdist: each process creates its own database (named after the xdist worker and
 a random suffix), so tenants of two processes never meet. Role bootstrap, which touches
 cluster-wide roles, takes an advisory lock so two processes never run it at once.

@@ -14,7 +14,9 @@ Fixtures (see README, "Testing your application"):
     A freshly provisioned tenant of its own for the test, dropped afterwards.
 ``tenant_factory`` (function)
     ``tenant_factory()`` or ``tenant_factory("acme")`` for tests that need several; every
-    tenant it made is dropped after the test.
+    tenant it made is dropped after the test. ``tenant_factory("acme", settings=mine)`` puts
+    the tenant in the database ``mine`` names instead (its control schema at head, the same
+    roles), for a test that needs it beside rows or processes of its own there.
 
 The plugin imports the package only when a fixture is used, so it costs nothing to test
 sessions that never ask for one.
@@ -78,8 +80,8 @@ def provisioner_tenants(provisioner_database: ProvisionerDatabase) -> Iterator[T
 def tenant_factory(provisioner_tenants: TenantFactory) -> Iterator[Callable[..., Tenant]]:
     made: list[Tenant] = []
 
-    def make(tenant_id: str | None = None) -> Tenant:
-        made.append(provisioner_tenants.create(tenant_id))
+    def make(tenant_id: str | None = None, *, settings: Settings | None = None) -> Tenant:
+        made.append(provisioner_tenants.create(tenant_id, settings=settings))
         return made[-1]
 
     yield make

@@ -23,6 +23,11 @@ out of the way at once (nothing answers to the tenant's id or schema name any mo
 renamed schemas are dropped together when the next batch of spares is built and at the end of
 the session (``DROP SCHEMA ... CASCADE`` costs several times the rename).
 
+A tenant asked for in another database (``create(id, settings=...)``: a test's own database,
+migrated, with the same roles) has no spare to rename there: the model's copy is built in place
+and checked the same way, in one transaction with its control rows (the engine provisions it if
+the copy differs), and it is dropped at once when the test ends.
+
 Safe with pytest-xdist: each process creates its own database (named after the xdist worker and
 a random suffix), so tenants of two processes never meet. Role bootstrap, which touches
 cluster-wide roles, takes an advisory lock so two processes never run it at once.
@@ -59,10 +64,12 @@ BOOTSTRAP_LOCK_KEY = 7_220_261_201
 
 SPARE_PREFIX = "zzspare_"
 
-# A handed-out spare: its schema renamed, and the model's control rows written for the new id
+# The factory's sessions commit asynchronously: a test database need not survive a server crash.
+ASYNC_COMMIT = "-c synchronous_commit=off"
+
+# The model's control rows (tenant, job, job runs, step runs) written for a new id
 # (``jsonb_populate_record`` over the table's own row type: whatever columns the tables have).
-HAND_OUT = """
-ALTER SCHEMA {spare_schema} RENAME TO {schema};
+CONTROL_ROWS = """
 INSERT INTO control.tenants
 SELECT (jsonb_populate_record(NULL::control.tenants, %(tenant)s::jsonb || jsonb_build_object(
             'tenant_id', %(id)s::text, 'schema_name', %(schema)s::text, 'created_at', now(),
@@ -72,6 +79,10 @@ SELECT (jsonb_populate_record(NULL::control.platform_jobs, %(job)s::jsonb || jso
             'id', %(job_id)s::uuid, 'tenant_id', %(id)s::text, 'idempotency_key', %(key)s::text,
             'created_at', now(), 'available_at', now(), 'updated_at', now(),
             'finished_at', now()))).*;
+INSERT INTO control.job_runs
+SELECT (jsonb_populate_record(NULL::control.job_runs, run || jsonb_build_object(
+            'job_id', %(job_id)s::uuid, 'started_at', now()))).*
+  FROM jsonb_array_elements(%(job_runs)s::jsonb) AS x(run);
 INSERT INTO control.job_step_runs OVERRIDING SYSTEM VALUE
 SELECT (jsonb_populate_record(NULL::control.job_step_runs, run || jsonb_build_object(
             'id', nextval(pg_get_serial_sequence('control.job_step_runs', 'id')),
@@ -79,12 +90,19 @@ SELECT (jsonb_populate_record(NULL::control.job_step_runs, run || jsonb_build_ob
   FROM jsonb_array_elements(%(runs)s::jsonb) WITH ORDINALITY AS x(run, n) ORDER BY n;
 """
 
-# The model's control rows as JSON: its tenant row, its one job, its step history.
+# A handed-out spare: its schema renamed, and the model's control rows written for the new id.
+HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema};" + CONTROL_ROWS
+
+# The model's control rows as JSON: its tenant row, its one job, its runs (which command
+# started each: ``status`` shows it), its step history.
 MODEL_ROWS = """
 SELECT (SELECT to_jsonb(t) FROM control.tenants t WHERE t.tenant_id = %(id)s) AS tenant,
        (SELECT to_jsonb(j) FROM control.platform_jobs j WHERE j.tenant_id = %(id)s) AS job,
        (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.id), '[]'::jsonb)
-          FROM control.job_step_runs r WHERE r.tenant_id = %(id)s) AS runs
+          FROM control.job_step_runs r WHERE r.tenant_id = %(id)s) AS runs,
+       (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.run), '[]'::jsonb)
+          FROM control.job_runs r JOIN control.platform_jobs j ON j.id = r.job_id
+         WHERE j.tenant_id = %(id)s) AS job_runs
 """
 
 RETIRED_PREFIX = "zzretired_"
@@ -229,19 +247,30 @@ class TenantFactory:
     _template: Template | None = field(default=None, repr=False)
     _conn: psycopg.Connection[Any] | None = field(default=None, repr=False)
 
-    def _provision_spares(self) -> None:
-        self.reclaim()
-        settings = self.database.settings
+    def _provision_model(self) -> TenantId:
+        """The model: provisioned through the engine once, its fingerprint and control rows kept
+        (and those rows deleted: see the module)."""
         if self.model is None:
             model = TenantId(f"{SPARE_PREFIX}model_{uuid.uuid4().hex[:8]}")
-            service.provision(settings, model.value, holder="pytest-spares")
+            service.provision(self.database.settings, model.value, holder="pytest-spares")
             with self._owner() as conn:
                 self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
                 rows = conn.execute(MODEL_ROWS, {"id": model.value}).fetchone()
                 assert rows is not None and rows[1] is not None, "the model has its job"
-                self._model_rows = {"tenant": rows[0], "job": rows[1], "runs": rows[2]}
+                self._model_rows = {
+                    "tenant": rows[0],
+                    "job": rows[1],
+                    "runs": rows[2],
+                    "job_runs": rows[3],
+                }
                 conn.execute(DELETE_TENANT, {"id": model.value})
             self.model = model
+        return self.model
+
+    def _provision_spares(self) -> None:
+        self.reclaim()
+        settings = self.database.settings
+        self._provision_model()
         for _ in range(self.batch):
             spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
             if self.copy_off is None:
@@ -258,10 +287,16 @@ class TenantFactory:
 
     def _copy_model(self, spare: TenantId) -> None:
         """Build ``spare`` as a verified copy of the model, in one transaction (see module)."""
+        with self._owner() as conn:
+            self._build_copy(conn, spare, self.database.settings.app_role)
+
+    def _build_copy(self, conn: psycopg.Connection[Any], tenant: TenantId, app_role: str) -> None:
+        """In ``conn``'s transaction: the tenant's schema built as the model's copy (template
+        DDL, grants, seeds), raising when its catalog fingerprint differs from the model's."""
         assert self.model is not None
         if self._template is None:
             self._template = Template.capture()
-        schema = sql.Identifier(spare.schema)
+        schema = sql.Identifier(tenant.schema)
         ddl = (
             sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER; SET LOCAL search_path TO {};\n")
             .format(schema, schema)
@@ -269,14 +304,13 @@ class TenantFactory:
             + self._template.script
             + "\nSET LOCAL search_path TO DEFAULT;"
         )
-        with self._owner() as conn:
-            conn.execute(ddl.encode())
-            tenant_schema.grant_app_role(conn, spare.schema, self.database.settings.app_role)
-            tenant_schema.seed_role_profiles(conn, spare.schema)
-            got = tenant_schema.fingerprint(conn, spare.schema)
-            if got != self._model_fingerprint:
-                difference = describe_difference(self._model_fingerprint, got)
-                raise ProvisionerError(f"a copy differs from the model: {difference}")
+        conn.execute(ddl.encode())
+        tenant_schema.grant_app_role(conn, tenant.schema, app_role)
+        tenant_schema.seed_role_profiles(conn, tenant.schema)
+        got = tenant_schema.fingerprint(conn, tenant.schema)
+        if got != self._model_fingerprint:
+            difference = describe_difference(self._model_fingerprint, got)
+            raise ProvisionerError(f"a copy differs from the model: {difference}")
 
     @contextmanager
     def _owner(self) -> Iterator[psycopg.Connection[Any]]:
@@ -284,30 +318,35 @@ class TenantFactory:
         connection costs several milliseconds). Commits are asynchronous: a test database
         does not need to survive a server crash."""
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(
-                self.database.owner_url, options="-c synchronous_commit=off"
-            )
+            self._conn = psycopg.connect(self.database.owner_url, options=ASYNC_COMMIT)
         with self._conn.transaction():
             yield self._conn
 
-    def create(self, tenant_id: str | None = None) -> Tenant:
-        """A freshly provisioned tenant called ``tenant_id`` (a unique id when None)."""
-        tenant = TenantId(tenant_id or f"t{uuid.uuid4().hex[:12]}")
-        if tenant.value.startswith(SPARE_PREFIX):
-            raise InvalidInput(f"tenant ids starting with {SPARE_PREFIX} are the factory's own")
-        if not self.spares:
-            self._provision_spares()
-        spare = self.spares.pop()
-        statement = sql.SQL(HAND_OUT).format(
-            spare_schema=sql.Identifier(spare.schema), schema=sql.Identifier(tenant.schema)
-        )
-        params = {
+    def _control_params(self, tenant: TenantId) -> dict[str, Any]:
+        """The parameters of :data:`CONTROL_ROWS` for ``tenant``."""
+        return {
             "id": tenant.value,
             "schema": tenant.schema,
             "key": queue.provision_key(tenant),
             "job_id": uuid.uuid4(),
             **{name: Jsonb(value) for name, value in self._model_rows.items()},
         }
+
+    def create(self, tenant_id: str | None = None, *, settings: Settings | None = None) -> Tenant:
+        """A freshly provisioned tenant called ``tenant_id`` (a unique id when None), in the
+        factory's database, or in the database ``settings`` name (see :meth:`create_in`)."""
+        tenant = TenantId(tenant_id or f"t{uuid.uuid4().hex[:12]}")
+        if tenant.value.startswith(SPARE_PREFIX):
+            raise InvalidInput(f"tenant ids starting with {SPARE_PREFIX} are the factory's own")
+        if settings is not None and settings.owner_url != self.database.owner_url:
+            return self.create_in(settings, tenant)
+        if not self.spares:
+            self._provision_spares()
+        spare = self.spares.pop()
+        statement = sql.SQL(HAND_OUT).format(
+            spare_schema=sql.Identifier(spare.schema), schema=sql.Identifier(tenant.schema)
+        )
+        params = self._control_params(tenant)
         with self._owner() as conn, psycopg.ClientCursor(conn) as cur:
             try:
                 cur.execute(statement, params)  # several statements, one round trip
@@ -316,10 +355,38 @@ class TenantFactory:
                 raise InvalidInput(f"tenant {tenant} already exists") from None
         return Tenant(tenant.value, tenant.schema, self.database.app_url, self.database.owner_url)
 
+    def create_in(self, settings: Settings, tenant: TenantId) -> Tenant:
+        """``tenant`` provisioned in another database (``settings``' URLs; its control schema at
+        head, the same roles), for a test that needs it beside rows of its own there.
+
+        No spare there to rename: the model's copy is built in place, in one transaction with
+        its control rows (the template DDL, grants and seeds, checked against the model's
+        fingerprint). When copies are off (see :attr:`copy_off`), or this copy differs from the
+        model, it is rolled back and the engine provisions the tenant instead."""
+        self._provision_model()  # in the factory's own database; no spares needed here
+        if self.copy_off is None:
+            try:
+                with (
+                    psycopg.connect(settings.owner_url, options=ASYNC_COMMIT) as conn,
+                    psycopg.ClientCursor(conn) as cur,
+                ):
+                    self._build_copy(conn, tenant, settings.app_role)
+                    cur.execute(CONTROL_ROWS, self._control_params(tenant))
+                return Tenant(tenant.value, tenant.schema, settings.app_url, settings.owner_url)
+            except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
+                raise InvalidInput(f"tenant {tenant} already exists") from None
+            except (ProvisionerError, psycopg.Error, TemplateUnusable):
+                pass  # rolled back: the engine provisions it below
+        service.provision(settings, tenant.value, holder="pytest-spares")
+        return Tenant(tenant.value, tenant.schema, settings.app_url, settings.owner_url)
+
     def drop(self, tenant: Tenant | str) -> None:
         """Remove the tenant: its control rows (jobs and step history included) at once, and its
         schema, renamed out of the way now and dropped with the next batch (:meth:`reclaim`)."""
         tenant_id = TenantId(tenant.id if isinstance(tenant, Tenant) else tenant)
+        if isinstance(tenant, Tenant) and tenant.owner_url != self.database.owner_url:
+            self._drop_elsewhere(tenant_id, tenant.owner_url)
+            return
         retired = f"{RETIRED_PREFIX}{uuid.uuid4().hex[:16]}"
         with self._owner() as conn:
             conn.execute(DELETE_TENANT, {"id": tenant_id.value})
@@ -330,6 +397,20 @@ class TenantFactory:
                     )
                 )
                 self.retired.append(retired)
+
+    @staticmethod
+    def _drop_elsewhere(tenant: TenantId, owner_url: str) -> None:
+        """Drop a tenant of :meth:`create_in` at once: its control rows and its schema. A
+        database already gone (a test's own, dropped first) took the tenant with it."""
+        try:
+            conn = psycopg.connect(owner_url, autocommit=True)
+        except psycopg.OperationalError:
+            return
+        with conn:
+            conn.execute(DELETE_TENANT, {"id": tenant.value})
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(tenant.schema))
+            )
 
     def reclaim(self) -> None:
         """Drop the schemas of the tenants dropped so far, in one statement."""

@@ -8,6 +8,10 @@ the plugin's ``tenant`` fixtures use the same server). Either way
 it runs ``infra/postgres/bootstrap.sql`` twice on a template database, migrates the control
 schema there as the owner, and clones that template for every test (~35 ms). The superuser URL
 is used only to create and drop those databases.
+
+A test that needs a provisioned tenant and does not examine provisioning takes it from the
+plugin: ``tenant``/``tenant_factory`` in the plugin's database (``tenant_database`` shows it as
+a :class:`Database`), or ``tenant_factory(id, settings=settings)`` in the test's own database.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import sqlalchemy as sa
 from alembic import command as alembic_command
 from psycopg import sql
 
-from provisioner import db, migrations, service, tenant_schema
+from provisioner import db, migrations, tenant_schema
 from provisioner.settings import Settings
-from provisioner.testing import PgServer
+from provisioner.testing import PgServer, ProvisionerDatabase, Tenant, role_url
 
 pytest_plugins = ["tests.storage_fixtures", "tests.workers"]
 
@@ -47,9 +51,7 @@ class Server:
 
     def url(self, role: str, database: str) -> str:
         """The bootstrap roles have no password: the test servers trust 127.0.0.1."""
-        info = psycopg.conninfo.conninfo_to_dict(self.admin_url)
-        host, port = info.get("host", "127.0.0.1"), info.get("port", "5432")
-        return f"postgresql://{role}@{host}:{port}/{database}"
+        return role_url(self.admin_url, role, database)
 
 
 def _run_bootstrap(admin_url: str, database: str) -> None:
@@ -216,11 +218,28 @@ def fingerprint(database: Database, tenant: str) -> dict:
         return tenant_schema.fingerprint(conn, f"tenant_{tenant}")
 
 
+@pytest.fixture(scope="session")
+def tenant_database(provisioner_database: ProvisionerDatabase) -> Database:
+    """The plugin's database (where ``tenant`` and ``tenant_factory`` hand out tenants), seen
+    through the suite's :class:`Database`, so the suite's helpers read it the same way.
+
+    One database for the whole session (per xdist worker): a test that counts rows or schemas
+    across the database, numbers rollouts, or runs a worker beside other rows keeps the per-test
+    ``database`` instead."""
+    return Database(
+        name=provisioner_database.name,
+        owner_url=provisioner_database.owner_url,
+        app_url=provisioner_database.app_url,
+        admin_url=provisioner_database.admin_url,
+    )
+
+
 @pytest.fixture
-def clean_fingerprint(settings: Settings, database: Database) -> dict:
-    """The fingerprint of a tenant provisioned in one clean run, to compare others with."""
-    service.provision(settings, "reference")
-    return fingerprint(database, "reference")
+def clean_fingerprint(tenant: Tenant) -> dict:
+    """The fingerprint of a freshly provisioned tenant (the plugin's, provisioned in one clean
+    run and verified against it), to compare others with."""
+    with psycopg.connect(tenant.owner_url, autocommit=True) as conn:
+        return tenant_schema.fingerprint(conn, tenant.schema)
 
 
 def downgrade_tenant(database: Database, tenant: str, revision: str) -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -16,6 +17,7 @@ import pytest
 from provisioner import kinds, service, tenant_schema
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
+from provisioner.testing import Tenant
 from tests.conftest import Database, settings_env
 
 CHILD = Path(__file__).with_name("lifecycle_child.py")
@@ -77,9 +79,14 @@ EXPECTED = {
     ("kind", "step", "outcome"), CASES, ids=[f"{k}-{s}-{o}" for k, s, o in CASES]
 )
 def test_sigkill_then_rerun_reaches_the_same_end_state(
-    settings: Settings, database: Database, kind: str, step: str, outcome: str
+    settings: Settings,
+    database: Database,
+    tenant_factory: Callable[..., Tenant],
+    kind: str,
+    step: str,
+    outcome: str,
 ) -> None:
-    service.provision(settings, "victim")
+    tenant_factory("victim", settings=settings)  # a provisioned tenant in this test's database
     with database.owner() as conn:
         provisioned = tenant_schema.fingerprint(conn, "tenant_victim")
     if kind == "restore_tenant":

@@ -8,6 +8,7 @@ import json
 import shutil
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from alembic import command as alembic_command
 from provisioner import db, migrations, service
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
+from provisioner.testing import Tenant
 from tests.conftest import Database, fingerprint, run_cli
 from tests.workers import Workers, job_row, step_runs, wait_until
 
@@ -65,9 +67,19 @@ def fast(settings: Settings) -> Settings:
     return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=4.0)
 
 
-def provision_fleet(settings: Settings, tenants: list[str]) -> None:
-    for tenant in tenants:
-        assert service.provision(settings, tenant).job.status is JobStatus.SUCCEEDED
+Fleet = Callable[[Settings, list[str]], None]
+
+
+@pytest.fixture
+def provision_fleet(tenant_factory: Callable[..., Tenant]) -> Fleet:
+    """Provisioned tenants (the plugin's) in the test's own database: rollouts are numbered and
+    upgrade references stored per database, so this module keeps one per test."""
+
+    def provision(settings: Settings, tenants: list[str]) -> None:
+        for tenant in tenants:
+            tenant_factory(tenant, settings=settings)
+
+    return provision
 
 
 def use_tree(monkeypatch: pytest.MonkeyPatch, tree: Path) -> dict[str, str]:
@@ -109,6 +121,7 @@ def test_two_workers_bring_the_fleet_to_t005_by_a_verified_replay(
     workers: Workers,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     tenants = [f"fl_{i}" for i in range(8)]
     provision_fleet(fast, [*tenants, "by_alembic"])
@@ -140,6 +153,7 @@ def test_a_worker_killed_mid_rollout_leaves_every_tenant_at_head_exactly_once(
     workers: Workers,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     tenants = ["kill_a", "kill_b", "kill_c", "kill_d"]
     provision_fleet(fast, tenants)
@@ -180,6 +194,7 @@ def test_a_migration_waiting_for_a_lock_gives_up_and_never_stalls_the_applicatio
     workers: Workers,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     provision_fleet(fast, ["busy"])
     env = use_tree(monkeypatch, make_tree(tmp_path))
@@ -218,7 +233,11 @@ def test_a_migration_waiting_for_a_lock_gives_up_and_never_stalls_the_applicatio
 
 
 def test_a_revision_failing_on_one_tenant_only_isolates_it_until_retried(
-    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     provision_fleet(settings, ["good_a", "good_b", "bad"])
     with database.app() as conn:
@@ -254,7 +273,11 @@ def test_a_revision_failing_on_one_tenant_only_isolates_it_until_retried(
 
 
 def test_a_revision_not_declared_pure_ddl_runs_through_alembic(
-    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     provision_fleet(settings, ["first", "second"])
     use_tree(monkeypatch, make_tree(tmp_path, pure=False))
@@ -266,7 +289,11 @@ def test_a_revision_not_declared_pure_ddl_runs_through_alembic(
 
 
 def test_a_drifted_tenant_falls_back_to_alembic_and_keeps_its_drift(
-    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     provision_fleet(settings, ["ref", "fast", "drifted", "after"])
     with database.owner() as conn:
@@ -290,7 +317,11 @@ def test_a_drifted_tenant_falls_back_to_alembic_and_keeps_its_drift(
 
 
 def test_suspended_and_archived_tenants_are_left_alone(
-    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     provision_fleet(settings, ["live", "paused", "old"])
     with database.owner() as conn:
@@ -316,7 +347,11 @@ def test_suspended_and_archived_tenants_are_left_alone(
 
 
 def test_check_finds_no_drift_then_a_hand_made_index_a_dropped_column_and_a_revoked_grant(
-    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     provision_fleet(settings, ["clean", "tinkered"])
     clean = run_cli(settings, "check", "--all")
@@ -357,7 +392,11 @@ def watch(settings: Settings, env: dict[str, str]) -> dict[str, Any]:
 
 
 def test_canary_stops_for_review_and_resume_queues_the_rest(
-    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     tenants = ["can_a", "can_b", "can_c", "can_d", "can_e"]
     provision_fleet(settings, tenants)
@@ -391,7 +430,11 @@ def test_canary_stops_for_review_and_resume_queues_the_rest(
 
 
 def test_max_failures_holds_the_rest_resume_releases_and_abort_drops(
-    settings: Settings, database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     tenants = ["bad_1", "bad_2", "ok_1", "ok_2", "ok_3"]
     provision_fleet(settings, tenants)
@@ -443,6 +486,7 @@ def test_canary_then_all_continues_once_the_canary_succeeded(
     workers: Workers,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
 ) -> None:
     tenants = ["then_a", "then_b", "then_c", "then_d"]
     provision_fleet(fast, tenants)

@@ -5,6 +5,7 @@ outside as ``app_rw``; the state machine's refusals; a worker drains these kinds
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import psycopg
@@ -16,6 +17,7 @@ from provisioner.cli import main
 from provisioner.engine import Engine
 from provisioner.models import TenantId
 from provisioner.settings import Settings
+from provisioner.testing import Tenant
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import Workers
 
@@ -77,9 +79,10 @@ def one_line_error(result: object, code: int, *needles: str) -> None:
 
 
 def test_suspend_restore_deprovision_purge_seen_from_app_rw(
-    settings: Settings, database: Database
+    provisioner_settings: Settings, tenant_database: Database, tenant_factory: Callable[..., Tenant]
 ) -> None:
-    service.provision(settings, "acme")
+    settings, database = provisioner_settings, tenant_database
+    tenant_factory("acme")
     with database.owner() as conn:
         provisioned = tenant_schema.fingerprint(conn, "tenant_acme")
     assert app_reads(database, "acme") == 4
@@ -151,10 +154,11 @@ def test_suspend_restore_deprovision_purge_seen_from_app_rw(
 
 
 def test_commands_refuse_wrong_states_and_unknown_tenants(
-    settings: Settings, database: Database
+    provisioner_settings: Settings, tenant_database: Database, tenant_factory: Callable[..., Tenant]
 ) -> None:
+    settings, database = provisioner_settings, tenant_database
     one_line_error(cli(settings, "suspend", "ghost"), 3, "unknown tenant ghost")
-    service.provision(settings, "acme")
+    tenant_factory("acme")
     one_line_error(cli(settings, "restore", "acme"), 2, "acme is onboarding")
     assert cli(settings, "suspend", "acme").returncode == 0
     one_line_error(cli(settings, "provision", "acme"), 2, "suspended", "restore")
@@ -186,9 +190,9 @@ def test_a_job_waits_while_another_job_of_its_tenant_runs(database: Database) ->
 
 @pytest.mark.slow
 def test_the_default_worker_never_claims_a_deprovision_job(
-    fast: Settings, database: Database, workers: Workers
+    fast: Settings, database: Database, workers: Workers, tenant_factory: Callable[..., Tenant]
 ) -> None:
-    service.provision(fast, "acme")
+    tenant_factory("acme", settings=fast)  # in this test's database, where the workers run
     queued = run_cli(fast, "deprovision", "acme", "--queue")
     assert queued.returncode == 0, queued.stderr
     job_id = queued.stdout.strip()
@@ -216,9 +220,10 @@ def test_the_default_worker_never_claims_a_deprovision_job(
 
 
 def test_a_provisioning_job_never_gives_an_inactive_tenant_its_access_back(
-    settings: Settings, database: Database
+    provisioner_settings: Settings, tenant_database: Database, tenant_factory: Callable[..., Tenant]
 ) -> None:
-    service.provision(settings, "acme")
+    settings, database = provisioner_settings, tenant_database
+    tenant_factory("acme")
     assert cli(settings, "suspend", "acme").returncode == 0
     with psycopg.connect(database.owner_url) as conn:  # e.g. an upgrade re-opening the job
         job = queue.latest_for_tenant(conn, TenantId("acme"))
@@ -236,9 +241,10 @@ def test_a_provisioning_job_never_gives_an_inactive_tenant_its_access_back(
 
 
 def test_status_numbers_runs_and_says_what_started_each(
-    settings: Settings, database: Database
+    provisioner_settings: Settings, tenant_database: Database, tenant_factory: Callable[..., Tenant]
 ) -> None:
-    service.provision(settings, "acme")
+    settings, database = provisioner_settings, tenant_database
+    tenant_factory("acme")
     with database.owner() as conn:  # damage it: provisioning repairs in a second run
         conn.execute("REVOKE DELETE ON tenant_acme.members FROM app_rw")
     service.provision(settings, "acme")

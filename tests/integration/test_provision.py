@@ -15,6 +15,7 @@ from provisioner.errors import LeaseLost
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
+from provisioner.testing import Tenant
 from tests.conftest import Database, downgrade_tenant, fingerprint, run_cli, settings_env
 from tests.unit.test_models import BAD_TENANT_IDS
 
@@ -68,47 +69,44 @@ def test_second_provision_says_already_provisioned(settings: Settings, database:
     assert len(step_runs(database, "acme")) == len(STEPS)
 
 
-def test_app_rw_can_write_rows_but_not_ddl(settings: Settings, database: Database) -> None:
-    service.provision(settings, "acme")
-    with database.app() as conn:
+def test_app_rw_can_write_rows_but_not_ddl(tenant: Tenant) -> None:
+    with tenant.connect(autocommit=True) as conn:  # search_path: the tenant's schema alone
         conn.execute(
-            "INSERT INTO tenant_acme.members (email, role_profile_id) "
-            "SELECT 'a@example.com', id FROM tenant_acme.role_profiles WHERE key = 'viewer'"
+            "INSERT INTO members (email, role_profile_id) "
+            "SELECT 'a@example.com', id FROM role_profiles WHERE key = 'viewer'"
         )
-        conn.execute("INSERT INTO tenant_acme.datasets (name) VALUES ('sales')")
+        conn.execute("INSERT INTO datasets (name) VALUES ('sales')")
         conn.execute(
-            "INSERT INTO tenant_acme.dataset_records (dataset_id, external_key) "
-            "SELECT id, 'r1' FROM tenant_acme.datasets"
+            "INSERT INTO dataset_records (dataset_id, external_key) SELECT id, 'r1' FROM datasets"
         )
-        conn.execute("UPDATE tenant_acme.datasets SET description = 'q3'")
-        conn.execute("DELETE FROM tenant_acme.dataset_records")
+        conn.execute("UPDATE datasets SET description = 'q3'")
+        conn.execute("DELETE FROM dataset_records")
         for statement in (
-            "CREATE TABLE tenant_acme.evil (id int)",
+            f"CREATE TABLE {tenant.schema}.evil (id int)",
+            "CREATE TABLE evil (id int)",
             "CREATE TABLE control.evil (id int)",
             "CREATE TABLE public.evil (id int)",
             "CREATE SCHEMA evil",
-            "ALTER TABLE tenant_acme.members ADD COLUMN evil int",
-            "DROP TABLE tenant_acme.audit_events",
-            "TRUNCATE tenant_acme.members",
+            "ALTER TABLE members ADD COLUMN evil int",
+            "DROP TABLE audit_events",
+            "TRUNCATE members",
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
         # A GRANT by a role without grant option is a warning, and grants nothing.
-        conn.execute("GRANT SELECT ON tenant_acme.members TO PUBLIC")
+        conn.execute("GRANT SELECT ON members TO PUBLIC")
         acl = conn.execute(
-            "SELECT relacl::text FROM pg_class WHERE oid = 'tenant_acme.members'::regclass"
+            "SELECT relacl::text FROM pg_class WHERE oid = 'members'::regclass"
         ).fetchone()[0]
         assert "=r/" not in acl.replace("app_rw=", "").replace("provisioner_owner=", "")
 
 
-def test_later_migration_tables_are_covered_by_default_privileges(
-    settings: Settings, database: Database
-) -> None:
-    service.provision(settings, "acme")
-    with database.owner() as conn:
-        conn.execute("CREATE TABLE tenant_acme.later_table (id int)")
-    with database.app() as conn:
-        conn.execute("INSERT INTO tenant_acme.later_table VALUES (1)")
+def test_later_migration_tables_are_covered_by_default_privileges(tenant: Tenant) -> None:
+    with psycopg.connect(tenant.owner_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {tenant.schema}.later_table (id int)")
+    with tenant.connect(autocommit=True) as conn:
+        conn.execute("INSERT INTO later_table VALUES (1)")
+        assert conn.execute("SELECT id FROM later_table").fetchall() == [(1,)]
 
 
 def test_dropped_schema_is_repaired_by_a_rerun(settings: Settings, database: Database) -> None:

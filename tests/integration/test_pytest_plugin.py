@@ -14,6 +14,7 @@ import pytest
 import provisioner
 from provisioner import service, tenant_schema
 from provisioner.testing import ProvisionerDatabase, Tenant, TenantFactory
+from tests.conftest import Database
 
 
 def test_the_tenant_fixture_is_a_provisioned_tenant_the_app_role_can_use(
@@ -60,6 +61,46 @@ def test_a_handed_out_tenant_is_exactly_what_provisioning_builds(
         assert provisioner_tenants.copy_off is None  # it was a verified copy of the model
     finally:
         provisioner_tenants.drop("plugin_reference")
+
+
+def test_a_tenant_in_another_database_is_what_provisioning_builds_there(
+    settings: provisioner.Settings,
+    database: Database,
+    provisioner_tenants: TenantFactory,
+    provisioner_database: ProvisionerDatabase,
+) -> None:
+    """``tenant_factory(id, settings=...)``: the suite's per-test database, not the plugin's."""
+    built = service.provision(settings, "reference").job
+    there = provisioner_tenants.create("elsewhere", settings=settings)
+    assert (there.owner_url, there.app_url) == (settings.owner_url, settings.app_url)
+    with database.owner() as conn:
+        assert tenant_schema.fingerprint(conn, there.schema) == tenant_schema.fingerprint(
+            conn, "tenant_reference"
+        )
+    current = service.status(settings, there.id)
+    assert (current.job.status, current.job.steps_completed) == (
+        built.status,
+        built.steps_completed,
+    )
+    assert [(r["job_type"], r["run"], r["started_by"]) for r in current.runs] == [
+        ("provision_tenant", 1, "provision")
+    ]
+    assert service.provision(settings, there.id).already_provisioned
+    with there.connect() as conn:
+        conn.execute("INSERT INTO datasets (name) VALUES ('here')")
+    with pytest.raises(provisioner.InvalidInput, match="already exists"):
+        provisioner_tenants.create("elsewhere", settings=settings)
+    with pytest.raises(provisioner.UnknownTenant):  # nothing in the plugin's own database
+        service.status(provisioner_database.settings, "elsewhere")
+
+    provisioner_tenants.drop(there)
+    with database.owner() as conn:
+        assert conn.execute(
+            "SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = 'tenant_elsewhere'),"
+            "       (SELECT count(*) FROM control.tenants WHERE tenant_id = 'elsewhere')"
+        ).fetchone() == (0, 0)
+    gone = psycopg.conninfo.make_conninfo(settings.owner_url, dbname="no_such_database")
+    provisioner_tenants.drop(Tenant("elsewhere", "tenant_elsewhere", gone, gone))  # no error
 
 
 def test_tenants_are_dropped_after_use_and_ids_are_unique(
@@ -115,6 +156,7 @@ def test_a_copy_that_differs_from_the_model_falls_back_to_the_engine(
         )
         with handed.connect() as conn:
             assert conn.execute("SELECT count(*) FROM role_profiles").fetchone() == (4,)
+        factory.drop(handed)  # the session's database is shared: leave no tenant behind
     finally:
         factory.close()
 

@@ -4,6 +4,7 @@ real worker brings them to head by re-running the migration step alone."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -11,6 +12,7 @@ from provisioner import migrations, queue, service
 from provisioner.errors import InvalidInput, UnknownTenant
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
+from provisioner.testing import Tenant
 from tests.conftest import Database, downgrade_tenant, fingerprint, run_cli
 
 HEAD = ",".join(sorted(migrations.tenant_heads()))
@@ -24,10 +26,21 @@ def job_of(database: Database, tenant: str) -> dict:
 
 
 @pytest.fixture
-def fleet(settings: Settings, database: Database) -> list[str]:
-    """Three provisioned tenants; two of them behind the head."""
+def settings(provisioner_settings: Settings) -> Settings:
+    """The plugin's settings: these tests run in its database, where its tenants are."""
+    return provisioner_settings
+
+
+@pytest.fixture
+def database(tenant_database: Database) -> Database:
+    return tenant_database
+
+
+@pytest.fixture
+def fleet(database: Database, tenant_factory: Callable[..., Tenant]) -> list[str]:
+    """Three provisioned tenants (the plugin's); two of them behind the head."""
     for tenant in ("current", "older", "oldest"):
-        assert service.provision(settings, tenant).job.status is JobStatus.SUCCEEDED
+        tenant_factory(tenant)
     downgrade_tenant(database, "older", "t003")
     downgrade_tenant(database, "oldest", "t002")
     return ["current", "older", "oldest"]

@@ -44,6 +44,14 @@ SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p') AND n.nspname = ANY(%(schemas)s)
 """
 
+# Every tenant schema that holds a version table (a fleet-wide upgrade reads them all while
+# it reads the jobs; spares are named pool_*). The pattern's "_" is escaped: a literal one.
+VERSIONED_TENANT_SCHEMAS = r"""
+SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p')
+   AND n.nspname LIKE 'tenant\_%'
+"""
+
 # Tenants an upgrade leaves alone, by lifecycle state.
 TENANTS_LEFT_ALONE = """
 SELECT tenant_id, state FROM control.tenants WHERE state = ANY(%(states)s)
@@ -94,9 +102,21 @@ def schema_versions(
 
     ``conn`` is in autocommit: every chunk is a transaction of its own.
     """
+    found = _read_chunks(conn, _versioned(conn, schemas))
+    return {s: found.get(s) for s in schemas}
+
+
+def _versioned(conn: psycopg.Connection[Any], schemas: list[str] | None) -> list[str]:
+    """Of ``schemas`` (None: every tenant schema), those that hold a version table, sorted."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(VERSIONED_SCHEMAS, {"schemas": schemas})
-        versioned = sorted(row[0] for row in cur.fetchall())
+        if schemas is None:
+            cur.execute(VERSIONED_TENANT_SCHEMAS)
+        else:
+            cur.execute(VERSIONED_SCHEMAS, {"schemas": schemas})
+        return sorted(row[0] for row in cur.fetchall())
+
+
+def _read_chunks(conn: psycopg.Connection[Any], versioned: list[str]) -> dict[str, frozenset[str]]:
     found: dict[str, set[str]] = {schema: set() for schema in versioned}
     for start in range(0, len(versioned), VERSION_CHUNK):
         chunk = versioned[start : start + VERSION_CHUNK]
@@ -110,23 +130,28 @@ def schema_versions(
             cur.execute(query)
             for schema, version in cur.fetchall():
                 found[schema].add(version)
-    return {s: frozenset(found[s]) if s in found else None for s in schemas}
+    return {schema: frozenset(versions) for schema, versions in found.items()}
 
 
-def read_versions(url: str, schemas: list[str]) -> dict[str, frozenset[str] | None]:
-    """:func:`schema_versions` over :data:`VERSION_SESSIONS` sessions at once when the fleet
-    is larger than one chunk."""
-    if len(schemas) <= VERSION_CHUNK:
-        with closing(db.connect(url, application_name="upgrade", autocommit=True)) as conn:
-            return schema_versions(conn, schemas)
+def read_versions(url: str, schemas: list[str] | None) -> dict[str, frozenset[str]]:
+    """The recorded revisions of each of ``schemas`` (None: every tenant schema) that has a
+    version table (the others are absent), over :data:`VERSION_SESSIONS` sessions at once
+    when there is more than one chunk to read."""
+    first = db.connect(url, application_name="upgrade", autocommit=True)
+    with closing(first) as conn, db.translated():
+        versioned = _versioned(conn, schemas)
+        if len(versioned) <= VERSION_CHUNK:
+            return _read_chunks(conn, versioned)
 
-    def part(share: list[str]) -> dict[str, frozenset[str] | None]:
+    def part(share: list[str]) -> dict[str, frozenset[str]]:
         conn = db.connect(url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS)
         with closing(conn), db.translated():
-            return schema_versions(conn, share)
+            return _read_chunks(conn, share)
 
-    shares = [schemas[i::VERSION_SESSIONS] for i in range(VERSION_SESSIONS)]
-    found: dict[str, frozenset[str] | None] = {}
+    # Contiguous shares: each session reads whole chunks of neighbouring names.
+    size = -(-len(versioned) // VERSION_SESSIONS)
+    shares = [versioned[i : i + size] for i in range(0, len(versioned), size)]
+    found: dict[str, frozenset[str]] = {}
     with ThreadPoolExecutor(VERSION_SESSIONS) as pool:
         for result in pool.map(part, shares):
             found.update(result)
@@ -157,7 +182,11 @@ def upgrade(
     owner = db.connect(
         settings.owner_url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS
     )
-    with closing(owner) as conn, db.translated():
+    # A fleet-wide upgrade reads every tenant schema's version while this thread reads and
+    # parses the jobs (the reads wait on the server, the parsing is Python's): the two overlap.
+    reader = ThreadPoolExecutor(1)
+    early = reader.submit(read_versions, settings.owner_url, None) if wanted is None else None
+    with reader, closing(owner) as conn, db.translated():
         _require_control_at_head(conn)
         jobs = queue.provision_jobs(conn, wanted)
         missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
@@ -179,13 +208,16 @@ def upgrade(
             )
         jobs = [j for j in jobs if j.tenant_id not in states]
         finished = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
-        versions = read_versions(
-            settings.owner_url, [TenantId(str(j.tenant_id)).schema for j in finished]
-        )
+        if early is not None:
+            versions = early.result()
+        else:
+            versions = read_versions(
+                settings.owner_url, [TenantId(str(j.tenant_id)).schema for j in finished]
+            )
         behind = [
-            (job, versions[TenantId(str(job.tenant_id)).schema] or frozenset())
+            (job, versions.get(TenantId(str(job.tenant_id)).schema, frozenset()))
             for job in finished
-            if versions[TenantId(str(job.tenant_id)).schema] != heads
+            if versions.get(TenantId(str(job.tenant_id)).schema) != heads
         ]
         rollout_id = None
         if dry_run or not behind:

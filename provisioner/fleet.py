@@ -27,8 +27,10 @@ from provisioner.errors import InvalidInput, UnknownTenant, WrongState
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
 
-#: Schemas per ``UNION ALL`` version query (and so table locks per transaction).
-VERSION_CHUNK = 500
+#: Schemas per ``UNION ALL`` version query (and so table locks per transaction). Planning a
+#: ``UNION ALL`` grows faster than its branches (measured over 10,000 schemas, one session:
+#: ~1.9 s in chunks of 100, ~2.5 s of 500, ~9-12 s of 2,000).
+VERSION_CHUNK = 100
 
 #: Sessions reading versions at once for a large fleet: each table a query names costs the
 #: server a lock and a relation open, so two backends halve the time on a 2-core machine
@@ -40,14 +42,14 @@ UPGRADE_OPTIONS = {"lock_timeout": "5s"}
 
 # The schemas (of those named) that hold a version table: one catalog lookup by relname.
 VERSIONED_SCHEMAS = """
-SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT n.nspname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p') AND n.nspname = ANY(%(schemas)s)
 """
 
 # Every tenant schema that holds a version table (a fleet-wide upgrade reads them all while
 # it reads the jobs; spares are named pool_*). The pattern's "_" is escaped: a literal one.
 VERSIONED_TENANT_SCHEMAS = r"""
-SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT n.nspname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p')
    AND n.nspname LIKE 'tenant\_%'
 """
@@ -56,6 +58,14 @@ SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 TENANTS_LEFT_ALONE = """
 SELECT tenant_id, state FROM control.tenants WHERE state = ANY(%(states)s)
 """
+
+
+@dataclass(frozen=True, order=True)
+class VersionTable:
+    """A schema's ``alembic_version`` table, found in the catalog."""
+
+    schema: str
+    oid: int
 
 
 @dataclass(frozen=True)
@@ -106,30 +116,35 @@ def schema_versions(
     return {s: found.get(s) for s in schemas}
 
 
-def _versioned(conn: psycopg.Connection[Any], schemas: list[str] | None) -> list[str]:
-    """Of ``schemas`` (None: every tenant schema), those that hold a version table, sorted."""
+def _versioned(conn: psycopg.Connection[Any], schemas: list[str] | None) -> list[VersionTable]:
+    """Of ``schemas`` (None: every tenant schema), those that hold a version table, by name."""
     with conn.cursor(row_factory=tuple_row) as cur:
         if schemas is None:
             cur.execute(VERSIONED_TENANT_SCHEMAS)
         else:
             cur.execute(VERSIONED_SCHEMAS, {"schemas": schemas})
-        return sorted(row[0] for row in cur.fetchall())
+        return sorted(VersionTable(row[0], int(row[1])) for row in cur.fetchall())
 
 
-def _read_chunks(conn: psycopg.Connection[Any], versioned: list[str]) -> dict[str, frozenset[str]]:
-    found: dict[str, set[str]] = {schema: set() for schema in versioned}
-    for start in range(0, len(versioned), VERSION_CHUNK):
-        chunk = versioned[start : start + VERSION_CHUNK]
-        query = sql.SQL(" UNION ALL ").join(
-            sql.SQL("SELECT {}::text, version_num::text FROM {}.alembic_version").format(
-                sql.Literal(schema), sql.Identifier(schema)
-            )
-            for schema in chunk
+def _read_chunks(
+    conn: psycopg.Connection[Any], tables: list[VersionTable]
+) -> dict[str, frozenset[str]]:
+    found: dict[str, set[str]] = {table.schema: set() for table in tables}
+    schema_of = {table.oid: table.schema for table in tables}
+    for start in range(0, len(tables), VERSION_CHUNK):
+        chunk = tables[start : start + VERSION_CHUNK]
+        # Each row names its table by oid (no literal per schema), and the statement is joined
+        # from escaped identifiers as bytes: composing 10,000 sql.Composed objects cost more
+        # Python time than the server spends reading them.
+        query = b" UNION ALL ".join(
+            b"SELECT tableoid::int8, version_num::text FROM "
+            + sql.Identifier(table.schema, "alembic_version").as_bytes(conn)
+            for table in chunk
         )
         with conn.cursor(row_factory=tuple_row) as cur:
             cur.execute(query)
-            for schema, version in cur.fetchall():
-                found[schema].add(version)
+            for oid, version in cur.fetchall():
+                found[schema_of[oid]].add(version)
     return {schema: frozenset(versions) for schema, versions in found.items()}
 
 
@@ -143,7 +158,7 @@ def read_versions(url: str, schemas: list[str] | None) -> dict[str, frozenset[st
         if len(versioned) <= VERSION_CHUNK:
             return _read_chunks(conn, versioned)
 
-    def part(share: list[str]) -> dict[str, frozenset[str]]:
+    def part(share: list[VersionTable]) -> dict[str, frozenset[str]]:
         conn = db.connect(url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS)
         with closing(conn), db.translated():
             return _read_chunks(conn, share)

@@ -8,8 +8,12 @@ For one claimed job it
    a step done and recorded, or neither. The transaction holds the tenant's advisory lock, so two
    engines never run a step of one tenant at the same time, whatever the jobs' kinds (and the
    queue never claims a job while another job of its tenant runs);
-3. completes the job, or hands the failure to the queue (backoff, or failed at once when the
-   error is permanent).
+3. completes the job in the transaction of its last step (so a job is never left with every
+   step done but not complete), or hands the failure to the queue (backoff, or failed at once
+   when the error is permanent).
+
+Every step but a job's last commits asynchronously; the last one commits durably, and that
+flush makes the earlier ones durable with it (see ``_lock_tenant``).
 
 Every write to the job row is fenced by the lease: if recovery, a take-over or a cancel changed
 the row, the step's transaction rolls back and :class:`LeaseLost` propagates.

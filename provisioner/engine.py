@@ -8,8 +8,12 @@ For one claimed job it
    a step done and recorded, or neither. The transaction holds the tenant's advisory lock, so two
    engines never run a step of one tenant at the same time, whatever the jobs' kinds (and the
    queue never claims a job while another job of its tenant runs);
-3. completes the job, or hands the failure to the queue (backoff, or failed at once when the
-   error is permanent).
+3. completes the job in the transaction of its last step (so a job is never left with every
+   step done but not complete), or hands the failure to the queue (backoff, or failed at once
+   when the error is permanent).
+
+Every step but a job's last commits asynchronously; the last one commits durably, and that
+flush makes the earlier ones durable with it (see ``_lock_tenant``).
 
 Every write to the job row is fenced by the lease: if recovery, a take-over or a cancel changed
 the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
@@ -33,7 +37,7 @@ from provisioner.errors import (
     WrongState,
 )
 from provisioner.kinds import JobKind, KindRegistry, Step, StepContext
-from provisioner.models import PROVISION_JOB_TYPE, Job, Lease, TenantId
+from provisioner.models import PROVISION_JOB_TYPE, Job, JobStatus, Lease, TenantId
 from provisioner.settings import Settings
 from provisioner.storage import ObjectStore, store_from_settings
 from provisioner.template_replay import TemplateCache
@@ -159,6 +163,11 @@ class Engine:
         if self._control is not None and not db.is_alive(self._control):
             self._control = self._open_control()
 
+    def refresh_steps_session(self) -> None:
+        """Drop the steps' pooled session if the server dropped it since the last job: one
+        round trip per job, instead of a ping before every transaction."""
+        self._db.ensure_alive()
+
     def close(self) -> None:
         if self._control is not None:
             self._control.close()
@@ -230,6 +239,7 @@ class Engine:
                 repaired: set[str] = set()
             else:
                 job, repaired = self._forget_vanished(kind, job, lease, ctx)
+            pending = [s.name for s in kind.steps if s.name not in job.steps_completed]
             for step in kind.steps:
                 if step.name in job.steps_completed:
                     on_progress(StepEvent(job, step.name, "skipped"))
@@ -238,8 +248,18 @@ class Engine:
                     return self._finish(lambda c: queue.release(c, lease))
                 current = step.name
                 job = self._run_step(
-                    kind, job, lease, step, ctx, journal, on_progress, step.name in repaired
+                    kind,
+                    job,
+                    lease,
+                    step,
+                    ctx,
+                    journal,
+                    on_progress,
+                    step.name in repaired,
+                    final=step.name == pending[-1],
                 )
+            if job.status is JobStatus.SUCCEEDED:
+                return job  # the last step's transaction completed it
             current = "complete"
             return self._finish(lambda c: queue.complete(c, lease))
         except LeaseLost:
@@ -290,12 +310,16 @@ class Engine:
         journal: psycopg.Connection[Any],
         on_progress: ProgressCallback,
         repairing: bool,
+        *,
+        final: bool = False,
     ) -> Job:
+        """Run one step in one transaction with its checkpoint; the ``final`` step (the job's
+        last missing one) completes the job in that same transaction."""
         started = time.monotonic()
         run_id: int | None = None
         try:
             with self._db.transaction() as tx:
-                self._lock_tenant(tx, ctx.tenant)
+                self._lock_tenant(tx, ctx.tenant, durable=final)
                 run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
                 on_progress(StepEvent(job, step.name, "started"))
                 detail = step.run(tx, ctx)
@@ -306,9 +330,13 @@ class Engine:
                 done = kind.ordered([*job.steps_completed, step.name])
                 # The journal's close and the fenced checkpoint in one round trip (pipeline
                 # mode); they commit together with the step's work, or not at all.
+                # The final step completes the job with it: one commit fewer per job, and the
+                # step, its checkpoint and the job's success are one atomic change.
                 with tx.pg.pipeline():
                     queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
                     job = queue.record_step(tx.pg, lease, done, kind.progress(done))
+                    if final:
+                        job = queue.complete(tx.pg, lease)
         except BaseException as exc:
             outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
             if run_id is not None:
@@ -321,12 +349,22 @@ class Engine:
         on_progress(StepEvent(job, step.name, event, time.monotonic() - started, detail))
         return job
 
-    def _lock_tenant(self, tx: db.Transaction, tenant: TenantId) -> None:
-        # Pipeline mode: the transaction's BEGIN and the lock go in one round trip.
+    def _lock_tenant(self, tx: db.Transaction, tenant: TenantId, *, durable: bool) -> None:
+        # Pipeline mode: the transaction's BEGIN, the lock (and the commit mode) in one round
+        # trip.
         with tx.pg.pipeline(), tx.pg.cursor() as cur:
             cur.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (TENANT_LOCK_CLASS, tenant.value)
             )
+            if not durable:
+                # A step that is not the job's last commits without waiting for its WAL flush.
+                # Safe: WAL is replayed in order, so a server crash can lose only a tail of
+                # such commits, each one atomically (the step's work together with its
+                # checkpoint): the job then resumes from an earlier, consistent checkpoint
+                # (its claim is asynchronous too). The job's last step, which completes it
+                # and is what a caller is told, commits durably, and that flush makes every
+                # earlier step of the job durable with it.
+                cur.execute("SET LOCAL synchronous_commit = off")
 
     @staticmethod
     def _close_run(

@@ -87,9 +87,13 @@ def run_claimed(
     on_progress: ProgressCallback,
     should_stop: StopRequested,
 ) -> Outcome:
-    """Run a job this process holds, and settle it; never raises for a job's failure."""
+    """Run a job this process holds, and settle it; never raises for a job's failure.
+
+    The control session has just claimed the job (it answered); the steps' session is checked
+    here, once per job.
+    """
     try:
-        engine.refresh_control()
+        engine.refresh_steps_session()
         done = engine.run(job, on_progress=on_progress, should_stop=should_stop)
     except LeaseLost as exc:
         return LostLease(job.id, describe(exc))

@@ -70,6 +70,14 @@ def test_sigkill_after_each_step_resumes_with_the_missing_steps(
     result = service.provision(settings, "victim", on_progress=events.append)
 
     assert result.job.status is JobStatus.SUCCEEDED
+    if step == STEPS[-1]:
+        # The last step completes the job in its own transaction: nothing is left to resume.
+        assert result.job.attempts == 1
+        assert events == []
+        assert runs(database, "victim") == [(1, s, "succeeded") for s in STEPS]
+        with database.owner() as conn:
+            assert tenant_schema.fingerprint(conn, "tenant_victim") == clean_fingerprint
+        return
     assert result.job.attempts == 2
     assert [e.step for e in events if e.outcome == "done"] == list(STEPS[index + 1 :])
     assert [e.step for e in events if e.outcome == "skipped"] == list(STEPS[: index + 1])

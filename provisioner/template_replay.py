@@ -34,6 +34,7 @@ one-migration-at-a-time rule as the step itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from psycopg import sql
@@ -93,31 +94,52 @@ def describe_difference(expected: Fingerprint, got: Fingerprint) -> str:
 
 def replay(tx: Transaction, schema: str, reference: Reference) -> str | None:
     """Replay the reference's statements into the empty ``schema`` under a savepoint; None if
-    the result matches the reference, else the reason it was rolled back.
+    the result matches the reference, else the reason it was rolled back."""
+    return replay_verified(tx, schema, reference.template.script, reference.fingerprint)
+
+
+def replay_verified(
+    tx: Transaction,
+    schema: str,
+    script: str,
+    expected: Fingerprint,
+    *,
+    savepoint: str = SAVEPOINT,
+    reraise: Callable[[DatabaseError], bool] = lambda exc: False,
+) -> str | None:
+    """Run ``script`` in ``schema`` under a savepoint and prove the result: None when the
+    schema's fingerprint equals ``expected`` (the savepoint is released), else the reason it
+    was rolled back. An error ``reraise`` accepts (a lock timeout, for an upgrade) propagates
+    after the rollback instead of becoming a reason. The template replay and the upgrade
+    replay both verify this way.
 
     One round trip for the savepoint, the ``search_path`` (the schema alone, for the rest of the
-    transaction, as Alembic's env.py sets it) and the DDL; one more for the fingerprint.
+    transaction, as Alembic's env.py sets it) and the statements; one more for the fingerprint.
     """
-    script = (
+    name = sql.Identifier(savepoint)
+    text = (
         sql.SQL("SAVEPOINT {}; SET LOCAL search_path TO {};\n")
-        .format(sql.Identifier(SAVEPOINT), sql.Identifier(schema))
+        .format(name, sql.Identifier(schema))
         .as_string(tx.pg)
-        + reference.template.script
+        + script
     )
     with tx.pg.cursor() as cur:
         try:
             with translated():
-                cur.execute(script.encode())
+                cur.execute(text.encode())
                 got = tenant_schema.fingerprint(tx.pg, schema)
         except DatabaseError as exc:
+            cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
+            if reraise(exc):
+                raise
             problem = f"replay failed: {exc}"
         else:
-            if got == reference.fingerprint:
-                cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
+            if got == expected:
+                cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
                 return None
-            problem = f"fingerprint mismatch: {describe_difference(reference.fingerprint, got)}"
-        cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
-        cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
+            problem = f"fingerprint mismatch: {describe_difference(expected, got)}"
+            cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
+        cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
     return problem
 
 

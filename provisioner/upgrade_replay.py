@@ -48,14 +48,14 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from provisioner import migrations, tenant_schema
-from provisioner.db import DatabaseError, Transaction, translated
+from provisioner.db import Transaction, translated
 from provisioner.models import Job
 from provisioner.template_reference import PLACEHOLDER_SCHEMA, Fingerprint
 from provisioner.template_replay import (
     Outcome,
     TemplateCache,
     database_key,
-    describe_difference,
+    replay_verified,
 )
 
 SAVEPOINT = "tenant_upgrade_replay"
@@ -325,30 +325,9 @@ class UpgradeCache:
     ) -> str | None:
         """Replay under a savepoint; None when the result matches the reference, else why it
         was rolled back. A lock timeout is raised, not turned into a fallback."""
-        text = (
-            sql.SQL("SAVEPOINT {}; SET LOCAL search_path TO {};\n")
-            .format(sql.Identifier(SAVEPOINT), sql.Identifier(schema))
-            .as_string(tx.pg)
-            + script.script
+        return replay_verified(
+            tx, schema, script.script, reference, savepoint=SAVEPOINT, reraise=_is_lock_timeout
         )
-        with tx.pg.cursor() as cur:
-            try:
-                with translated():
-                    cur.execute(text.encode())
-                    got = tenant_schema.fingerprint(tx.pg, schema)
-            except DatabaseError as exc:
-                cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
-                if _is_lock_timeout(exc):
-                    raise
-                problem = f"replay failed: {exc}"
-            else:
-                if got == reference:
-                    cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
-                    return None
-                problem = f"fingerprint mismatch: {describe_difference(reference, got)}"
-                cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
-            cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(sql.Identifier(SAVEPOINT)))
-        return problem
 
     def _alembic(
         self, tx: Transaction, schema: str, start: frozenset[str], *, reason: str

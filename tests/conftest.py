@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from alembic import command as alembic_command
 from psycopg import sql
 
-from provisioner import db, migrations, tenant_schema
+from provisioner import db, migrations, pool, tenant_schema
 from provisioner.settings import Settings
 from provisioner.testing import PgServer, ProvisionerDatabase, Tenant, role_url
 
@@ -251,3 +251,13 @@ def downgrade_tenant(database: Database, tenant: str, revision: str) -> None:
             alembic_command.downgrade(config, revision)
     finally:
         engine.dispose()
+
+
+def build_spare(settings: Settings) -> str:
+    """One spare built and committed as a worker's pool keeper builds it; its schema name."""
+    owner = db.Database(settings.owner_url)
+    try:
+        with owner.transaction() as tx:
+            return pool.build_spare(tx, "test")
+    finally:
+        owner.close()

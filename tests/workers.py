@@ -167,6 +167,25 @@ def running_workers(settings: Settings, log_dir: Path) -> Iterator[Workers]:
         workers.cleanup()
 
 
+def kill_frozen(settings: Settings, child: Path, *args: str) -> None:
+    """Run a crash-test child script (``child args...``) until it prints that it froze at its
+    (step, outcome), the last two of ``args``, then SIGKILL it."""
+    step, outcome = args[-2:]
+    with subprocess.Popen(
+        [sys.executable, str(child), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=settings_env(settings),
+    ) as proc:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        os.kill(proc.pid, signal.SIGKILL)
+        _, errors = proc.communicate(timeout=10)
+    assert line.strip() == f"FROZEN {step} {outcome}", errors
+    assert proc.returncode == -signal.SIGKILL
+
+
 def alive(pid: int) -> bool:
     """True while the process exists and is not a zombie."""
     try:

@@ -7,10 +7,6 @@ first had not committed, and the schema equals a cleanly provisioned tenant's.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,26 +15,15 @@ from provisioner import service, tenant_schema
 from provisioner.engine import StepEvent
 from provisioner.models import STEPS, JobStatus
 from provisioner.settings import Settings
-from tests.conftest import Database, settings_env
+from tests.conftest import Database
+from tests.workers import kill_frozen
 
 CHILD = Path(__file__).with_name("provision_child.py")
 
 
 def kill_at(settings: Settings, tenant: str, step: str, outcome: str) -> None:
     """Run the child until it freezes at (step, outcome), then SIGKILL it."""
-    with subprocess.Popen(
-        [sys.executable, str(CHILD), tenant, step, outcome],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=settings_env(settings),
-    ) as child:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        os.kill(child.pid, signal.SIGKILL)
-        _, errors = child.communicate(timeout=10)
-    assert line.strip() == f"FROZEN {step} {outcome}", errors
-    assert child.returncode == -signal.SIGKILL
+    kill_frozen(settings, CHILD, tenant, step, outcome)
 
 
 def runs(database: Database, tenant: str) -> list[tuple[int, str, str]]:

@@ -4,10 +4,6 @@ finish on re-run with the same end state, seen from outside as ``app_rw``.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,25 +15,14 @@ from provisioner.errors import WrongState
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.testing import Tenant
-from tests.conftest import Database, settings_env
+from tests.conftest import Database
+from tests.workers import kill_frozen
 
 CHILD = Path(__file__).with_name("lifecycle_child.py")
 
 
 def kill_at(settings: Settings, tenant: str, job_type: str, step: str, outcome: str) -> None:
-    with subprocess.Popen(
-        [sys.executable, str(CHILD), tenant, job_type, step, outcome],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=settings_env(settings),
-    ) as child:
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        os.kill(child.pid, signal.SIGKILL)
-        _, errors = child.communicate(timeout=10)
-    assert line.strip() == f"FROZEN {step} {outcome}", errors
-    assert child.returncode == -signal.SIGKILL
+    kill_frozen(settings, CHILD, tenant, job_type, step, outcome)
 
 
 def end_state(database: Database, tenant: str) -> tuple[str, object]:

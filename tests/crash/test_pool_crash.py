@@ -22,11 +22,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from provisioner import db, pool, service
+from provisioner import service
 from provisioner.engine import TENANT_LOCK_CLASS
 from provisioner.models import STEPS
 from provisioner.settings import Settings
-from tests.conftest import Database, fingerprint
+from tests.conftest import Database, build_spare, fingerprint
 from tests.workers import (
     Workers,
     alive,
@@ -81,12 +81,7 @@ def state(database: Database, spare: str) -> tuple[bool, bool, bool]:
 def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
     boundary: str, fast: Settings, database: Database, workers: Workers, clean_fingerprint: dict
 ) -> None:
-    owner = db.Database(fast.owner_url)
-    try:
-        with owner.transaction() as tx:
-            spare = pool.build_spare(tx, "test")
-    finally:
-        owner.close()
+    spare = build_spare(fast)
     service.enqueue(fast, TENANT)
     blocker = {
         "before_take": lambda: advisory_locked(database, TENANT),

@@ -15,7 +15,7 @@ from provisioner import db, migrations, pool, queue, service
 from provisioner.errors import ConfigurationError
 from provisioner.models import STEPS, TenantId
 from provisioner.settings import Settings
-from tests.conftest import Database, fingerprint, run_cli
+from tests.conftest import Database, build_spare, fingerprint, run_cli
 from tests.workers import Workers, job_row, step_runs, wait_until
 
 POOL = {"PROVISIONER_POOL_SIZE": "2"}
@@ -109,12 +109,7 @@ def test_the_pool_is_filled_drained_and_refilled(
 def test_spares_are_refused_to_app_rw_and_invisible_to_users(
     fast: Settings, database: Database
 ) -> None:
-    owner = db.Database(fast.owner_url)
-    try:
-        with owner.transaction() as tx:
-            spare = pool.build_spare(tx, "test")
-    finally:
-        owner.close()
+    spare = build_spare(fast)
     assert spare.startswith("pool_") and not spare.startswith("tenant_")
     with database.app() as conn:
         row = conn.execute(
@@ -134,12 +129,7 @@ def test_spares_are_refused_to_app_rw_and_invisible_to_users(
 def test_spares_of_an_older_head_are_never_handed_out_and_are_rebuilt(
     fast: Settings, database: Database, workers: Workers
 ) -> None:
-    owner = db.Database(fast.owner_url)
-    try:
-        with owner.transaction() as tx:
-            old = pool.build_spare(tx, "test")
-    finally:
-        owner.close()
+    old = build_spare(fast)
     with database.owner() as conn:  # as if a release with an older template built it
         conn.execute(
             "UPDATE control.tenant_pool SET tree_digest = repeat('0', 64), heads = '{t003}'"

@@ -6,7 +6,9 @@ the result against a reference: the catalog fingerprint
 (:func:`provisioner.tenant_schema.fingerprint`, schema name abstracted) of a schema that Alembic
 itself built for the same tree state in the same database. The reference, and the statements to
 replay, live in ``control.tenant_template_references``, keyed by the tree's digest (a SHA-256 over
-``env.py`` and the revision files, so another head or an edited file is another key).
+``env.py`` and the revision files, so another head or an edited file is another key) and the
+fingerprint's format (:func:`reference_key`: ``<digest>/fingerprint-v2``; a reference another
+version rendered differently is never compared with this one).
 
 Computed once per database and tree state, by whichever process needs it first: under a
 transaction-level advisory lock on the digest, it reads the row again, and if it is still
@@ -22,7 +24,6 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -40,21 +41,21 @@ REFERENCE_LOCK_CLASS = 0x74706C72
 
 SCRATCH_SAVEPOINT = "tenant_template_reference"
 
-Fingerprint = dict[str, list[tuple[Any, ...]]]
+Fingerprint = tenant_schema.Fingerprint
 
 # -- statements ---------------------------------------------------------------------------------
 
-# The stored reference of one tree state, if any.
+# The stored reference of one tree state, if any (``key``: see reference_key()).
 SELECT_REFERENCE = """
 SELECT heads, statements, fingerprint FROM control.tenant_template_references
- WHERE tree_digest = %(digest)s
+ WHERE tree_digest = %(key)s
 """
 
 # Store a reference; a row already there (computed meanwhile) wins.
 INSERT_REFERENCE = """
 INSERT INTO control.tenant_template_references
        (tree_digest, heads, statements, fingerprint, created_by)
-VALUES (%(digest)s, %(heads)s, %(statements)s, %(fingerprint)s, %(created_by)s)
+VALUES (%(key)s, %(heads)s, %(statements)s, %(fingerprint)s, %(created_by)s)
 ON CONFLICT (tree_digest) DO NOTHING
 """
 
@@ -131,10 +132,16 @@ class Reference:
         return self.template.heads
 
 
+def reference_key(digest: str) -> str:
+    """Where a reference of the tree state ``digest`` is stored: the digest and the format of
+    the fingerprint it holds (:data:`provisioner.tenant_schema.FINGERPRINT_FORMAT`)."""
+    return f"{digest}/{tenant_schema.FINGERPRINT_FORMAT}"
+
+
 def load(tx: Transaction, digest: str) -> Reference | None:
     """The stored reference of the tree state ``digest``; None when none was computed yet."""
     with tx.pg.cursor(row_factory=dict_row) as cur:
-        cur.execute(SELECT_REFERENCE, {"digest": digest})
+        cur.execute(SELECT_REFERENCE, {"key": reference_key(digest)})
         row = cur.fetchone()
     if row is None:
         return None
@@ -162,7 +169,7 @@ def obtain(tx: Transaction, tree: migrations.TreeState, created_by: str) -> tupl
         cur.execute(
             INSERT_REFERENCE,
             {
-                "digest": reference.digest,
+                "key": reference_key(reference.digest),
                 "heads": sorted(reference.heads),
                 "statements": list(reference.template.statements),
                 "fingerprint": Jsonb(reference.fingerprint),
@@ -190,6 +197,9 @@ def compute(tx: Transaction, tree: migrations.TreeState) -> Reference:
             after = migrations.tenant_tree_state()
             if after != tree:
                 raise TemplateUnusable("the tree changed while its reference was built")
+            # Read as the replay reads a tenant: under the session's search_path, not the
+            # scratch schema Alembic left in it (it changes how names are printed).
+            cur.execute("SET LOCAL search_path TO DEFAULT")
             found = tenant_schema.fingerprint(tx.pg, scratch)
         finally:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(savepoint))

@@ -34,9 +34,12 @@ one-migration-at-a-time rule as the step itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from provisioner import migrations, template_reference, tenant_schema
@@ -113,8 +116,11 @@ def replay_verified(
     after the rollback instead of becoming a reason. The template replay and the upgrade
     replay both verify this way.
 
-    One round trip for the savepoint, the ``search_path`` (the schema alone, for the rest of the
-    transaction, as Alembic's env.py sets it) and the statements; one more for the fingerprint.
+    Three round trips: (1) the savepoint, the ``search_path`` (the schema alone, as Alembic's
+    env.py sets it), the statements, the ``search_path`` back to the session default (the
+    fingerprint is read under it, see :data:`provisioner.tenant_schema.FINGERPRINT`) and the
+    version table's rows, as one simple query; (2) the fingerprint's prepared catalog query;
+    (3) the release.
     """
     name = sql.Identifier(savepoint)
     text = (
@@ -122,12 +128,19 @@ def replay_verified(
         .format(name, sql.Identifier(schema))
         .as_string(tx.pg)
         + script
+        + sql.SQL("\nSET LOCAL search_path TO DEFAULT; SELECT version_num FROM {}.alembic_version")
+        .format(sql.Identifier(schema))
+        .as_string(tx.pg)
     )
     with tx.pg.cursor() as cur:
         try:
             with translated():
-                cur.execute(text.encode())
-                got = tenant_schema.fingerprint(tx.pg, schema)
+                with keeping_prepared_statements(tx.pg):
+                    cur.execute(text.encode())
+                while cur.nextset():  # the last result: the version table's rows
+                    pass
+                versions = [str(row[0]) for row in cur.fetchall()]
+                got = tenant_schema.fingerprint(tx.pg, schema, versions=versions)
         except DatabaseError as exc:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
             if reraise(exc):
@@ -141,6 +154,26 @@ def replay_verified(
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
         cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
     return problem
+
+
+@contextmanager
+def keeping_prepared_statements(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Run a replayed script without psycopg forgetting the session's prepared statements.
+
+    psycopg deallocates every prepared statement of the session (``DEALLOCATE ALL``) when a
+    result it tracks says ``ALTER`` or ``DROP``, in case a prepared statement names a dropped
+    object; a replayed revision says it for every tenant, and the fingerprint's query and the
+    queue's statements would be planned again for every job. The script changes only the
+    tenant schema, which no statement of the session prepares (the fingerprint reads the
+    catalog, the queue the control schema), and the server itself re-plans a prepared statement
+    whose tables changed. With no ``prepare_threshold`` psycopg leaves the query untracked.
+    """
+    threshold = conn.prepare_threshold
+    conn.prepare_threshold = None
+    try:
+        yield
+    finally:
+        conn.prepare_threshold = threshold
 
 
 @dataclass

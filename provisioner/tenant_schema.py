@@ -13,6 +13,7 @@ schema), and their indexes, columns and constraints through indexes on the relat
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -334,8 +335,21 @@ def role_profiles_seeded(conn: Conn, schema: str) -> bool:
 
 # -- catalog fingerprint --------------------------------------------------------------------------
 
+#: How the fingerprint renders the catalog; part of the key of every stored reference
+#: (:mod:`provisioner.template_reference`, :mod:`provisioner.upgrade_replay`), so a reference
+#: stored by a version that rendered it another way is never compared with this rendering.
+#: v2: read under the session's default ``search_path`` (v1: under the tenant schema's own, as
+#: Alembic leaves it), which names the schema's objects qualified, ``<tenant>.members(id)``.
+FINGERPRINT_FORMAT = "fingerprint-v2"
+
 # The schema's shape in ONE statement (one plan, one round trip), each section a JSON array of
 # rows in a fixed order. Every lookup goes by oid through the schema's pg_depend entries.
+#
+# How pg_get_constraintdef, pg_get_indexdef, pg_get_expr and format_type print a name depends on
+# the search_path (qualified unless visible), so two fingerprints compare only when taken under
+# the same one: the verified replays and the references take theirs under the session default.
+# The statement is prepared (see fingerprint()): planning its dozen joins costs as much as
+# running it, and a cached plan is only reused under the search_path it was planned for.
 FINGERPRINT = (
     SCHEMA_RELATIONS_CTE
     + """
@@ -389,27 +403,43 @@ FINGERPRINT_SECTIONS = (
     "default_privileges",
 )
 
+Fingerprint = dict[str, list[tuple[Any, ...]]]
 
-def fingerprint(conn: Conn, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+
+def fingerprint(conn: Conn, schema: str, *, versions: Iterable[str] | None = None) -> Fingerprint:
     """The schema's shape, with its own name abstracted: tables, columns, indexes,
     constraints, grants, default privileges and alembic version. Two tenants built the same way
-    have equal fingerprints. Two round trips, whatever the size of the database."""
+    and read under the same ``search_path`` have equal fingerprints.
+
+    ``versions``: the rows of the schema's ``alembic_version`` when the caller has just read them
+    (a verified replay reads them in the replay's own round trip); else they are read here, one
+    more round trip when the table exists. The catalog query is prepared on first use
+    (``prepare=True``; a connection whose ``prepare_threshold`` is None never prepares): a
+    worker's long-lived session plans it once instead of once per tenant.
+    """
 
     def abstract(row: list[Any]) -> tuple[Any, ...]:
         return tuple(v.replace(f"{schema}.", "<tenant>.") if isinstance(v, str) else v for v in row)
 
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(FINGERPRINT, {"schema": schema})
+        cur.execute(FINGERPRINT, {"schema": schema}, prepare=True)
         found = cur.fetchone()
     assert found is not None
     out = {name: [abstract(row) for row in found[name]] for name in FINGERPRINT_SECTIONS}
-    tables = {row[0] for row in out["relations"] if row[1] in ("r", "p")}
-    if "alembic_version" in tables:
-        with conn.cursor(row_factory=tuple_row) as versions:
-            versions.execute(
-                sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))
-            )
-            out["alembic_version"] = sorted(versions.fetchall())
-    else:
-        out["alembic_version"] = []
+    if versions is None:
+        versions = _alembic_versions(conn, schema, out["relations"])
+    out["alembic_version"] = sorted((v,) for v in versions)
     return out
+
+
+def _alembic_versions(conn: Conn, schema: str, relations: list[tuple[Any, ...]]) -> list[str]:
+    """The schema's alembic_version rows; [] when the fingerprint found no such table."""
+    if not any(row[0] == "alembic_version" and row[1] in ("r", "p") for row in relations):
+        return []
+    with conn.cursor(row_factory=tuple_row) as cur:
+        # One text per schema: never worth preparing.
+        cur.execute(
+            sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema)),
+            prepare=False,
+        )
+        return [str(row[0]) for row in cur.fetchall()]

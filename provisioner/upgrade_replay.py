@@ -44,13 +44,13 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from provisioner import migrations, tenant_schema
 from provisioner.db import Transaction, translated
 from provisioner.models import Job
-from provisioner.template_reference import PLACEHOLDER_SCHEMA, Fingerprint
+from provisioner.template_reference import PLACEHOLDER_SCHEMA, Fingerprint, reference_key
 from provisioner.template_replay import (
     Outcome,
     TemplateCache,
@@ -66,14 +66,23 @@ REFERENCE_LOCK_CLASS = 0x75706772
 # The stored reference of an upgrade from one revision, for one tree state.
 SELECT_REFERENCE = """
 SELECT fingerprint FROM control.tenant_upgrade_references
- WHERE tree_digest = %(digest)s AND start = %(start)s
+ WHERE tree_digest = %(key)s AND start = %(start)s
 """
 INSERT_REFERENCE = """
 INSERT INTO control.tenant_upgrade_references (tree_digest, start, heads, fingerprint, created_by)
-VALUES (%(digest)s, %(start)s, %(heads)s, %(fingerprint)s, %(created_by)s)
+VALUES (%(key)s, %(start)s, %(heads)s, %(fingerprint)s, %(created_by)s)
 ON CONFLICT (tree_digest, start) DO NOTHING
 """
 LOCK_REFERENCE = "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(digest)s || %(start)s))"
+
+# The step's lock timeout and whether the schema has a version table, in one round trip (one
+# catalog lookup by (name, schema), whatever the number of schemas).
+LOCK_TIMEOUT_AND_VERSION_TABLE = """
+SELECT set_config('lock_timeout', %(lock_timeout)s, true) AS lock_timeout,
+       EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = %(schema)s AND c.relname = 'alembic_version'
+                  AND c.relkind IN ('r', 'p')) AS versioned
+"""
 
 #: The job payload key a fleet upgrade sets: the head label the job brings the tenant to.
 UPGRADE_TO = "upgrade_to"
@@ -148,6 +157,28 @@ def upgrade_only(job: Job) -> bool:
     )
 
 
+def _set_lock_timeout_and_read_versions(
+    tx: Transaction, schema: str, lock_timeout_ms: int
+) -> frozenset[str] | None:
+    """Set the step's ``lock_timeout``; the revisions the schema records, None when it has no
+    version table (what :func:`provisioner.migrations.tenant_versions` says), in two round
+    trips, one when there is no version table."""
+    with tx.pg.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            LOCK_TIMEOUT_AND_VERSION_TABLE,
+            {"lock_timeout": f"{lock_timeout_ms}ms", "schema": schema},
+            prepare=True,
+        )
+        row = cur.fetchone()
+        if row is None or not row[1]:
+            return None
+        cur.execute(
+            sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema)),
+            prepare=False,  # one text per schema
+        )
+        return frozenset(str(version[0]) for version in cur.fetchall())
+
+
 def _only_comments(text: str) -> bool:
     return all(not line.strip() or line.lstrip().startswith("--") for line in text.splitlines())
 
@@ -178,7 +209,7 @@ ReferenceKey = tuple[str, frozenset[str], tuple[str, ...]]
 
 def _load_reference(tx: Transaction, digest: str, start: str) -> Fingerprint | None:
     with tx.pg.cursor(row_factory=dict_row) as cur:
-        cur.execute(SELECT_REFERENCE, {"digest": digest, "start": start})
+        cur.execute(SELECT_REFERENCE, {"key": reference_key(digest), "start": start})
         row = cur.fetchone()
     if row is None:
         return None
@@ -210,7 +241,7 @@ def obtain_reference(
         cur.execute(
             INSERT_REFERENCE,
             {
-                "digest": tree.digest,
+                "key": reference_key(tree.digest),
                 "start": label,
                 "heads": sorted(tree.heads),
                 "fingerprint": Jsonb(fingerprint),
@@ -236,6 +267,9 @@ def _compute_reference(
             migrations.upgrade_tenant(tx.sa, scratch)
             if migrations.tenant_tree_state() != tree:
                 raise NotReplayable("the tree changed while the upgrade reference was built")
+            # Read as the replay reads a tenant: under the session's search_path, not the
+            # scratch schema Alembic left in it (it changes how names are printed).
+            cur.execute("SET LOCAL search_path TO DEFAULT")
             return tenant_schema.fingerprint(tx.pg, scratch)
         finally:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(savepoint))
@@ -270,10 +304,8 @@ class UpgradeCache:
         A new schema (no version table) and one already at head go to the provisioning fast
         path (``templates``, the engine's); a schema behind the head is upgraded here.
         """
-        with tx.pg.cursor() as cur:
-            cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{lock_timeout_ms}ms",))
         with translated():
-            versions = migrations.tenant_versions(tx.pg, schema)
+            versions = _set_lock_timeout_and_read_versions(tx, schema, lock_timeout_ms)
         tree = migrations.tenant_tree_state()
         if versions == tree.heads:
             # What the template cache would say after reading the versions again (a taken

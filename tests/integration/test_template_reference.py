@@ -11,11 +11,13 @@ import psycopg
 
 from provisioner import migrations
 from provisioner.settings import Settings
-from provisioner.template_reference import REFERENCE_LOCK_CLASS
+from provisioner.template_reference import REFERENCE_LOCK_CLASS, reference_key
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import step_runs, wait_until
 
 HEAD = migrations.head_label(migrations.tenant_heads())
+#: Where the reference is stored: the tree's digest and the fingerprint's format.
+KEY = reference_key(migrations.tenant_tree_state().digest)
 
 
 def migration_record(database: Database, tenant: str) -> tuple[str, str]:
@@ -44,14 +46,14 @@ def test_a_fresh_process_replays_the_shared_reference_from_its_first_tenant(
     detail, first_holder = migration_record(database, "first")
     # Even the database's very first tenant: the reference is computed, then replayed.
     assert detail == f"path=template head={HEAD}"
-    assert references(database) == [(migrations.tenant_tree_state().digest, first_holder)]
+    assert references(database) == [(KEY, first_holder)]
 
     second = run_cli(settings, "provision", "second")  # another process, its first tenant
     assert second.returncode == 0, second.stderr
     detail, second_holder = migration_record(database, "second")
     assert second_holder != first_holder
     assert detail == f"path=template head={HEAD}"
-    assert references(database) == [(migrations.tenant_tree_state().digest, first_holder)]
+    assert references(database) == [(KEY, first_holder)]
 
 
 def waiting_on_lock(database: Database, count: int) -> bool:
@@ -92,5 +94,5 @@ def test_two_processes_computing_the_reference_at_once_compute_it_once(
     details = [migration_record(database, tenant) for tenant in ("left", "right")]
     assert [d for d, _ in details] == [f"path=template head={HEAD}"] * 2
     ((stored_digest, created_by),) = references(database)
-    assert stored_digest == digest
+    assert stored_digest == reference_key(digest)
     assert created_by in {holder for _, holder in details}

@@ -348,8 +348,8 @@ FINGERPRINT_FORMAT = "fingerprint-v2"
 # How pg_get_constraintdef, pg_get_indexdef, pg_get_expr and format_type print a name depends on
 # the search_path (qualified unless visible), so two fingerprints compare only when taken under
 # the same one: the verified replays and the references take theirs under the session default.
-# The statement is prepared (see fingerprint()): planning its dozen joins costs as much as
-# running it, and a cached plan is only reused under the search_path it was planned for.
+# Planning its dozen joins costs as much as running it: a long-lived session has psycopg prepare
+# it, and the server reuses a cached plan only under the search_path it was planned for.
 FINGERPRINT = (
     SCHEMA_RELATIONS_CTE
     + """
@@ -413,16 +413,16 @@ def fingerprint(conn: Conn, schema: str, *, versions: Iterable[str] | None = Non
 
     ``versions``: the rows of the schema's ``alembic_version`` when the caller has just read them
     (a verified replay reads them in the replay's own round trip); else they are read here, one
-    more round trip when the table exists. The catalog query is prepared on first use
-    (``prepare=True``; a connection whose ``prepare_threshold`` is None never prepares): a
-    worker's long-lived session plans it once instead of once per tenant.
+    more round trip when the table exists. psycopg prepares the catalog query on a session that
+    runs it often (``prepare_threshold``, 5 by default): a worker's long-lived session then plans
+    it once instead of once per tenant (see :func:`provisioner.template_replay.replay_verified`).
     """
 
     def abstract(row: list[Any]) -> tuple[Any, ...]:
         return tuple(v.replace(f"{schema}.", "<tenant>.") if isinstance(v, str) else v for v in row)
 
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(FINGERPRINT, {"schema": schema}, prepare=True)
+        cur.execute(FINGERPRINT, {"schema": schema})
         found = cur.fetchone()
     assert found is not None
     out = {name: [abstract(row) for row in found[name]] for name in FINGERPRINT_SECTIONS}

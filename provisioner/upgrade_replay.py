@@ -167,7 +167,6 @@ def _set_lock_timeout_and_read_versions(
         cur.execute(
             LOCK_TIMEOUT_AND_VERSION_TABLE,
             {"lock_timeout": f"{lock_timeout_ms}ms", "schema": schema},
-            prepare=True,
         )
         row = cur.fetchone()
         if row is None or not row[1]:

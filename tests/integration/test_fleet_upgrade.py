@@ -21,7 +21,9 @@ from alembic import command as alembic_command
 from provisioner import db, migrations, service
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
+from provisioner.template_replay import TemplateCache
 from provisioner.testing import Tenant
+from provisioner.upgrade_replay import UpgradeCache
 from tests.conftest import Database, fingerprint, run_cli
 from tests.workers import Workers, job_row, step_runs, wait_until
 
@@ -314,6 +316,113 @@ def test_a_drifted_tenant_falls_back_to_alembic_and_keeps_its_drift(
         assert versions(database, tenant) == ["t005"]
     assert fingerprint(database, "fast") == fingerprint(database, "ref")
     assert fingerprint(database, "after") == fingerprint(database, "ref")
+
+
+#: Drift outside the revision's own table, and the fingerprint section that must name it: the
+#: replay is verified against the whole catalog, not only what the revision touched.
+DRIFTS = {
+    "columns": "ALTER TABLE {schema}.datasets ADD COLUMN hand_made INT",
+    "constraints": "ALTER TABLE {schema}.members ADD CONSTRAINT hand_made_check CHECK (id > 0)",
+    "relations": "REVOKE DELETE ON {schema}.members FROM app_rw",
+    "default_privileges": (
+        "ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} REVOKE INSERT ON TABLES FROM app_rw"
+    ),
+}
+
+
+def migrate_in_process(settings: Settings, database: Database, tenants: list[str]) -> list[str]:
+    """The migration step alone (what an upgrade job runs), tenant by tenant on one engine's
+    caches and session; the step records. (``provision`` would also repair drifted grants.)"""
+    upgrades, templates = UpgradeCache(), TemplateCache()
+    owner = db.Database(database.owner_url)
+    try:
+        details = []
+        for tenant in tenants:
+            with owner.transaction() as tx:
+                details.append(
+                    upgrades.migrate(
+                        tx,
+                        f"tenant_{tenant}",
+                        lock_timeout_ms=5000,
+                        templates=templates,
+                        app_role=settings.app_role,
+                    )
+                )
+        return details
+    finally:
+        owner.close()
+
+
+def test_drift_anywhere_in_the_catalog_falls_back_and_ends_as_alembic_leaves_it(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
+) -> None:
+    drifted = {section: f"drift_{i}" for i, section in enumerate(DRIFTS)}
+    twins = {section: f"twin_{i}" for i, section in enumerate(DRIFTS)}
+    provision_fleet(settings, ["clean", *drifted.values(), *twins.values()])
+    with database.owner() as conn:
+        for section, statement in DRIFTS.items():
+            for tenant in (drifted[section], twins[section]):
+                conn.execute(statement.format(schema=f"tenant_{tenant}"))
+    use_tree(monkeypatch, make_tree(tmp_path))
+    for twin in twins.values():  # the same drift, upgraded by Alembic alone
+        alembic_upgrade(database, twin)
+
+    clean, *details = migrate_in_process(settings, database, ["clean", *drifted.values()])
+    assert clean == "path=replay from=t004 head=t005"
+    for (section, tenant), detail in zip(drifted.items(), details, strict=True):
+        assert detail.startswith(
+            f"path=alembic (fallback: fingerprint mismatch: {section} differ ("
+        ), detail
+        assert detail.endswith("from=t004 head=t005"), detail
+        assert versions(database, tenant) == ["t005"]
+        # Rolled back to the savepoint, then Alembic: exactly what Alembic alone leaves.
+        assert fingerprint(database, tenant) == fingerprint(database, twins[section])
+
+
+def test_a_replay_keeps_the_sessions_prepared_statements_and_search_path(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
+) -> None:
+    """A worker's session plans its statements once: the replayed ALTER does not make psycopg
+    deallocate them, and the transaction goes on under the session's search_path."""
+    tenants = ["keep_a", "keep_b"]
+    provision_fleet(settings, ["keep_ref", *tenants])
+    use_tree(monkeypatch, make_tree(tmp_path))
+    # The first upgrade stores the reference (Alembic on a scratch schema, which psycopg does
+    # see: computing it may deallocate; using it must not).
+    assert service.provision(settings, "keep_ref").job.status is JobStatus.SUCCEEDED
+    upgrades, templates = UpgradeCache(), TemplateCache()
+    owner = db.Database(database.owner_url)
+    try:
+        for tenant in tenants:
+            with owner.transaction() as tx:
+                default_path = tx.pg.execute("SHOW search_path").fetchone()
+                tx.pg.execute("SELECT %s::int AS kept", [1], prepare=True)
+                detail = upgrades.migrate(
+                    tx,
+                    f"tenant_{tenant}",
+                    lock_timeout_ms=5000,
+                    templates=templates,
+                    app_role=settings.app_role,
+                )
+                assert detail == "path=replay from=t004 head=t005", detail
+                assert tx.pg.execute("SHOW search_path").fetchone() == default_path
+                prepared = tx.pg.execute(
+                    "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%kept%%'"
+                ).fetchall()
+                assert prepared == [("SELECT $1::int AS kept",)]
+    finally:
+        owner.close()
+    for tenant in tenants:
+        assert versions(database, tenant) == ["t005"]
+        assert fingerprint(database, tenant) == fingerprint(database, "keep_ref")
 
 
 def test_suspended_and_archived_tenants_are_left_alone(

@@ -96,3 +96,23 @@ def test_two_processes_computing_the_reference_at_once_compute_it_once(
     ((stored_digest, created_by),) = references(database)
     assert stored_digest == reference_key(digest)
     assert created_by in {holder for _, holder in details}
+
+
+def test_a_reference_stored_with_another_fingerprint_format_is_never_used(
+    settings: Settings, database: Database
+) -> None:
+    """A reference stored by a version that rendered the catalog differently (the bare digest
+    was the key before the fingerprint's format joined it) is left alone, not compared."""
+    digest = migrations.tenant_tree_state().digest
+    with database.owner() as conn:
+        conn.execute(
+            "INSERT INTO control.tenant_template_references "
+            "(tree_digest, heads, statements, fingerprint, created_by) "
+            "VALUES (%s, %s, ARRAY['SELECT 1'], '{}', 'an older version')",
+            (digest, sorted(migrations.tenant_heads())),
+        )
+    result = run_cli(settings, "provision", "current")
+    assert result.returncode == 0, result.stderr
+    detail, holder = migration_record(database, "current")
+    assert detail == f"path=template head={HEAD}"
+    assert sorted(references(database)) == sorted([(digest, "an older version"), (KEY, holder)])

@@ -13,6 +13,8 @@ schema), and their indexes, columns and constraints through indexes on the relat
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +22,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
+from psycopg.types.string import TextLoader
 
 from provisioner.errors import GrantVerificationFailed, PermanentError
 
@@ -418,18 +421,38 @@ def fingerprint(conn: Conn, schema: str, *, versions: Iterable[str] | None = Non
     it once instead of once per tenant (see :func:`provisioner.template_replay.replay_verified`).
     """
 
-    def abstract(row: list[Any]) -> tuple[Any, ...]:
-        return tuple(v.replace(f"{schema}.", "<tenant>.") if isinstance(v, str) else v for v in row)
-
     with conn.cursor(row_factory=dict_row) as cur:
+        cur.adapters.register_loader("json", TextLoader)  # parsed below, after abstraction
         cur.execute(FINGERPRINT, {"schema": schema})
         found = cur.fetchone()
     assert found is not None
-    out = {name: [abstract(row) for row in found[name]] for name in FINGERPRINT_SECTIONS}
+    out = {name: _abstracted(found[name], f"{schema}.") for name in FINGERPRINT_SECTIONS}
     if versions is None:
         versions = _alembic_versions(conn, schema, out["relations"])
     out["alembic_version"] = sorted((v,) for v in versions)
     return out
+
+
+#: A qualifier PostgreSQL's JSON spells as it reads, that cannot match outside a string.
+_PLAIN_QUALIFIER = re.compile(r"[a-z_][a-z0-9_]*\.")
+
+
+def _abstracted(section: str, qualifier: str) -> list[tuple[Any, ...]]:
+    """A section's rows (JSON text), with ``qualifier`` (the schema's ``name.``) replaced by
+    ``<tenant>.`` in every string.
+
+    PostgreSQL's JSON escapes only quotes, backslashes and control characters: in a text
+    without a backslash every string is spelled as it reads, and a plain qualifier (lower-case
+    letters, digits, ``_``) can only occur inside a string. Replacing it in the text is then
+    the same as replacing it in each string, and four times cheaper; otherwise each string is
+    treated on its own.
+    """
+    if "\\" not in section and _PLAIN_QUALIFIER.fullmatch(qualifier):
+        return [tuple(row) for row in json.loads(section.replace(qualifier, "<tenant>."))]
+    return [
+        tuple(v.replace(qualifier, "<tenant>.") if isinstance(v, str) else v for v in row)
+        for row in json.loads(section)
+    ]
 
 
 def _alembic_versions(conn: Conn, schema: str, relations: list[tuple[Any, ...]]) -> list[str]:

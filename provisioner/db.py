@@ -7,6 +7,7 @@ Nothing above this module catches ``psycopg.Error`` or SQLAlchemy's errors: they
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -190,6 +191,24 @@ class Database:
             driver = conn.connection.driver_connection
             assert isinstance(driver, psycopg.Connection)
             yield Transaction(pg=driver, sa=conn)
+
+    def connect_ahead(self) -> threading.Thread:
+        """Open the pooled session in a thread, started now; join it before the first
+        transaction. A one-off run opens two sessions (this one and the bookkeeping session),
+        each a new server process and, here, SQLAlchemy's first-connect dialect set-up (a few
+        round trips): made side by side, the bookkeeping's own round trips hide this one's.
+        A failure is left for the first transaction to report (it connects again)."""
+
+        def connect() -> None:
+            try:
+                with self._engine.connect():
+                    pass  # checked in again: the first transaction takes it
+            except Exception:  # noqa: BLE001 - reported by the first real checkout
+                pass
+
+        thread = threading.Thread(target=connect, name="connect-ahead", daemon=True)
+        thread.start()
+        return thread
 
     def ensure_alive(self) -> None:
         """One round trip on the pooled connection; a dropped one (the server restarted since

@@ -21,6 +21,7 @@ the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -167,6 +168,11 @@ class Engine:
         """Drop the steps' pooled session if the server dropped it since the last job: one
         round trip per job, instead of a ping before every transaction."""
         self._db.ensure_alive()
+
+    def connect_ahead(self) -> threading.Thread:
+        """The steps' session opened in a thread (see :meth:`db.Database.connect_ahead`); a
+        one-off provisioning joins it before its first step."""
+        return self._db.connect_ahead()
 
     def close(self) -> None:
         if self._control is not None:

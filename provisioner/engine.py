@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, kinds, queue, tenants, upgrade_replay
+from provisioner import db, kinds, migrations, queue, tenants, upgrade_replay
 from provisioner.errors import (
     InvalidInput,
     LeaseLost,
@@ -170,9 +170,12 @@ class Engine:
         self._db.ensure_alive()
 
     def connect_ahead(self) -> threading.Thread:
-        """The steps' session opened in a thread (see :meth:`db.Database.connect_ahead`); a
-        one-off provisioning joins it before its first step."""
-        return self._db.connect_ahead()
+        """The steps' session opened in a thread, and the template's stored reference read on
+        it (see :meth:`db.Database.connect_ahead`); a one-off provisioning joins it before its
+        first step. A reference that cannot be read is left for the migration step to meet."""
+        return self._db.connect_ahead(
+            lambda tx: self.templates.reference(tx, migrations.tenant_tree_state())
+        )
 
     def close(self) -> None:
         if self._control is not None:

@@ -135,10 +135,10 @@ def test_spares_are_refused_to_app_rw_and_invisible_to_users(
             "SELECT has_table_privilege(current_user, %s::oid, 'INSERT')", (members,)
         ).fetchone() == (True,)
         for statement in (
-            f'INSERT INTO "{spare}".role_profiles (key, name) VALUES (\'x\', \'x\')',
+            f"INSERT INTO \"{spare}\".role_profiles (key, name) VALUES ('x', 'x')",
             f'UPDATE "{spare}".members SET email = email',
             f'DELETE FROM "{spare}".members',
-            f'SELECT nextval(\'"{spare}".members_id_seq\')',
+            f"SELECT nextval('\"{spare}\".members_id_seq')",
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
@@ -220,7 +220,9 @@ def test_a_spare_built_without_grants_is_taken_and_granted_in_full(
     finally:
         owner.close()
     service.provision(fast, "old_spare")
-    assert step_detail(database, "old_spare", "create_schema") == f"taken from the warm pool: {spare}"
+    assert (
+        step_detail(database, "old_spare", "create_schema") == f"taken from the warm pool: {spare}"
+    )
     assert step_detail(database, "old_spare", "grant_app_rw") is None  # the full grant step
     assert fingerprint(database, "old_spare") == clean_fingerprint
 

@@ -116,8 +116,29 @@ def _latency(database: BenchDatabase, tenant: str) -> float:
     raise RuntimeError(f"tenant {tenant} did not finish")
 
 
+# Median time of each step of the measured tenants (t0, t1, ...), from the step journal.
+STEP_MEDIANS = """
+SELECT step, percentile_cont(0.5) WITHIN GROUP (
+           ORDER BY extract(epoch FROM finished_at - started_at) * 1000) AS ms
+  FROM control.job_step_runs
+ WHERE tenant_id ~ '^t[0-9]+$' AND outcome = 'succeeded'
+ GROUP BY step ORDER BY min(started_at)
+"""
+
+
+def _step_medians(database: BenchDatabase) -> str:
+    with psycopg.connect(database.owner_url) as conn:
+        rows = conn.execute(STEP_MEDIANS).fetchall()
+    return ", ".join(f"{step} {ms:.1f}" for step, ms in rows)
+
+
 def _scenario(
-    cluster: BenchCluster, label: str, tree: Path | None, package: Path | None, tenants: int
+    cluster: BenchCluster,
+    label: str,
+    tree: Path | None,
+    package: Path | None,
+    tenants: int,
+    steps: dict[str, str],
 ) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = defaultdict(list)
     template = Template.capture(tree=tree)
@@ -149,6 +170,9 @@ def _scenario(
                     raw_conn.execute(script)
                     raw_conn.commit()
                     samples["raw"].append((time.perf_counter() - started) * 1000)
+                steps[f"{label} tables, {'spare taken' if pool_size else 'no pool'}"] = (
+                    _step_medians(database)
+                )
             finally:
                 raw_conn.close()
                 worker.close()
@@ -162,11 +186,12 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         return
     package = large_package(cluster.work)
     large_tree = package / "provisioner" / "tenant_template"
+    steps: dict[str, str] = {}
     for label, tree, pkg, name in (
         ("9", None, None, "9-table template"),
         ("200", large_tree, package, f"{LARGE_TABLES}-table / {2 * LARGE_TABLES}-index template"),
     ):
-        samples = _scenario(cluster, label, tree, pkg, tenants)
+        samples = _scenario(cluster, label, tree, pkg, tenants, steps)
         results.add(
             Figure(
                 f"pool_raw_{label}",
@@ -201,5 +226,6 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         "latency is the job row's finished_at - created_at; each tenant is enqueued "
         f"{SETTLE_SECONDS:.0f} s after the previous one finished (with the pool: after it is full "
         "again). The large template is generated into a copy of "
-        "the package for the run."
+        "the package for the run. Median ms per step (job_step_runs): "
+        + "; ".join(f"{case}: {medians}" for case, medians in steps.items())
     )

@@ -7,8 +7,10 @@ Nothing above this module catches ``psycopg.Error`` or SQLAlchemy's errors: they
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,8 @@ from provisioner.settings import redact
 CONNECT_TIMEOUT_SECONDS = 5
 #: The same bound as SQLAlchemy ``connect_args``.
 SA_CONNECT_ARGS: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+#: A pooled session used this long ago or less needs no liveness check before a job.
+FRESH_SECONDS = 1.0
 
 # What libpq says when the server answered but refused this login: retrying cannot help.
 _LOGIN_REFUSED = (
@@ -167,6 +171,8 @@ class Database:
             options["idle_in_transaction_session_timeout"] = idle_in_transaction_timeout_ms
         self.url = url
         self.application_name = application_name[:63]
+        #: until when the pooled session counts as just checked (see connect_ahead)
+        self._fresh_until = 0.0
         self._engine = sa.create_engine(
             sqlalchemy_url(url),
             pool_size=1,
@@ -176,6 +182,8 @@ class Database:
             # fails that job's transaction, is invalidated by SQLAlchemy and replaced at the
             # next checkout (the job is retried like any failed attempt).
             pool_pre_ping=False,
+            # Nothing here maps hstore columns: no catalog lookup of its type on first connect.
+            use_native_hstore=False,
             connect_args={
                 **SA_CONNECT_ARGS,
                 "application_name": self.application_name,
@@ -191,11 +199,40 @@ class Database:
             assert isinstance(driver, psycopg.Connection)
             yield Transaction(pg=driver, sa=conn)
 
+    def connect_ahead(
+        self, prepare: Callable[[Transaction], object] | None = None
+    ) -> threading.Thread:
+        """Open the pooled session in a thread, started now, and run ``prepare`` in a first
+        transaction on it (e.g. read what the steps will need); join the thread before the
+        first transaction of your own. A one-off run opens two sessions (this one and the
+        bookkeeping session), each a new server process and, here, SQLAlchemy's first-connect
+        dialect set-up (a few round trips): made side by side, the bookkeeping's own round
+        trips hide this one's. A failure is left for the real work to meet and report (it
+        connects, or reads, again)."""
+
+        def connect() -> None:
+            # Any failure is met again, and reported, by the real work.
+            with suppress(Exception):
+                if prepare is None:
+                    with self._engine.connect():
+                        pass  # checked in again: the first transaction takes it
+                else:
+                    with self.transaction() as tx:
+                        prepare(tx)
+                self._fresh_until = time.monotonic() + FRESH_SECONDS
+
+        thread = threading.Thread(target=connect, name="connect-ahead", daemon=True)
+        thread.start()
+        return thread
+
     def ensure_alive(self) -> None:
         """One round trip on the pooled connection; a dropped one (the server restarted since
         the last job) is discarded, so the job's first transaction opens a fresh session. A
-        pool with no idle connection yet has nothing to check (the next checkout connects)."""
+        pool with no idle connection yet has nothing to check (the next checkout connects),
+        nor has one :meth:`connect_ahead` used successfully an instant ago."""
         if self._engine.pool.checkedin() == 0:  # type: ignore[attr-defined]
+            return
+        if time.monotonic() < self._fresh_until:
             return
         with translated(), self._engine.connect() as conn:
             driver = conn.connection.driver_connection

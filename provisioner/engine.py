@@ -21,6 +21,7 @@ the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, kinds, queue, tenants, upgrade_replay
+from provisioner import db, kinds, migrations, queue, tenants, upgrade_replay
 from provisioner.errors import (
     InvalidInput,
     LeaseLost,
@@ -167,6 +168,14 @@ class Engine:
         """Drop the steps' pooled session if the server dropped it since the last job: one
         round trip per job, instead of a ping before every transaction."""
         self._db.ensure_alive()
+
+    def connect_ahead(self) -> threading.Thread:
+        """The steps' session opened in a thread, and the template's stored reference read on
+        it (see :meth:`db.Database.connect_ahead`); a one-off provisioning joins it before its
+        first step. A reference that cannot be read is left for the migration step to meet."""
+        return self._db.connect_ahead(
+            lambda tx: self.templates.reference(tx, migrations.tenant_tree_state())
+        )
 
     def close(self) -> None:
         if self._control is not None:

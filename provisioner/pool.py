@@ -7,8 +7,13 @@ row in ``control.tenant_pool``: a crash leaves a verified spare or nothing.
 
 A spare is invisible to the application and to users until it is taken:
 
-* its name is ``pool_<hex>``, never ``tenant_<id>``, and nothing is granted on it (``app_rw``
-  has no USAGE: any access is refused);
+* its name is ``pool_<hex>``, never ``tenant_<id>``, and ``app_rw`` has no USAGE on it: any
+  access is refused (``permission denied for schema``). Its tables and sequences already carry
+  ``app_rw``'s grants, and the schema its default privileges (:func:`grant_spare`), so that a
+  take's grant step only grants USAGE and checks the ACLs in one round trip
+  (:func:`grant_usage_if_in_place`) instead of naming every table, whatever the template's size.
+  Without USAGE the role cannot look up anything in the schema, so those grants give it nothing
+  until the take; the build checks that it holds neither USAGE nor CREATE there;
 * it has no job and no tenant row, so ``jobs list``, ``status`` and ``upgrade --all`` never see
   it; only the worker's heartbeat (and so ``health --json``) reports the pool.
 
@@ -33,7 +38,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from provisioner import db, migrations, template_reference
+from provisioner import db, migrations, template_reference, tenant_schema
 from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
@@ -86,11 +91,64 @@ DELETE FROM control.tenant_pool
 RETURNING schema_name
 """
 
+# What the application role holds in one schema, read from the ACLs themselves (aclexplode:
+# one call per relation, where has_table_privilege is one call per table and privilege) in one
+# round trip. A relation is listed unless the role holds every privilege the grant step gives
+# it, by a grant to the role itself; which implies has_table_privilege for each of them.
+GRANTS_HELD = (
+    tenant_schema.SCHEMA_RELATIONS_CTE
+    + """
+, role AS (SELECT oid FROM pg_roles WHERE rolname = %(role)s)
+SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
+       has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
+       ARRAY(SELECT r.relname FROM rels r
+              WHERE r.relkind IN ('r', 'p', 'S')
+                AND NOT ARRAY(SELECT a.privilege_type FROM aclexplode(r.relacl) a, role
+                               WHERE a.grantee = role.oid)
+                    @> CASE r.relkind WHEN 'S' THEN ARRAY['USAGE', 'SELECT']
+                                      ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] END
+              ORDER BY r.relname) AS lacking,
+       ARRAY(SELECT t.kind FROM (VALUES ('r', ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']),
+                                        ('S', ARRAY['USAGE', 'SELECT'])) AS t(kind, wanted)
+              WHERE NOT EXISTS (
+                    SELECT 1 FROM pg_default_acl d
+                     WHERE d.defaclrole = (SELECT oid FROM pg_roles WHERE rolname = current_user)
+                       AND d.defaclnamespace = n.oid AND d.defaclobjtype::text = t.kind
+                       AND ARRAY(SELECT a.privilege_type FROM aclexplode(d.defaclacl) a, role
+                                  WHERE a.grantee = role.oid) @> t.wanted)) AS lacking_defaults
+  FROM pg_namespace n WHERE n.nspname = %(schema)s
+"""
+)
+
 # One builder at a time per database (worker replicas share the pool): try, never wait.
 TRY_BUILD_LOCK = "SELECT pg_try_advisory_xact_lock(%(class)s, 0) AS locked"
 
 #: First key of the pool builders' advisory lock ('pool').
 POOL_LOCK_CLASS = 0x706F6F6C
+
+
+@dataclass(frozen=True)
+class GrantsHeld:
+    """What :data:`GRANTS_HELD` found for the application role in one schema."""
+
+    usage: bool
+    can_create: bool
+    #: tables and sequences lacking one of the grant step's privileges
+    lacking: list[str]
+    #: 'r' / 'S': the schema's default privileges for tables / sequences are not in place
+    lacking_defaults: list[str]
+
+    @property
+    def all_but_usage(self) -> bool:
+        """Every grant of the grant step is in place except (perhaps) USAGE; no CREATE."""
+        return not (self.can_create or self.lacking or self.lacking_defaults)
+
+    def problems(self) -> list[str]:
+        return [
+            *(["CREATE must NOT be held"] if self.can_create else []),
+            *(f"{name}: not every privilege" for name in self.lacking),
+            *(f"default privileges ({kind}): missing" for kind in self.lacking_defaults),
+        ]
 
 
 class SpareRejected(Exception):
@@ -150,11 +208,72 @@ def counts(conn: Any) -> PoolCounts:
     return PoolCounts(ready=int(row["ready"]), stale=int(row["stale"]))
 
 
-def build_spare(tx: Transaction, created_by: str) -> str:
+def grants_held(conn: Any, schema: str, app_role: str) -> GrantsHeld | None:
+    """The application role's privileges in ``schema`` (None: no such schema)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(GRANTS_HELD, {"schema": schema, "role": app_role})
+        row = cur.fetchone()
+    return None if row is None else _held(row)
+
+
+def _held(row: dict[str, Any]) -> GrantsHeld:
+    return GrantsHeld(
+        usage=bool(row["usage"]),
+        can_create=bool(row["can_create"]),
+        lacking=list(row["lacking"]),
+        lacking_defaults=list(row["lacking_defaults"]),
+    )
+
+
+def spare_grant_statements(schema: str, app_role: str, conn: Any) -> list[sql.Composable]:
+    """The grant step's statements (:func:`tenant_schema.grant_statements`) without its first,
+    USAGE on the schema: what a spare is built with."""
+    tables, sequences = tenant_schema.relations(conn, schema)
+    statements = tenant_schema.grant_statements(schema, app_role, tables, sequences)
+    usage = sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+        sql.Identifier(schema), sql.Identifier(app_role)
+    )
+    assert statements[0] == usage, "the grant step's first statement is no longer USAGE"
+    return statements[1:]
+
+
+def grant_spare(conn: Any, schema: str, app_role: str) -> None:
+    """Give the application role its table, sequence and default privileges in a spare, but
+    not USAGE, and check the result: every one of them in place, neither USAGE nor CREATE held
+    (so the role is refused anything in the spare). :class:`SpareRejected` otherwise."""
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("; ").join(spare_grant_statements(schema, app_role, conn)))
+    held = grants_held(conn, schema, app_role)
+    if held is None or held.usage or not held.all_but_usage:
+        found = "no schema" if held is None else "; ".join(held.problems()) or "USAGE is held"
+        raise SpareRejected(f"spare {schema}: grants for {app_role} not as built: {found}")
+
+
+def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
+    """The grant step on a schema whose other grants are already in place (a taken spare):
+    USAGE granted and every grant checked, in one round trip. False, with nothing else
+    changed, when any other grant is missing: the caller then runs the full grant step (which
+    grants USAGE again with the rest, and checks)."""
+    grant = sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+        sql.Identifier(schema), sql.Identifier(app_role)
+    )
+    with conn.cursor(row_factory=dict_row) as cur:
+        with conn.pipeline():  # the grant and the check in one round trip
+            conn.execute(grant)
+            cur.execute(GRANTS_HELD, {"schema": schema, "role": app_role})
+        row = cur.fetchone()
+    if row is None:
+        return False
+    held = _held(row)
+    return held.usage and held.all_but_usage
+
+
+def build_spare(tx: Transaction, created_by: str, app_role: str | None = None) -> str:
     """Build one spare at the head in ``tx`` and record it; its name. The reference is read
-    (or computed once, see :mod:`provisioner.template_reference`) first. Raises
-    :class:`SpareRejected` when the replay does not match, :class:`TemplateUnusable` when the
-    tree cannot be replayed; the caller's transaction then rolls back."""
+    (or computed once, see :mod:`provisioner.template_reference`) first; with ``app_role`` the
+    spare carries that role's grants but USAGE (:func:`grant_spare`), without it none. Raises
+    :class:`SpareRejected` when the replay (or the grants) do not match, :class:`TemplateUnusable`
+    when the tree cannot be replayed; the caller's transaction then rolls back."""
     tree = migrations.tenant_tree_state()
     reference, _ = template_reference.obtain(tx, tree, created_by)
     name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
@@ -165,6 +284,8 @@ def build_spare(tx: Transaction, created_by: str) -> str:
     problem = replay(tx, name, reference)
     if problem is not None:
         raise SpareRejected(problem)
+    if app_role is not None:  # after the fingerprint check: the reference has no grants
+        grant_spare(tx.pg, name, app_role)
     with tx.pg.cursor() as cur:
         cur.execute(
             ADD_SPARE,
@@ -178,7 +299,9 @@ def build_spare(tx: Transaction, created_by: str) -> str:
     return name
 
 
-def build_spare_if_short(tx: Transaction, size: int, created_by: str) -> str | None:
+def build_spare_if_short(
+    tx: Transaction, size: int, created_by: str, app_role: str | None = None
+) -> str | None:
     """Build one spare unless another builder is at work or the pool already holds ``size``
     ready spares (counted again under the lock); its name, or None."""
     with tx.pg.cursor(row_factory=dict_row) as cur:
@@ -186,7 +309,7 @@ def build_spare_if_short(tx: Transaction, size: int, created_by: str) -> str | N
         row = cur.fetchone()
     if not (row and row["locked"]) or counts(tx.pg).ready >= size:
         return None
-    return build_spare(tx, created_by)
+    return build_spare(tx, created_by, app_role)
 
 
 def drop_stale_spare(tx: Transaction) -> str | None:
@@ -221,12 +344,15 @@ class PoolKeeper(threading.Thread):
         holder: str,
         is_idle: Callable[[], bool],
         log: logging.Logger,
+        app_role: str | None = None,
     ) -> None:
         super().__init__(name="pool-keeper", daemon=True)
         self.size = size
         self.holder = holder
         self.is_idle = is_idle
         self.log = log
+        #: the role spares are built with grants for (None: no grants, as before)
+        self.app_role = app_role
         self.halt = threading.Event()
         self.wake = threading.Event()
         self._db = db.Database(owner_url, application_name=holder)
@@ -264,7 +390,7 @@ class PoolKeeper(threading.Thread):
             if found.ready >= self.size:
                 return False
             with self._db.transaction() as tx:
-                name = build_spare_if_short(tx, self.size, self.holder)
+                name = build_spare_if_short(tx, self.size, self.holder, self.app_role)
             if name is None:
                 return False
             event(self.log, "pool_spare_built", schema=name, ready=found.ready + 1)

@@ -186,16 +186,21 @@ def provision(
     started_by = "provision --reuse-deleted" if reuse_deleted else "provision"
     with Engine.from_settings(settings, holder) as engine:
         # One owner session does the bookkeeping (the engine's own): each new connection costs
-        # several milliseconds, a large share of a provisioning that takes a few dozen.
-        conn = engine.control
-        require_control_at_head(conn)
-        with db.translated(), conn.transaction():
-            if reuse_deleted:
-                tenants.reuse_deleted(conn, tenant)
-            refuse_inactive(conn, tenant, "provision")
-            job = queue.ensure_provision_job(
-                conn, tenant, retry_terminal=True, started_by=started_by
-            ).job
+        # several milliseconds, a large share of a provisioning that takes a few dozen. The
+        # steps' session is opened meanwhile, in a thread, instead of after it.
+        ahead = engine.connect_ahead()
+        try:
+            conn = engine.control
+            require_control_at_head(conn)
+            with db.translated(), conn.transaction():
+                if reuse_deleted:
+                    tenants.reuse_deleted(conn, tenant)
+                refuse_inactive(conn, tenant, "provision")
+                job = queue.ensure_provision_job(
+                    conn, tenant, retry_terminal=True, started_by=started_by
+                ).job
+        finally:
+            ahead.join()
         if job.status is JobStatus.SUCCEEDED:
             if not engine.missing_effects(tenant):
                 return ProvisionResult(job, already_provisioned=True)

@@ -173,6 +173,7 @@ class Worker:
                 f"{self.instance_id}:pool",
                 self.idle,
                 log,
+                app_role=settings.app_role,  # spares carry its grants, all but USAGE
             )
 
     # -- lifecycle --------------------------------------------------------------------------

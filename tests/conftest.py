@@ -258,6 +258,6 @@ def build_spare(settings: Settings) -> str:
     owner = db.Database(settings.owner_url)
     try:
         with owner.transaction() as tx:
-            return pool.build_spare(tx, "test")
+            return pool.build_spare(tx, "test", settings.app_role)
     finally:
         owner.close()

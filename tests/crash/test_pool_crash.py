@@ -7,7 +7,9 @@ The worker is frozen at each boundary by a lock the step needs:
 * inside the take (spare row deleted, schema renamed, not committed): the tenant's row in
   ``control.tenants``, which ``create_schema`` updates after the take;
 * after the take committed: the spare's ``alembic_version`` table, locked ACCESS EXCLUSIVE (the
-  lock follows the table through the rename), which the migration step reads next.
+  lock follows the table through the rename), which the migration step reads next;
+* after the grant step committed (``USAGE`` granted on the spare's table grants): the spare's
+  ``role_profiles`` table, locked the same way, which the seed step writes next.
 """
 
 from __future__ import annotations
@@ -54,12 +56,10 @@ def advisory_locked(database: Database, tenant: str) -> Iterator[None]:
 
 
 @contextmanager
-def version_table_locked(database: Database, spare: str) -> Iterator[None]:
+def table_locked(database: Database, spare: str, table: str) -> Iterator[None]:
     with psycopg.connect(database.owner_url) as conn:
         conn.execute(
-            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-                sql.Identifier(spare, "alembic_version")
-            )
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(spare, table))
         )
         yield
         conn.rollback()
@@ -77,7 +77,7 @@ def state(database: Database, spare: str) -> tuple[bool, bool, bool]:
     return bool(row[0]), bool(row[1]), bool(row[2])
 
 
-@pytest.mark.parametrize("boundary", ["before_take", "inside_take", "after_take"])
+@pytest.mark.parametrize("boundary", ["before_take", "inside_take", "after_take", "after_grant"])
 def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
     boundary: str, fast: Settings, database: Database, workers: Workers, clean_fingerprint: dict
 ) -> None:
@@ -86,7 +86,8 @@ def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
     blocker = {
         "before_take": lambda: advisory_locked(database, TENANT),
         "inside_take": lambda: tenant_row_locked(database, TENANT),
-        "after_take": lambda: version_table_locked(database, spare),
+        "after_take": lambda: table_locked(database, spare, "alembic_version"),
+        "after_grant": lambda: table_locked(database, spare, "role_profiles"),
     }[boundary]
     with blocker():
         first = workers.start()
@@ -104,10 +105,19 @@ def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
             "before_take": [],
             "inside_take": [("create_schema", holder)],
             "after_take": [("create_schema", holder), ("run_tenant_migrations", holder)],
+            "after_grant": [
+                (step, holder)
+                for step in (
+                    "create_schema",
+                    "run_tenant_migrations",
+                    "grant_app_rw",
+                    "seed_role_profiles",
+                )
+            ],
         }[boundary]
     )
 
-    if boundary == "after_take":  # the take committed with its step: a tenant, no spare
+    if boundary.startswith("after_"):  # the take committed with its step: a tenant, no spare
         assert state(database, spare) == (False, False, True)
     else:  # rolled back: the spare, whole, and no tenant
         assert state(database, spare) == (True, True, False)

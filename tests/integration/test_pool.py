@@ -19,6 +19,7 @@ from tests.conftest import Database, build_spare, fingerprint, run_cli
 from tests.workers import Workers, job_row, step_runs, wait_until
 
 POOL = {"PROVISIONER_POOL_SIZE": "2"}
+TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted, every ACL checked"
 
 
 @pytest.fixture
@@ -92,6 +93,10 @@ def test_the_pool_is_filled_drained_and_refilled(
     assert [step_detail(database, t, "run_tenant_migrations") for t in tenants] == [
         f"path=current (already at head) head={migrations.head_label(migrations.tenant_heads())}",
     ] * 2 + [f"path=template head={migrations.head_label(migrations.tenant_heads())}"]
+    # A taken spare already carried every grant but USAGE; the built one was granted in full.
+    assert [step_detail(database, t, "grant_app_rw") for t in tenants] == [TAKEN_GRANTS] * 2 + [
+        None
+    ]
     for tenant in tenants:
         assert job_row(database, tenant)["steps_completed"] == list(STEPS)
         assert fingerprint(database, tenant) == clean_fingerprint
@@ -111,6 +116,9 @@ def test_spares_are_refused_to_app_rw_and_invisible_to_users(
 ) -> None:
     spare = build_spare(fast)
     assert spare.startswith("pool_") and not spare.startswith("tenant_")
+    with database.owner() as conn:
+        oid: Any = conn.execute("SELECT %s::regclass::oid", (f"{spare}.members",)).fetchone()
+    members = oid[0]
     with database.app() as conn:
         row = conn.execute(
             "SELECT has_schema_privilege(current_user, %s, 'USAGE'), "
@@ -120,6 +128,23 @@ def test_spares_are_refused_to_app_rw_and_invisible_to_users(
         assert row == (False, False)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(f'SELECT * FROM "{spare}".members')
+        # The table grants are there already (so that a take only grants USAGE), and give
+        # nothing without USAGE on the schema: no statement reaches a spare's table.
+        # (By oid: even resolving the table's name is refused without USAGE.)
+        assert conn.execute(
+            "SELECT has_table_privilege(current_user, %s::oid, 'INSERT')", (members,)
+        ).fetchone() == (True,)
+        for statement in (
+            f"INSERT INTO \"{spare}\".role_profiles (key, name) VALUES ('x', 'x')",
+            f'UPDATE "{spare}".members SET email = email',
+            f'DELETE FROM "{spare}".members',
+            f"SELECT nextval('\"{spare}\".members_id_seq')",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    with database.owner() as conn:
+        held = pool.grants_held(conn, spare, fast.app_role)
+    assert held is not None and held.all_but_usage and not held.usage
     for args in (("jobs", "list", "--json"), ("upgrade", "--all", "--dry-run")):
         shown = run_cli(fast, *args)
         assert shown.returncode == 0, shown.stderr
@@ -179,3 +204,66 @@ def test_pool_size_setting(raw: str | None, size: int) -> None:
 def test_a_bad_pool_size_is_refused_in_one_line(raw: str) -> None:
     with pytest.raises(ConfigurationError, match="PROVISIONER_POOL_SIZE must be"):
         Settings.from_env({"PROVISIONER_POOL_SIZE": raw})
+
+
+def test_a_spare_built_without_grants_is_taken_and_granted_in_full(
+    fast: Settings, database: Database, clean_fingerprint: dict
+) -> None:
+    """A spare left by a release that built them without grants is still handed out: the grant
+    step finds a grant missing and names every table, as for a new schema."""
+    owner = db.Database(fast.owner_url)
+    try:
+        with owner.transaction() as tx:
+            spare = pool.build_spare(tx, "test")  # no app_role: no grants at all
+            held = pool.grants_held(tx.pg, spare, fast.app_role)
+        assert held is not None and not held.usage and not held.all_but_usage
+    finally:
+        owner.close()
+    service.provision(fast, "old_spare")
+    assert (
+        step_detail(database, "old_spare", "create_schema") == f"taken from the warm pool: {spare}"
+    )
+    assert step_detail(database, "old_spare", "grant_app_rw") is None  # the full grant step
+    assert fingerprint(database, "old_spare") == clean_fingerprint
+
+
+def test_the_take_grant_check_fails_when_any_grant_is_missing(
+    fast: Settings, database: Database
+) -> None:
+    """The one-query check reads the ACLs themselves: one privilege missing on one table, on a
+    sequence, or a default privilege, and the fast path refuses (the full grant step runs)."""
+    spare = build_spare(fast)
+    revokes = (
+        f'REVOKE DELETE ON "{spare}".members FROM app_rw',
+        f'REVOKE USAGE ON SEQUENCE "{spare}".members_id_seq FROM app_rw',
+        f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{spare}" REVOKE UPDATE ON TABLES FROM app_rw',
+        f'GRANT CREATE ON SCHEMA "{spare}" TO app_rw',
+    )
+    expected = (
+        ["members"],
+        ["members_id_seq"],
+        ["r"],
+        [],
+    )
+    for revoke, lacking in zip(revokes, expected, strict=True):
+        with psycopg.connect(database.owner_url) as conn:  # each case rolled back
+            assert pool.grant_usage_if_in_place(conn, spare, fast.app_role)  # all in place
+            conn.rollback()
+            conn.execute(revoke)
+            held = pool.grants_held(conn, spare, fast.app_role)
+            assert held is not None
+            assert (held.lacking or held.lacking_defaults or []) == lacking
+            assert not pool.grant_usage_if_in_place(conn, spare, fast.app_role)
+            conn.rollback()
+
+
+def test_a_spare_whose_grants_reach_the_schema_is_rejected(
+    fast: Settings, database: Database
+) -> None:
+    """The build's check: a spare the application role could use (USAGE held) is refused."""
+    spare = build_spare(fast)
+    with psycopg.connect(database.owner_url) as conn:
+        conn.execute(f'GRANT USAGE ON SCHEMA "{spare}" TO app_rw')
+        with pytest.raises(pool.SpareRejected, match="USAGE is held"):
+            pool.grant_spare(conn, spare, fast.app_role)
+        conn.rollback()

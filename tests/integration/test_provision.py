@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from provisioner import queue, service
+from provisioner import db, queue, service
 from provisioner.cli import main
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import LeaseLost
@@ -327,3 +327,46 @@ def test_status_shows_what_ran_attempt_by_attempt(settings: Settings) -> None:
     assert [(r["attempt"], r["step"], r["outcome"]) for r in view["step_runs"]] == [
         (1, step, "succeeded") for step in STEPS
     ]
+
+
+def test_the_steps_session_opened_ahead_is_the_one_the_steps_use(settings: Settings) -> None:
+    """A one-off run opens the steps' session in a thread while it does its bookkeeping: the
+    thread's first transaction commits, and the next transaction reuses that session; a failure
+    in the thread is left for the real work (which connects again)."""
+    owner = db.Database(settings.owner_url)
+    seen: list[int] = []
+    try:
+        owner.connect_ahead(lambda tx: seen.append(tx.pg.info.backend_pid)).join()
+        with owner.transaction() as tx:
+            assert [tx.pg.info.backend_pid] == seen
+
+        def broken(tx: db.Transaction) -> None:
+            raise RuntimeError("read failed")
+
+        owner.connect_ahead(broken).join()  # nothing raised here
+        with owner.transaction() as tx:
+            assert tx.pg.execute("SELECT 1").fetchone() is not None
+    finally:
+        owner.close()
+    unreachable = db.Database("postgresql://nobody@127.0.0.1:1/none")
+    try:
+        unreachable.connect_ahead().join()  # the connection error is not raised in the thread
+    finally:
+        unreachable.close()
+
+
+def test_a_one_off_provision_replays_from_its_first_tenant_with_the_reference_read_ahead(
+    settings: Settings, database: Database, clean_fingerprint: dict
+) -> None:
+    service.provision(settings, "ahead_one")  # computes and stores the reference
+    service.provision(settings, "ahead_two")  # a new engine reads it in its thread
+    with database.owner() as conn:
+        details = [
+            row[0]
+            for row in conn.execute(
+                "SELECT detail FROM control.job_step_runs WHERE step = 'run_tenant_migrations' "
+                "AND tenant_id LIKE 'ahead_%' ORDER BY started_at"
+            ).fetchall()
+        ]
+    assert [d.split(" ")[0] for d in details] == ["path=template", "path=template"]
+    assert fingerprint(database, "ahead_two") == clean_fingerprint

@@ -45,6 +45,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, assert_never
+from uuid import UUID
 
 import psycopg
 
@@ -109,6 +110,16 @@ def run_worker(settings: Settings, options: WorkerOptions, log: logging.Logger) 
     return Worker(settings, options, log, storage).run()
 
 
+@dataclass(frozen=True)
+class DeadHolder:
+    """An engine process that died: a job it claimed but never reported (it died between the
+    claim and the report) goes back to the queue untouched, without waiting for the lease."""
+
+    holder: str
+    #: the job it reported and did not end (settled as an :class:`Orphan`)
+    reported: UUID | None
+
+
 @dataclass
 class Orphan:
     """A claimed job no child will finish: release it, or retry/fail it, once the DB answers."""
@@ -150,6 +161,7 @@ class Worker:
         self._mp = multiprocessing.get_context("spawn")
         self._children: list[EngineProcess] = []
         self._orphans: list[Orphan] = []
+        self._dead: list[DeadHolder] = []
         self._selector = selectors.DefaultSelector()
         self._conn: psycopg.Connection[Any] | None = None
         self._listen: psycopg.Connection[Any] | None = None
@@ -262,7 +274,7 @@ class Worker:
 
     def _settle_at_exit(self) -> None:
         deadline = time.monotonic() + 10.0
-        while self._orphans and time.monotonic() < deadline:
+        while (self._orphans or self._dead) and time.monotonic() < deadline:
             try:
                 self._ensure_connection()
                 self._settle_orphans()
@@ -302,13 +314,13 @@ class Worker:
 
     def _drained(self) -> bool:
         busy = any(c.busy for c in self._children)
-        return self._pending is None and not self._orphans and not busy
+        return self._pending is None and not self._orphans and not self._dead and not busy
 
     def _timeout(self, now: float) -> float:
         wake_at = [self._next_recovery]
         if self._pending is None:
             wake_at.append(self._next_poll)
-        if self._conn is None or self._orphans:
+        if self._conn is None or self._orphans or self._dead:
             wake_at.append(self._db_retry_at)
         if self._deadline is not None:
             wake_at += [self._deadline, now + 0.5]  # interrupted children are checked on
@@ -481,6 +493,14 @@ class Worker:
 
     def _settle_orphans(self) -> None:
         assert self._conn is not None
+        for dead in list(self._dead):
+            reported = [dead.reported] if dead.reported else []
+            with db.translated():
+                jobs = queue.release_unreported(self._conn, dead.holder, reported)
+                self._conn.commit()
+            for job in jobs:
+                self._log_outcome(job, released=True, seconds=None)
+            self._dead.remove(dead)
         for orphan in list(self._orphans):
             lease = orphan.job.lease
             try:
@@ -532,9 +552,12 @@ class Worker:
             case JobEnded(outcome=outcome) if job is not None:
                 self._on_job_ended(child, job, outcome)
             case StepReport() | JobEnded():
-                return  # a late message about a job the parent already settled
+                pass  # a late message about a job the parent already settled
             case _:
                 assert_never(message)
+        if isinstance(message, JobEnded) and message.claiming:
+            # The child goes on to its next job unasked (its last step may have claimed it).
+            child.asking, child.asked_at_claim = "drain", self._claims
 
     def _on_job_ended(self, child: EngineProcess, job: Job, outcome: runner.Outcome) -> None:
         """The child's run ended: log it, or settle what the child could not."""
@@ -596,6 +619,8 @@ class Worker:
             raise ProvisionerError(
                 f"an engine process exited during start-up (exit code {code}); see above"
             )
+        if child.holder is not None:
+            self._dead.append(DeadHolder(child.holder, child.job.id if child.job else None))
         if child.job is not None:
             reason = f"{child.step or 'step'}: the engine process exited (exit code {code})"
             self._orphan(child, reason, release=self._deadline is not None, gone=True)

@@ -294,15 +294,20 @@ class Engine:
         current = "resume check"
         try:
             self._check_state(kind, ctx.tenant, journal, tenant_state)
-            # A fleet upgrade's job runs the migration step alone (see upgrade_replay).
-            if upgrade_replay.upgrade_only(job):
+            # A fleet upgrade's job runs the migration step alone (see upgrade_replay); the
+            # steps it leaves alone are not part of its run, so they are not reported as
+            # skipped either (five messages and log lines per tenant of a rollout, saying
+            # what the claim's ``steps_done`` already says).
+            upgrade_only = upgrade_replay.upgrade_only(job)
+            if upgrade_only:
                 repaired: set[str] = set()
             else:
                 job, repaired = self._forget_vanished(kind, job, lease, ctx)
             pending = [s.name for s in kind.steps if s.name not in job.steps_completed]
             for step in kind.steps:
                 if step.name in job.steps_completed:
-                    on_progress(StepEvent(job, step.name, "skipped"))
+                    if not upgrade_only:
+                        on_progress(StepEvent(job, step.name, "skipped"))
                     continue
                 if should_stop():
                     return self._finish(lambda c: queue.release(c, lease))

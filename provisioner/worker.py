@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import select
 import selectors
 import signal
 import socket
@@ -44,6 +45,7 @@ from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection
 from typing import Any, assert_never
 from uuid import UUID
 
@@ -130,6 +132,14 @@ class Orphan:
     permanent: bool = False
     #: the child died: close the attempt's open step runs first
     child_gone: bool = False
+
+
+def _readable(conn: Connection) -> bool:
+    """True when the pipe holds more (a message, or the end of file); never waits. A bare
+    ``select`` where ``Connection.poll`` builds a selector per call (a draining child sends
+    several messages per job)."""
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    return bool(readable)
 
 
 # -- the parent ---------------------------------------------------------------------------------
@@ -526,8 +536,10 @@ class Worker:
 
     def _on_child(self, child: EngineProcess) -> None:
         try:
-            while child.conn.poll():
+            while True:
                 self._on_message(child, child.conn.recv())
+                if not _readable(child.conn):
+                    return
         except (EOFError, OSError):
             self._on_child_exit(child)
 

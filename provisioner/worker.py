@@ -510,6 +510,8 @@ class Worker:
                 self._conn.commit()
             for job in jobs:
                 self._log_outcome(job, released=True, seconds=None)
+            if jobs and self._pending is None:
+                self._pending = "drain"  # handed back without a NOTIFY
             self._dead.remove(dead)
         for orphan in list(self._orphans):
             lease = orphan.job.lease

@@ -4,11 +4,14 @@ One parent process and ``concurrency`` engine processes (:mod:`provisioner.engin
 
 * The **parent** supervises: stale recovery at start and every quarter of the stale
   threshold; ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the
-  backstop for a lost notification; asking each idle child to claim a job (at most
+  backstop for a lost notification; asking each idle child to drain the queue (at most
   ``concurrency`` jobs at once); settling only what a child could not (the child died, or the
-  database was down when the step failed); signals and the drain.
-* Each **engine process** owns its job's life (:mod:`provisioner.runner`): it claims the job
-  under its own holder id, runs its kind's steps, settles it, and reports a typed outcome.
+  database was down when the step failed) and handing back a dead child's claim it never
+  reported; signals and the drain.
+* Each **engine process** owns its jobs' lives (:mod:`provisioner.runner`): it claims a job
+  under its own holder id, runs its kind's steps, settles it, and reports a typed outcome; the
+  job's last step claims the next one, and the child goes on unasked until a claim finds
+  nothing (:mod:`provisioner.engine_processes`).
 * A **heartbeat thread**, on its own connection, upserts the component's row in
   ``control.runtime_heartbeats`` every interval and, in the same transaction, renews
   ``locked_at`` of every job the children hold: a long step on a live worker is never taken for

@@ -10,7 +10,8 @@ For one claimed job it
    queue never claims a job while another job of its tenant runs);
 3. completes the job in the transaction of its last step (so a job is never left with every
    step done but not complete), or hands the failure to the queue (backoff, or failed at once
-   when the error is permanent).
+   when the error is permanent). A worker child's engine also claims its next job in that
+   transaction (:meth:`Engine.claim`).
 
 Every step but a job's last commits asynchronously; the last one commits durably, and that
 flush makes the earlier ones durable with it (see ``_lock_tenant``).
@@ -255,7 +256,7 @@ class Engine:
 
         ``tenant_state`` is the tenant's state as the claim read it (else it is read here).
         With ``claim_next``, the transaction of the job's last step also claims this holder's
-        next job of those kinds (:meth:`take_claimed`): the claim commits with the step, and a
+        next job of those kinds (:meth:`claim`): the claim commits with the step, and a
         worker child goes on to it without a round trip or a commit of its own.
         """
         if job.tenant_id is None:

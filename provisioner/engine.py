@@ -10,7 +10,8 @@ For one claimed job it
    queue never claims a job while another job of its tenant runs);
 3. completes the job in the transaction of its last step (so a job is never left with every
    step done but not complete), or hands the failure to the queue (backoff, or failed at once
-   when the error is permanent).
+   when the error is permanent). A worker child's engine also claims its next job in that
+   transaction (:meth:`Engine.claim`).
 
 Every step but a job's last commits asynchronously; the last one commits durably, and that
 flush makes the earlier ones durable with it (see ``_lock_tenant``).
@@ -21,11 +22,14 @@ the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
@@ -45,6 +49,14 @@ from provisioner.template_replay import TemplateCache
 
 #: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
 TENANT_LOCK_CLASS = 0x70726F76
+
+
+class Unread:
+    """The type of :data:`UNREAD`: a value the caller did not read (the engine reads it)."""
+
+
+#: ``Engine.run(tenant_state=UNREAD)``: the claim did not read the tenant's state.
+UNREAD = Unread()
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,10 @@ class Engine:
             idle_in_transaction_timeout_ms=idle_timeout_ms(stale_after_seconds),
         )
         self._control: psycopg.Connection[Any] | None = None
+        #: the next job, claimed by the last step of the previous one (``claim_next``)
+        self._claimed: queue.Claim | None = None
+        #: the job whose last step's commit failed after claiming the next one (unknown fate)
+        self._unsure_after: UUID | None = None
 
     @property
     def control(self) -> psycopg.Connection[Any]:
@@ -158,15 +174,23 @@ class Engine:
             lock_timeout_seconds=settings.lock_timeout_seconds,
         )
 
-    def refresh_control(self) -> None:
-        """Reopen the control session if the server dropped it (e.g. it restarted) since the
-        last job: a long-lived worker child calls this before each job."""
-        if self._control is not None and not db.is_alive(self._control):
-            self._control = self._open_control()
+    def refresh_sessions(self) -> None:
+        """Before each job of a long-lived worker child: reopen the sessions the server dropped
+        since the last job (it restarted), without a round trip while they are fine.
 
-    def refresh_steps_session(self) -> None:
-        """Drop the steps' pooled session if the server dropped it since the last job: one
-        round trip per job, instead of a ping before every transaction."""
+        An idle session has nothing to read; one the server ended has its goodbye (an error,
+        then end of file) waiting on the socket. So the control session's socket is looked at
+        without blocking, and only when something is there is it pinged (one round trip),
+        reopened if dead, and the steps' pooled session (which a restart drops too) checked
+        with it. A steps session dropped on its own (``pg_terminate_backend``) fails the job's
+        first transaction, which is retried like any failed attempt.
+        """
+        if self._control is None:
+            return  # opened on first use
+        if not _has_input(self._control) and not self._control.broken:
+            return
+        if not db.is_alive(self._control):
+            self._control = self._open_control()
         self._db.ensure_alive()
 
     def connect_ahead(self) -> threading.Thread:
@@ -177,7 +201,33 @@ class Engine:
             lambda tx: self.templates.reference(tx, migrations.tenant_tree_state())
         )
 
+    def holds_claim(self) -> bool:
+        """True when the last job's final step claimed a next job that has not been taken."""
+        return self._claimed is not None
+
+    def claim(self, job_types: tuple[str, ...]) -> queue.Claim | None:
+        """This holder's next job of ``job_types`` (a worker child's): the one the previous
+        job's last step claimed with its commit (see :meth:`run`), else one claimed now on the
+        control session (its commit is asynchronous, see :attr:`control`).
+
+        When that last step's commit failed after the claim was sent, the server may or may not
+        have committed it: such a job is handed back first (untouched), so it never sits
+        claimed by a live holder that does not know it.
+        """
+        if self._claimed is not None:
+            claimed, self._claimed = self._claimed, None
+            return claimed
+        with db.translated():
+            if self._unsure_after is not None:
+                queue.release_unreported(self.control, self.holder, [self._unsure_after])
+                self._unsure_after = None
+            return queue.claim_next_with_state(self.control, job_types, self.holder)
+
     def close(self) -> None:
+        if self._claimed is not None:  # claimed by the last job, never started: hand it back
+            claimed, self._claimed = self._claimed, None
+            with suppress(ProvisionerError):
+                self.release(claimed.job)
         if self._control is not None:
             self._control.close()
         self._db.close()
@@ -204,12 +254,19 @@ class Engine:
         *,
         on_progress: ProgressCallback = ignore_progress,
         should_stop: StopRequested = never_stop,
+        tenant_state: str | Unread | None = UNREAD,
+        claim_next: tuple[str, ...] = (),
     ) -> Job:
         """Run the job's missing steps, then complete it; on failure, retry or fail it.
 
         Returns the job as the queue left it (succeeded, queued again, or failed). If
         ``should_stop`` turns true between steps, the job is released back to the queue with its
         progress. Raises :class:`LeaseLost` if the job stopped being ours.
+
+        ``tenant_state`` is the tenant's state as the claim read it (else it is read here).
+        With ``claim_next``, the transaction of the job's last step also claims this holder's
+        next job of those kinds (:meth:`claim`): the claim commits with the step, and a
+        worker child goes on to it without a round trip or a commit of its own.
         """
         if job.tenant_id is None:
             raise PermanentError(f"job {job.id} has no tenant_id")
@@ -219,7 +276,9 @@ class Engine:
         journal = self.control
         try:
             kind = self.kinds[job.job_type]
-            return self._run_steps(kind, job, lease, ctx, journal, on_progress, should_stop)
+            return self._run_steps(
+                kind, job, lease, ctx, journal, on_progress, should_stop, tenant_state, claim_next
+            )
         except LeaseLost:
             raise
         except Exception as exc:
@@ -239,19 +298,26 @@ class Engine:
         journal: psycopg.Connection[Any],
         on_progress: ProgressCallback,
         should_stop: StopRequested,
+        tenant_state: str | Unread | None,
+        claim_next: tuple[str, ...],
     ) -> Job:
         current = "resume check"
         try:
-            self._check_state(kind, ctx.tenant, journal)
-            # A fleet upgrade's job runs the migration step alone (see upgrade_replay).
-            if upgrade_replay.upgrade_only(job):
+            self._check_state(kind, ctx.tenant, journal, tenant_state)
+            # A fleet upgrade's job runs the migration step alone (see upgrade_replay); the
+            # steps it leaves alone are not part of its run, so they are not reported as
+            # skipped either (five messages and log lines per tenant of a rollout, saying
+            # what the claim's ``steps_done`` already says).
+            upgrade_only = upgrade_replay.upgrade_only(job)
+            if upgrade_only:
                 repaired: set[str] = set()
             else:
                 job, repaired = self._forget_vanished(kind, job, lease, ctx)
             pending = [s.name for s in kind.steps if s.name not in job.steps_completed]
             for step in kind.steps:
                 if step.name in job.steps_completed:
-                    on_progress(StepEvent(job, step.name, "skipped"))
+                    if not upgrade_only:
+                        on_progress(StepEvent(job, step.name, "skipped"))
                     continue
                 if should_stop():
                     return self._finish(lambda c: queue.release(c, lease))
@@ -266,6 +332,7 @@ class Engine:
                     on_progress,
                     step.name in repaired,
                     final=step.name == pending[-1],
+                    claim_next=claim_next,
                 )
             if job.status is JobStatus.SUCCEEDED:
                 return job  # the last step's transaction completed it
@@ -277,12 +344,18 @@ class Engine:
             raise StepFailed(current) from exc
 
     @staticmethod
-    def _check_state(kind: JobKind, tenant: TenantId, journal: psycopg.Connection[Any]) -> None:
+    def _check_state(
+        kind: JobKind,
+        tenant: TenantId,
+        journal: psycopg.Connection[Any],
+        state: str | Unread | None,
+    ) -> None:
         """WrongState (the job fails at once) when the tenant's state refuses the kind."""
         if not kind.refused_states:
             return
-        with db.translated():
-            state = tenants.state_of(journal, tenant)
+        if isinstance(state, Unread):
+            with db.translated():
+                state = tenants.state_of(journal, tenant)
         if state in kind.refused_states:
             raise WrongState(f"tenant {tenant} is {state}: {kind.name} leaves it alone")
 
@@ -321,11 +394,14 @@ class Engine:
         repairing: bool,
         *,
         final: bool = False,
+        claim_next: tuple[str, ...] = (),
     ) -> Job:
         """Run one step in one transaction with its checkpoint; the ``final`` step (the job's
-        last missing one) completes the job in that same transaction."""
+        last missing one) completes the job in that same transaction (and, with
+        ``claim_next``, claims the holder's next job)."""
         started = time.monotonic()
         run_id: int | None = None
+        claim_sent = False
         try:
             with self._db.transaction() as tx:
                 self._lock_tenant(tx, ctx.tenant, durable=final)
@@ -340,13 +416,24 @@ class Engine:
                 # The journal's close and the fenced checkpoint in one round trip (pipeline
                 # mode); they commit together with the step's work, or not at all.
                 # The final step completes the job with it: one commit fewer per job, and the
-                # step, its checkpoint and the job's success are one atomic change.
-                with tx.pg.pipeline():
-                    queue.finish_step_run(tx.pg, run_id, "succeeded", detail)
-                    job = queue.record_step(tx.pg, lease, done, kind.progress(done))
-                    if final:
-                        job = queue.complete(tx.pg, lease)
+                # step, its checkpoint and the job's success are one atomic change. The next
+                # job's claim rides on that commit too (a LeaseLost rolls it back with the rest).
+                job, claimed = queue.close_step(
+                    tx.pg,
+                    run_id,
+                    detail,
+                    lease,
+                    done,
+                    kind.progress(done),
+                    last=final,
+                    claim_next=claim_next if final else (),
+                )
+                claim_sent = final and bool(claim_next)
+                # leaving the block commits
+            self._claimed = claimed
         except BaseException as exc:
+            if claim_sent:  # the commit failed: the next job's claim may have committed
+                self._unsure_after = job.id
             outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
             if run_id is not None:
                 self._close_run(journal, run_id, outcome, exc)
@@ -392,6 +479,18 @@ class Engine:
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self._db.transaction() as tx:
             return write(tx.pg)
+
+
+def _has_input(conn: psycopg.Connection[Any]) -> bool:
+    """True when an idle session's socket has something to read (or is closed): the server
+    said something unprompted, usually that it ended the session. Never blocks."""
+    if conn.closed:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def _vanished(

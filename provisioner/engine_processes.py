@@ -9,17 +9,26 @@ watchdog thread as the fallback): a SIGKILLed worker leaves no engine running be
 The parent and a child talk over one pipe, in frozen dataclasses (matched with ``match`` and
 closed with ``assert_never`` on both ends):
 
-    parent -> child   ClaimNext(job_types)  claim the oldest ready job of these kinds, run it
+    parent -> child   ClaimNext(job_types)  claim the oldest ready job of these kinds, run it,
+                                       and go on claiming until the queue has none
                       Stop()           finish the running step, then release the job
                       Quit()           exit when idle
     child -> parent   Ready(holder)
                       Claimed(job)     the child claimed this job and runs it
                       StepReport(...)  each StepEvent of the running job
-                      JobEnded(outcome)     the job's :data:`~provisioner.runner.Outcome`:
-                                            settled (also a job the child released after the
-                                            drain timeout cut its step short), lease lost, or
-                                            unsettled (the database was down: the parent
-                                            settles it), nothing queued, or claim failed
+                      JobEnded(outcome, claiming)
+                                       the job's :data:`~provisioner.runner.Outcome`: settled
+                                       (also a job the child released after the drain timeout
+                                       cut its step short), lease lost, or unsettled (the
+                                       database was down: the parent settles it), nothing
+                                       queued, or claim failed; ``claiming``: the child goes
+                                       on to its next job without being asked
+
+A child drains the queue on its own once asked: a settled job's last step has already claimed
+the next one (:meth:`~provisioner.engine.Engine.run`), so a busy child costs its parent no
+message per job and waits for none. It stops at the first claim that finds nothing, at a stop
+request, or when a job could not be settled; only then does the parent ask it again. Every
+``ClaimNext`` is answered, in the end, by exactly one ``JobEnded`` with ``claiming`` false.
 
 Children ignore SIGINT and SIGTERM: the parent decides when a step stops. When the drain timeout
 expires the parent sends SIGUSR1, which raises :class:`Interrupted` (a ``KeyboardInterrupt``,
@@ -53,7 +62,8 @@ from provisioner.settings import Settings
 
 @dataclass(frozen=True)
 class ClaimNext:
-    """Parent -> child: claim the oldest ready job of these kinds, run it, settle it."""
+    """Parent -> child: claim the oldest ready job of these kinds, run it, settle it, and go
+    on with the next until none is left (or a stop request)."""
 
     job_types: tuple[str, ...]
 
@@ -98,9 +108,11 @@ class StepReport:
 
 @dataclass(frozen=True)
 class JobEnded:
-    """Child -> parent: how the job's run ended (the child is free again)."""
+    """Child -> parent: how the job's run ended; with ``claiming``, the child goes on to claim
+    (or already holds) its next job, else it is free again."""
 
     outcome: runner.Outcome
+    claiming: bool = False
 
 
 FromChild = Ready | Claimed | StepReport | JobEnded
@@ -168,6 +180,7 @@ class _ChildLoop:
     def serve(self) -> None:
         while not self.quitting:
             try:
+                _allow_interrupts()  # one held since the last job ended lands here, harmlessly
                 message = self.conn.recv()
             except EOFError:
                 return
@@ -179,12 +192,39 @@ class _ChildLoop:
                 case Stop():
                     continue  # no job runs: nothing to stop
                 case ClaimNext(job_types=job_types):
-                    try:
-                        self.run(job_types)
-                    except Interrupted:
-                        continue  # arrived after the job's outcome was sent
+                    self.stopping = False
+                    self.drain(job_types)
                 case _:
                     assert_never(message)
+
+    def drain(self, job_types: tuple[str, ...]) -> None:
+        """Run jobs until one ends the drain; the parent hears exactly one final ``JobEnded``
+        (``claiming`` false).
+
+        The drain timeout's interrupt is held from the end of a job until the next one is
+        announced (:meth:`claimed`): it can then neither fall between a claim and its
+        announcement (a job held that nobody knows of) nor between a job's end and its report.
+        """
+        _hold_interrupts()
+        claiming = True
+        while claiming:
+            outcome = self.run(job_types)
+            _hold_interrupts()
+            claiming = self.goes_on(outcome)
+            self.send(JobEnded(outcome, claiming))
+
+    def goes_on(self, outcome: runner.Outcome) -> bool:
+        """Go on to the next job after a settled one, unless asked to stop; a job the last one
+        claimed is always taken up (a stop request then releases it before its first step)."""
+        if self.engine.holds_claim():
+            return True
+        match outcome:
+            case runner.Settled(stopped=stopped):
+                return not stopped and not self.should_stop()
+            case runner.LostLease():
+                return not self.should_stop()
+            case _:
+                return False
 
     def should_stop(self) -> bool:
         try:
@@ -200,13 +240,16 @@ class _ChildLoop:
         self.send(StepReport(ev.job.id, ev.step, ev.outcome, round(ev.seconds, 3), ev.detail))
 
     def claimed(self, job: Job) -> None:
+        """Announce the job, then let the drain timeout interrupt its steps (one held since
+        the last job lands here, and the job is released)."""
         self.job = job
         self.send(Claimed(job))
+        _allow_interrupts()
 
-    def run(self, job_types: tuple[str, ...]) -> None:
-        self.stopping, self.job = False, None
+    def run(self, job_types: tuple[str, ...]) -> runner.Outcome:
+        self.job = None
         try:
-            outcome = runner.claim_next_and_run(
+            return runner.claim_next_and_run(
                 self.engine,
                 job_types,
                 on_claimed=self.claimed,
@@ -215,10 +258,16 @@ class _ChildLoop:
             )
         except Interrupted as exc:
             if self.job is None:
-                outcome = runner.NothingQueued()  # cut short before a claim: nothing held
-            else:
-                outcome = runner.release(self.engine, self.job, describe(exc))
-        self.send(JobEnded(outcome))
+                return runner.NothingQueued()  # cut short before a claim: nothing held
+            return runner.release(self.engine, self.job, describe(exc))
+
+
+def _hold_interrupts() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+
+def _allow_interrupts() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
 
 
 @dataclass

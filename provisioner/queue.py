@@ -13,6 +13,7 @@ row, the old holder's writes match nothing and raise :class:`LeaseLost`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -133,8 +134,7 @@ ON CONFLICT (tenant_id) DO NOTHING
 # whatever their kinds); the try-lock keeps two claimants from taking two jobs of one tenant.
 # A row no claim could load (a non-finite time: impossible since control c005) is passed by;
 # FAIL_UNPROCESSABLE fails it with a reason.
-CLAIM_NEXT = """
-WITH next AS (
+CLAIMABLE = """
     SELECT id FROM control.platform_jobs q
      WHERE status = 'queued' AND available_at <= now() AND job_type = ANY(%(job_types)s)
        AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
@@ -145,13 +145,34 @@ WITH next AS (
      ORDER BY available_at, created_at
      LIMIT 1
        FOR UPDATE SKIP LOCKED
-)
+"""
+
+CLAIM_NEXT = f"""
+WITH next AS ({CLAIMABLE})
 UPDATE control.platform_jobs AS j
    SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
        locked_by = %(worker)s, updated_at = now()
   FROM next
  WHERE j.id = next.id
 RETURNING j.*
+"""
+
+# The step engine's claim (a worker's engine process): the same claim, and the claimed
+# tenant's lifecycle state with it, which the engine checks before the first step (one round
+# trip fewer). It may run at the end of a long step's transaction (the claim of the next job
+# rides on the last step's commit), so the lease starts at the statement's clock, not the
+# transaction's.
+CLAIM_NEXT_WITH_STATE = f"""
+WITH next AS ({CLAIMABLE}), claimed AS (
+    UPDATE control.platform_jobs AS j
+       SET status = 'running', attempts = j.attempts + 1, locked_at = clock_timestamp(),
+           locked_by = %(worker)s, updated_at = now()
+      FROM next
+     WHERE j.id = next.id
+    RETURNING j.*
+)
+SELECT claimed.*, t.state AS tenant_state
+  FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """
 
 # Claim one given job that is queued (ready or not): a one-off command does it now, unless
@@ -200,6 +221,16 @@ UPDATE control.platform_jobs
 RETURNING *
 """
 
+# Record a job's last step and complete the job in one statement, fenced by the lease (the same
+# end state as RECORD_STEP then COMPLETE).
+RECORD_LAST_STEP = """
+UPDATE control.platform_jobs
+   SET steps_completed = %(steps)s, status = 'succeeded', progress = 100, error_detail = NULL,
+       locked_at = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
 # Fail terminally when attempts are spent (or the error is permanent), else back off.
 FAIL_OR_RETRY = """
 UPDATE control.platform_jobs
@@ -221,6 +252,16 @@ UPDATE control.platform_jobs
    SET status = 'queued', attempts = greatest(attempts - 1, 0), available_at = now(),
        locked_at = NULL, locked_by = NULL, updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+# Hand back the jobs a dead engine process claimed but never reported to its worker (it died
+# between its claim and its report): none of their steps started, so the attempt is not counted.
+RELEASE_UNREPORTED = """
+UPDATE control.platform_jobs
+   SET status = 'queued', attempts = greatest(attempts - 1, 0), available_at = now(),
+       locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE status = 'running' AND locked_by = %(worker)s AND NOT id = ANY(%(reported)s)
 RETURNING *
 """
 
@@ -516,12 +557,35 @@ def ensure_tenant_job(
 
 def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) -> Job | None:
     """Claim the oldest ready job of ``job_types`` for ``worker`` and commit the claim."""
-    if not job_types:
-        raise InvalidInput("at least one job type is required")
-    params = {"job_types": list(job_types), "worker": worker, "lock_class": TENANT_JOB_LOCK_CLASS}
-    row = _one(conn, CLAIM_NEXT, params)
+    row = _one(conn, CLAIM_NEXT, _claim_params(job_types, worker))
     conn.commit()
     return Job.from_row(row) if row else None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job the step engine claimed, and its tenant's lifecycle state read by the same
+    statement (None: the job has no tenant, or the tenant no control row)."""
+
+    job: Job
+    tenant_state: str | None
+
+
+def _claim_params(job_types: Sequence[str], worker: str) -> dict[str, Any]:
+    if not job_types:
+        raise InvalidInput("at least one job type is required")
+    return {"job_types": list(job_types), "worker": worker, "lock_class": TENANT_JOB_LOCK_CLASS}
+
+
+def _as_claim(row: dict[str, Any] | None) -> Claim | None:
+    return Claim(Job.from_row(row), row["tenant_state"]) if row else None
+
+
+def claim_next_with_state(conn: Conn, job_types: Sequence[str], worker: str) -> Claim | None:
+    """The step engine's claim: the oldest ready job of ``job_types`` for ``worker``, with its
+    tenant's state. On an autocommit session the statement commits itself; in a transaction it
+    commits with it."""
+    return _as_claim(_one(conn, CLAIM_NEXT_WITH_STATE, _claim_params(job_types, worker)))
 
 
 def claim_job(conn: Conn, job_id: UUID, worker: str) -> Job | None:
@@ -542,11 +606,15 @@ def _fenced(conn: Conn, statement: str, lease: Lease, **params: Any) -> Job:
         {"id": lease.job_id, "worker": lease.locked_by, "attempts": lease.attempts, **params},
     )
     if row is None:
-        raise LeaseLost(
-            f"job {lease.job_id} is no longer held by {lease.locked_by} (attempt "
-            f"{lease.attempts}): it was recovered, re-claimed or cancelled"
-        )
+        raise LeaseLost(_lease_lost(lease))
     return Job.from_row(row)
+
+
+def _lease_lost(lease: Lease) -> str:
+    return (
+        f"job {lease.job_id} is no longer held by {lease.locked_by} (attempt "
+        f"{lease.attempts}): it was recovered, re-claimed or cancelled"
+    )
 
 
 def record_step(conn: Conn, lease: Lease, done: list[str], progress: int) -> Job:
@@ -554,6 +622,48 @@ def record_step(conn: Conn, lease: Lease, done: list[str], progress: int) -> Job
     if not 0 <= progress <= 100:
         raise InvalidInput(f"progress must be between 0 and 100, got {progress}")
     return _fenced(conn, RECORD_STEP, lease, steps=Jsonb(list(done)), progress=progress)
+
+
+def close_step(
+    conn: Conn,
+    run_id: int,
+    detail: str | None,
+    lease: Lease,
+    done: list[str],
+    progress: int,
+    *,
+    last: bool,
+    claim_next: Sequence[str] = (),
+) -> tuple[Job, Claim | None]:
+    """End a step inside its own transaction, in one round trip (pipeline mode): close its
+    journal row, record the fenced checkpoint (``last``: and complete the job in the same
+    statement), and, with ``claim_next``, claim the holder's next job of those kinds, so that
+    the claim commits with the step instead of costing a round trip and a commit of its own.
+
+    Raises :class:`LeaseLost` when the fence matched nothing: the caller's transaction then
+    rolls back, the step's work, its journal close and the claim with it.
+    """
+    if not 0 <= progress <= 100:
+        raise InvalidInput(f"progress must be between 0 and 100, got {progress}")
+    fence = {"id": lease.job_id, "worker": lease.locked_by, "attempts": lease.attempts}
+    bounded = bounded_error(detail) if detail else None
+    with (
+        conn.cursor() as journal,
+        conn.cursor(row_factory=dict_row) as record,
+        conn.cursor(row_factory=dict_row) as claim,
+    ):
+        with conn.pipeline():
+            journal.execute(
+                STEP_RUN_FINISH, {"id": run_id, "outcome": "succeeded", "detail": bounded}
+            )
+            statement = RECORD_LAST_STEP if last else RECORD_STEP
+            record.execute(statement, {**fence, "steps": Jsonb(list(done)), "progress": progress})
+            if claim_next:
+                claim.execute(CLAIM_NEXT_WITH_STATE, _claim_params(claim_next, lease.locked_by))
+        row = record.fetchone()
+        if row is None:
+            raise LeaseLost(_lease_lost(lease))
+        return Job.from_row(row), _as_claim(claim.fetchone()) if claim_next else None
 
 
 def complete(conn: Conn, lease: Lease) -> Job:
@@ -574,6 +684,16 @@ def fail_or_retry(conn: Conn, lease: Lease, error: str, *, permanent: bool = Fal
 
 def release(conn: Conn, lease: Lease) -> Job:
     return _fenced(conn, RELEASE, lease)
+
+
+def release_unreported(conn: Conn, worker: str, reported: list[UUID]) -> list[Job]:
+    """Queue again, untouched, the jobs ``worker`` (a dead engine process) holds other than the
+    ``reported`` ones: it claimed them and died before telling its worker, so none of their
+    steps started."""
+    return [
+        Job.from_row(r)
+        for r in _all(conn, RELEASE_UNREPORTED, {"worker": worker, "reported": reported})
+    ]
 
 
 def recover_stale(conn: Conn, stale_after_seconds: float) -> list[Job]:

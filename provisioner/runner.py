@@ -2,7 +2,7 @@
 it ended as a typed :data:`Outcome`.
 
 A one-off command (``provision``, ``suspend``...) calls :func:`claim_and_run` with the job's id;
-a worker's engine process calls :func:`run_claimed` for the job its parent claimed for it. The
+a worker's engine process calls :func:`claim_next_and_run` for each job it claims. The
 engine settles every outcome it can (complete, retry or fail, release) in the same place; what
 it could not settle (:class:`Unsettled`: the database was down when a step failed) and what a
 dead engine process left are settled by the worker's parent, and only those.
@@ -17,7 +17,7 @@ from typing import assert_never
 from uuid import UUID
 
 from provisioner import db, queue
-from provisioner.engine import Engine, ProgressCallback, StopRequested, describe
+from provisioner.engine import UNREAD, Engine, ProgressCallback, StopRequested, Unread, describe
 from provisioner.errors import (
     InvalidInput,
     LeaseLost,
@@ -86,15 +86,22 @@ def run_claimed(
     *,
     on_progress: ProgressCallback,
     should_stop: StopRequested,
+    tenant_state: str | Unread | None = UNREAD,
+    claim_next: tuple[str, ...] = (),
 ) -> Outcome:
     """Run a job this process holds, and settle it; never raises for a job's failure.
 
-    The control session has just claimed the job (it answered); the steps' session is checked
-    here, once per job.
+    ``tenant_state`` is what the claim read; ``claim_next`` has the job's last step claim this
+    holder's next job (see :meth:`Engine.run`).
     """
     try:
-        engine.refresh_steps_session()
-        done = engine.run(job, on_progress=on_progress, should_stop=should_stop)
+        done = engine.run(
+            job,
+            on_progress=on_progress,
+            should_stop=should_stop,
+            tenant_state=tenant_state,
+            claim_next=claim_next,
+        )
     except LeaseLost as exc:
         return LostLease(job.id, describe(exc))
     except Exception as exc:
@@ -112,17 +119,29 @@ def claim_next_and_run(
     should_stop: StopRequested,
 ) -> Outcome:
     """Claim the oldest ready job of ``job_types`` for this engine's holder id (a worker's
-    engine process), tell ``on_claimed``, run it and settle it."""
+    engine process), tell ``on_claimed``, run it and settle it.
+
+    The job's last step claims the next job with its own commit, so a child draining the
+    queue pays for a claim only when that one found nothing (or the job failed): per job, no
+    liveness round trip (see :meth:`Engine.refresh_sessions`), no claim of its own, and the
+    tenant's state comes with the claim.
+    """
     try:
-        engine.refresh_control()
-        with db.translated():
-            job = queue.claim_next(engine.control, job_types, engine.holder)
+        engine.refresh_sessions()
+        claimed = engine.claim(job_types)
     except ProvisionerError as exc:
         return ClaimFailed(describe(exc))
-    if job is None:
+    if claimed is None:
         return NothingQueued()
-    on_claimed(job)
-    return run_claimed(engine, job, on_progress=on_progress, should_stop=should_stop)
+    on_claimed(claimed.job)
+    return run_claimed(
+        engine,
+        claimed.job,
+        on_progress=on_progress,
+        should_stop=should_stop,
+        tenant_state=claimed.tenant_state,
+        claim_next=job_types,
+    )
 
 
 def release(engine: Engine, job: Job, detail: str) -> Outcome:

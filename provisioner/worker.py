@@ -4,11 +4,14 @@ One parent process and ``concurrency`` engine processes (:mod:`provisioner.engin
 
 * The **parent** supervises: stale recovery at start and every quarter of the stale
   threshold; ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the
-  backstop for a lost notification; asking each idle child to claim a job (at most
+  backstop for a lost notification; asking each idle child to drain the queue (at most
   ``concurrency`` jobs at once); settling only what a child could not (the child died, or the
-  database was down when the step failed); signals and the drain.
-* Each **engine process** owns its job's life (:mod:`provisioner.runner`): it claims the job
-  under its own holder id, runs its kind's steps, settles it, and reports a typed outcome.
+  database was down when the step failed) and handing back a dead child's claim it never
+  reported; signals and the drain.
+* Each **engine process** owns its jobs' lives (:mod:`provisioner.runner`): it claims a job
+  under its own holder id, runs its kind's steps, settles it, and reports a typed outcome; the
+  job's last step claims the next one, and the child goes on unasked until a claim finds
+  nothing (:mod:`provisioner.engine_processes`).
 * A **heartbeat thread**, on its own connection, upserts the component's row in
   ``control.runtime_heartbeats`` every interval and, in the same transaction, renews
   ``locked_at`` of every job the children hold: a long step on a live worker is never taken for
@@ -35,6 +38,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import select
 import selectors
 import signal
 import socket
@@ -44,7 +48,9 @@ from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection
 from typing import Any, assert_never
+from uuid import UUID
 
 import psycopg
 
@@ -109,6 +115,16 @@ def run_worker(settings: Settings, options: WorkerOptions, log: logging.Logger) 
     return Worker(settings, options, log, storage).run()
 
 
+@dataclass(frozen=True)
+class DeadHolder:
+    """An engine process that died: a job it claimed but never reported (it died between the
+    claim and the report) goes back to the queue untouched, without waiting for the lease."""
+
+    holder: str
+    #: the job it reported and did not end (settled as an :class:`Orphan`)
+    reported: UUID | None
+
+
 @dataclass
 class Orphan:
     """A claimed job no child will finish: release it, or retry/fail it, once the DB answers."""
@@ -119,6 +135,14 @@ class Orphan:
     permanent: bool = False
     #: the child died: close the attempt's open step runs first
     child_gone: bool = False
+
+
+def _readable(conn: Connection) -> bool:
+    """True when the pipe holds more (a message, or the end of file); never waits. A bare
+    ``select`` where ``Connection.poll`` builds a selector per call (a draining child sends
+    several messages per job)."""
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    return bool(readable)
 
 
 # -- the parent ---------------------------------------------------------------------------------
@@ -150,6 +174,7 @@ class Worker:
         self._mp = multiprocessing.get_context("spawn")
         self._children: list[EngineProcess] = []
         self._orphans: list[Orphan] = []
+        self._dead: list[DeadHolder] = []
         self._selector = selectors.DefaultSelector()
         self._conn: psycopg.Connection[Any] | None = None
         self._listen: psycopg.Connection[Any] | None = None
@@ -263,7 +288,7 @@ class Worker:
 
     def _settle_at_exit(self) -> None:
         deadline = time.monotonic() + 10.0
-        while self._orphans and time.monotonic() < deadline:
+        while (self._orphans or self._dead) and time.monotonic() < deadline:
             try:
                 self._ensure_connection()
                 self._settle_orphans()
@@ -303,13 +328,13 @@ class Worker:
 
     def _drained(self) -> bool:
         busy = any(c.busy for c in self._children)
-        return self._pending is None and not self._orphans and not busy
+        return self._pending is None and not self._orphans and not self._dead and not busy
 
     def _timeout(self, now: float) -> float:
         wake_at = [self._next_recovery]
         if self._pending is None:
             wake_at.append(self._next_poll)
-        if self._conn is None or self._orphans:
+        if self._conn is None or self._orphans or self._dead:
             wake_at.append(self._db_retry_at)
         if self._deadline is not None:
             wake_at += [self._deadline, now + 0.5]  # interrupted children are checked on
@@ -482,6 +507,16 @@ class Worker:
 
     def _settle_orphans(self) -> None:
         assert self._conn is not None
+        for dead in list(self._dead):
+            reported = [dead.reported] if dead.reported else []
+            with db.translated():
+                jobs = queue.release_unreported(self._conn, dead.holder, reported)
+                self._conn.commit()
+            for job in jobs:
+                self._log_outcome(job, released=True, seconds=None)
+            if jobs and self._pending is None:
+                self._pending = "drain"  # handed back without a NOTIFY
+            self._dead.remove(dead)
         for orphan in list(self._orphans):
             lease = orphan.job.lease
             try:
@@ -507,8 +542,10 @@ class Worker:
 
     def _on_child(self, child: EngineProcess) -> None:
         try:
-            while child.conn.poll():
+            while True:
                 self._on_message(child, child.conn.recv())
+                if not _readable(child.conn):
+                    return
         except (EOFError, OSError):
             self._on_child_exit(child)
 
@@ -533,9 +570,12 @@ class Worker:
             case JobEnded(outcome=outcome) if job is not None:
                 self._on_job_ended(child, job, outcome)
             case StepReport() | JobEnded():
-                return  # a late message about a job the parent already settled
+                pass  # a late message about a job the parent already settled
             case _:
                 assert_never(message)
+        if isinstance(message, JobEnded) and message.claiming:
+            # The child goes on to its next job unasked (its last step may have claimed it).
+            child.asking, child.asked_at_claim = "drain", self._claims
 
     def _on_job_ended(self, child: EngineProcess, job: Job, outcome: runner.Outcome) -> None:
         """The child's run ended: log it, or settle what the child could not."""
@@ -597,6 +637,8 @@ class Worker:
             raise ProvisionerError(
                 f"an engine process exited during start-up (exit code {code}); see above"
             )
+        if child.holder is not None:
+            self._dead.append(DeadHolder(child.holder, child.job.id if child.job else None))
         if child.job is not None:
             reason = f"{child.step or 'step'}: the engine process exited (exit code {code})"
             self._orphan(child, reason, release=self._deadline is not None, gone=True)

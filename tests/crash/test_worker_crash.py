@@ -8,6 +8,7 @@ per-attempt record ``control.job_step_runs`` and the schema itself.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import replace
@@ -17,7 +18,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from provisioner import queue, service, tenant_schema
-from provisioner.models import STEPS
+from provisioner.models import STEPS, TenantId
 from provisioner.settings import Settings
 from tests.conftest import Database
 from tests.workers import (
@@ -214,3 +215,36 @@ def test_sigterm_past_the_drain_timeout_interrupts_the_step_and_releases_the_job
     assert job_row(database, "stuck")["status"] == "succeeded"
     with database.owner() as conn:
         assert tenant_schema.fingerprint(conn, "tenant_stuck")["alembic_version"]
+
+
+def test_a_killed_child_hands_back_at_once_a_job_it_claimed_but_never_reported(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    """A child claims its next job with its last step's commit and reports it right after;
+    killed in between, the job is held by a dead holder the parent was never told about. The
+    parent hands it back when the child's pipe closes, long before its lease would expire."""
+    worker = workers.start("--stale-after", "600").idle()
+    ((holder,), (pid,)) = (worker.holders(), worker.child_pids())
+    with psycopg.connect(database.owner_url) as conn:  # the claim the child never reported
+        job = queue.ensure_provision_job(conn, TenantId("ghost")).job
+        conn.execute(
+            "UPDATE control.platform_jobs SET status = 'running', attempts = 1, "
+            "locked_by = %s, locked_at = now() WHERE id = %s",
+            (holder, job.id),
+        )
+    os.kill(pid, signal.SIGKILL)
+
+    released = worker.wait_for("released", 30, tenant_id="ghost")
+    assert released["steps_done"] == 0
+    worker.wait_for("succeeded", 120, tenant_id="ghost")
+    row = job_row(database, "ghost")
+    assert (row["status"], row["attempts"]) == ("succeeded", 1)  # the lost attempt not counted
+    successor = holder_of_new(worker, holder)
+    assert [r["worker"] for r in step_runs(database, "ghost")] == [successor] * len(STEPS)
+    assert worker.events("recovered") == []
+    assert worker.stop() == 0
+
+
+def holder_of_new(worker: WorkerProcess, dead: str) -> str:
+    (holder,) = [h for h in worker.holders() if h != dead]
+    return holder

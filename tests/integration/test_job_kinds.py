@@ -121,3 +121,69 @@ def test_a_worker_without_the_module_refuses_the_kind(fast: Settings, workers: W
     worker = workers.start("--once", env={"PROVISIONER_WORKER_JOB_TYPES": KIND})
     assert worker.wait() == 2
     assert "unsupported job type(s) stamp_tenant" in worker.output()
+
+
+def drain_once(engine: Engine, stop: bool = False) -> runner.Outcome:
+    """What a worker's engine process does for each job of its drain."""
+    return runner.claim_next_and_run(
+        engine,
+        (KIND,),
+        on_claimed=lambda job: None,
+        on_progress=lambda event: None,
+        should_stop=lambda: stop,
+    )
+
+
+def job_of(database: Database, tenant: str) -> dict[str, Any]:
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute(
+            "SELECT status, attempts, locked_by FROM control.platform_jobs WHERE tenant_id = %s",
+            (tenant,),
+        ).fetchone()
+    assert row is not None
+    return {"status": row[0], "attempts": row[1], "locked_by": row[2]}
+
+
+def test_a_draining_engine_claims_its_next_job_with_the_last_steps_commit(
+    fast: Settings, database: Database
+) -> None:
+    enqueue(database, "first")
+    enqueue(database, "second")
+    with Engine.from_settings(fast, "drainer") as engine:
+        first = drain_once(engine)
+        assert isinstance(first, runner.Settled) and first.job.tenant_id == "first"
+        # The first job's last step claimed the second: committed, under this holder.
+        assert engine.holds_claim()
+        assert job_of(database, "second") == {
+            "status": "running", "attempts": 1, "locked_by": "drainer"
+        }  # fmt: skip
+        second = drain_once(engine)
+        assert isinstance(second, runner.Settled) and second.job.tenant_id == "second"
+        assert second.job.status is JobStatus.SUCCEEDED
+        assert not engine.holds_claim()
+        assert isinstance(drain_once(engine), runner.NothingQueued)
+    assert display_name(database, "second") == "one,two"
+
+
+def test_a_stop_request_hands_the_claimed_next_job_back_before_its_first_step(
+    fast: Settings, database: Database
+) -> None:
+    enqueue(database, "first")
+    enqueue(database, "second")
+    with Engine.from_settings(fast, "drainer") as engine:
+        drain_once(engine)
+        stopped = drain_once(engine, stop=True)
+    assert isinstance(stopped, runner.Settled) and stopped.stopped
+    assert job_of(database, "second") == {"status": "queued", "attempts": 0, "locked_by": None}
+    assert display_name(database, "second") is None  # no step ran
+
+
+def test_closing_an_engine_hands_back_the_job_it_claimed_and_never_started(
+    fast: Settings, database: Database
+) -> None:
+    enqueue(database, "first")
+    enqueue(database, "second")
+    with Engine.from_settings(fast, "drainer") as engine:
+        drain_once(engine)
+        assert engine.holds_claim()
+    assert job_of(database, "second") == {"status": "queued", "attempts": 0, "locked_by": None}

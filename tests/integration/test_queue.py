@@ -351,3 +351,82 @@ def test_app_role_cannot_delete_or_truncate_jobs(database: Database) -> None:
             conn.execute("DELETE FROM control.platform_jobs")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("TRUNCATE control.platform_jobs")
+
+
+def test_the_engine_claim_returns_the_tenants_state(database: Database) -> None:
+    with app(database) as conn:
+        job = enqueue_tenant(conn, "paused")
+        conn.execute("UPDATE control.tenants SET state = 'suspended' WHERE tenant_id = 'paused'")
+        conn.commit()
+        claimed = queue.claim_next_with_state(conn, ["provision_tenant"], "w1")
+        conn.commit()
+    assert claimed is not None and claimed.job.id == job.id
+    assert claimed.tenant_state == "suspended"
+    assert row(database, job.id)["status"] == "running"
+
+
+def step_run(conn: psycopg.Connection, job: Job) -> int:
+    run_id = queue.start_step_run(conn, job.lease, job.tenant_id, "activate_onboarding")
+    conn.commit()
+    return run_id
+
+
+def test_the_last_step_completes_its_job_and_claims_the_next_in_one_transaction(
+    database: Database,
+) -> None:
+    job = claim(database, "first")
+    with app(database) as conn:
+        second = enqueue_tenant(conn, "second")
+        run_id = step_run(conn, job)
+        done, following = queue.close_step(
+            conn, run_id, "ok", job.lease, list(kinds.BUILTIN["provision_tenant"].step_names),
+            100, last=True, claim_next=["provision_tenant"],
+        )  # fmt: skip
+        assert done.status is JobStatus.SUCCEEDED and done.locked_by is None
+        assert following is not None and following.job.id == second.id
+        assert following.tenant_state == "pending"  # read by the claim itself
+        # Nothing is visible before the step's transaction commits.
+        assert row(database, job.id)["status"] == "running"
+        assert row(database, second.id)["status"] == "queued"
+        conn.commit()
+    assert row(database, job.id)["status"] == "succeeded"
+    assert row(database, job.id)["progress"] == 100
+    stored = row(database, second.id)
+    assert (stored["status"], stored["locked_by"], stored["attempts"]) == ("running", "w1", 1)
+    with database.owner() as conn:
+        outcome = conn.execute(
+            "SELECT outcome, detail FROM control.job_step_runs WHERE id = %s", (run_id,)
+        ).fetchone()
+    assert outcome == ("succeeded", "ok")
+
+
+def test_a_lost_lease_at_the_last_step_claims_nothing(database: Database) -> None:
+    job = claim(database, "first")
+    with app(database) as conn:
+        second = enqueue_tenant(conn, "second")
+        run_id = step_run(conn, job)
+    with database.owner() as conn:  # recovery gave the job to someone else meanwhile
+        conn.execute("UPDATE control.platform_jobs SET locked_by = 'w2' WHERE id = %s", (job.id,))
+    with app(database) as conn:
+        with pytest.raises(LeaseLost):
+            queue.close_step(
+                conn, run_id, "ok", job.lease, ["create_schema"], 16,
+                last=True, claim_next=["provision_tenant"],
+            )  # fmt: skip
+        conn.rollback()  # what the engine's transaction does with the error
+    assert row(database, second.id)["status"] == "queued"
+    assert row(database, job.id)["locked_by"] == "w2"
+
+
+def test_jobs_a_dead_holder_never_reported_go_back_untouched(database: Database) -> None:
+    reported = claim(database, "reported", worker="w1")
+    unreported = claim(database, "unreported", worker="w1")
+    other = claim(database, "other", worker="w2")
+    with app(database) as conn:
+        released = queue.release_unreported(conn, "w1", [reported.id])
+        conn.commit()
+    assert [j.id for j in released] == [unreported.id]
+    stored = row(database, unreported.id)
+    assert (stored["status"], stored["attempts"], stored["locked_by"]) == ("queued", 0, None)
+    assert row(database, reported.id)["status"] == "running"
+    assert row(database, other.id)["locked_by"] == "w2"

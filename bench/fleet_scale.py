@@ -25,9 +25,11 @@ one succeeded migration step per job for the upgrade's run, every version table 
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -143,6 +145,64 @@ SELECT count(*) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
  WHERE n.nspname LIKE 'tenant\_%' AND c.relname = 'audit_events' AND a.attname = 'source'
    AND NOT a.attisdropped
 """
+
+
+class CpuSampler:
+    """CPU time sampled twice a second while the upgrade runs: the machine's busy jiffies and
+    those of the run's own processes (the bench cluster's server processes, the worker and its
+    children), so a block's cost can be told apart from other work on the machine."""
+
+    def __init__(self, postmaster_pid_file: Path, worker_pid: int) -> None:
+        self.roots = [int(postmaster_pid_file.read_text().split()[0]), worker_pid]
+        self.samples: list[tuple[float, int, int]] = []  # (time.time(), machine busy, ours)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), _machine_busy(), self._ours()))
+            self._stop.wait(0.5)
+
+    def _ours(self) -> int:
+        children: dict[int, list[int]] = {}
+        cpu: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    text = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                fields = text[text.rfind(")") + 2 :].split()
+                children.setdefault(int(fields[1]), []).append(int(entry))
+                cpu[int(entry)] = int(fields[11]) + int(fields[12])
+        total, todo = 0, list(self.roots)
+        while todo:
+            pid = todo.pop()
+            total += cpu.get(pid, 0)
+            todo.extend(children.get(pid, []))
+        return total
+
+    def between(self, start: float, end: float) -> tuple[float, float]:
+        """(machine busy cores, the run's own CPU seconds) between two epoch times."""
+        first = min(self.samples, key=lambda sample: abs(sample[0] - start))
+        last = min(self.samples, key=lambda sample: abs(sample[0] - end))
+        span = max(last[0] - first[0], 1e-9)
+        return (last[1] - first[1]) / self.tick / span, (last[2] - first[2]) / self.tick
+
+
+def _machine_busy() -> int:
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]  # all but idle and iowait
 
 
 def tenant_name(i: int) -> str:
@@ -305,7 +365,9 @@ def _cli(database: BenchDatabase, tree: Path, *args: str) -> tuple[float, str]:
     return seconds, out.stdout
 
 
-def upgrade_fleet(database: BenchDatabase, tenants: int, tree: Path) -> dict[str, float]:
+def upgrade_fleet(
+    database: BenchDatabase, tenants: int, tree: Path, pid_file: Path
+) -> tuple[dict[str, float], CpuSampler]:
     """``upgrade --all`` (a process) drained by one running worker with two children."""
     worker = worker_process.WorkerProcess(
         database,
@@ -316,6 +378,7 @@ def upgrade_fleet(database: BenchDatabase, tenants: int, tree: Path) -> dict[str
     try:
         if not worker_process.wait_for(lambda: '"idle"' in worker.log(), 60, step=0.05):
             raise RuntimeError(f"worker never idle: {worker.log()[-2000:]}")
+        sampler = CpuSampler(pid_file, worker.process.pid).__enter__()
         began = time.perf_counter()
         command, out = _cli(database, tree, "--all")
         say(f"  fleet-scale: upgrade --all returned in {command:.1f} s: {out.strip()[:200]}")
@@ -338,21 +401,33 @@ def upgrade_fleet(database: BenchDatabase, tenants: int, tree: Path) -> dict[str
                     say(f"  fleet-scale: {row[0]} jobs left, {time.perf_counter() - began:.0f} s")
                     last_say = time.perf_counter()
                 time.sleep(0.5)
-        return {"seconds": time.perf_counter() - began, "command_seconds": command}
+        seconds = time.perf_counter() - began
+        sampler.__exit__()
+        return {"seconds": seconds, "command_seconds": command}, sampler
     finally:
         worker.close()
 
 
-def per_block(database: BenchDatabase, block: int) -> list[float]:
-    """Per-tenant ms of each block of ``block`` finished upgrade jobs: from the previous
-    block's last finish (the first block: from its own first) to the block's last finish."""
+def per_block(
+    database: BenchDatabase, block: int, sampler: CpuSampler
+) -> list[tuple[float, float, float]]:
+    """For each block of ``block`` finished upgrade jobs: per-tenant ms (from the previous
+    block's last finish, the first block from its own first, to the block's last finish), the
+    machine's busy cores and the run's own CPU ms per tenant over that span."""
     with psycopg.connect(database.owner_url) as conn:
         finished = [row[0] for row in conn.execute(UPGRADE_FINISHES)]
     out = []
     for end in range(block, len(finished) + 1, block):
         start = finished[end - block - 1] if end > block else finished[0]
         intervals = block if end > block else block - 1
-        out.append((finished[end - 1] - start).total_seconds() * 1000 / intervals)
+        busy, ours = sampler.between(start.timestamp(), finished[end - 1].timestamp())
+        out.append(
+            (
+                (finished[end - 1] - start).total_seconds() * 1000 / intervals,
+                busy,
+                ours * 1000 / intervals,
+            )
+        )
     return out
 
 
@@ -408,10 +483,12 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
             dry_cli, _ = _cli(database, tree, "--all", "--dry-run")
             spares = [raw_name(i) for i in range(2 * RAW_SCHEMAS)]
             raw_before = raw_loop(database, spares[:RAW_SCHEMAS])
-            upgraded = upgrade_fleet(database, tenants, tree)
+            pid_file = cluster.cluster.data / "postmaster.pid"
+            upgraded, sampler = upgrade_fleet(database, tenants, tree, pid_file)
             say(f"  fleet-scale: upgraded {tenants} tenants in {upgraded['seconds']:.0f} s")
             raw_after = raw_loop(database, spares[RAW_SCHEMAS:])
-            blocks = per_block(database, block)
+            timed = per_block(database, block, sampler)
+            blocks = [ms for ms, _, _ in timed]
             steps = step_medians(database, block)
             found = check_exactly_once(database, tenants)
     raw_ms = statistics.mean([raw_before, raw_after])
@@ -459,15 +536,20 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
             [upgraded["seconds"]],
         )
     )
-    lines = [f"{'block':>12} {'ms/tenant':>10} {'x first':>8} {'x raw':>7} {'step p50':>9}"]
-    for k, (ms, step) in enumerate(zip(blocks, steps, strict=False)):
+    lines = [
+        f"{'block':>12} {'ms/tenant':>10} {'x first':>8} {'x raw':>7} {'step p50':>9} "
+        f"{'CPU ms':>7} {'busy':>5}"
+    ]
+    for k, ((ms, busy, cpu), step) in enumerate(zip(timed, steps, strict=False)):
         lines.append(
             f"{k * block + 1:>5,}-{(k + 1) * block:<6,} {ms:>10.2f} {ms / blocks[0]:>7.2f}x "
-            f"{ms / raw_ms:>6.2f}x {step:>9.2f}"
+            f"{ms / raw_ms:>6.2f}x {step:>9.2f} {cpu:>7.2f} {busy:>5.2f}"
         )
     lines.append(
         "(ms/tenant: wall time per job between block boundaries, from the job rows' finished_at; "
-        "step p50: the median migration step of the block, from the step journal)"
+        "step p50: the median migration step of the block, from the step journal; CPU ms: the "
+        "run's own CPU per tenant (server processes, worker and children); busy: the machine's "
+        "busy cores over the block, of 2)"
     )
     results.notes["fleet scale by block"] = "\n".join(lines)
     results.notes["fleet scale"] = (
@@ -486,6 +568,8 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         "dry_run_process_ms": round(dry_cli * 1000, 1),
         "per_block_ms": [round(ms, 2) for ms in blocks],
         "step_median_ms": [round(ms, 2) for ms in steps],
+        "cpu_ms_per_tenant": [round(cpu, 2) for _, _, cpu in timed],
+        "busy_cores": [round(busy, 2) for _, busy, _ in timed],
         "raw_ms": [round(raw_before, 2), round(raw_after, 2)],
         "checks": found,
     }

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import csv
 import io
-import select
+import selectors
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
@@ -174,18 +175,19 @@ def _copy_versions(
     pending = iter(tables)
     found: dict[str, frozenset[str]] = {}
     error: psycopg.Error | None = None
-    with conn.lock:
+    with conn.lock, selectors.DefaultSelector() as selector:
+        wait = _waiter(pgconn, selector)
         pgconn.send_query(b"; ".join(table.copy_statement(conn) for table in tables))
         while pgconn.flush():
-            _wait(pgconn, write=True)
+            wait(True)
         while True:
             while pgconn.is_busy():
-                _wait(pgconn)
+                wait(False)
             result = pgconn.get_result()
             if result is None:
                 break
             if result.status == pq.ExecStatus.COPY_OUT:
-                data = _copy_data(pgconn)
+                data = _copy_data(pgconn, wait)
                 lines = csv.reader(io.StringIO(data.decode(encoding)))
                 found[next(pending).schema] = frozenset(line[0] for line in lines if line)
             elif result.status == pq.ExecStatus.FATAL_ERROR and error is None:
@@ -195,7 +197,7 @@ def _copy_versions(
     return found
 
 
-def _copy_data(pgconn: pq.abc.PGconn) -> bytes:
+def _copy_data(pgconn: pq.abc.PGconn, wait: Callable[[bool], None]) -> bytes:
     """Every row of the ``COPY ... TO STDOUT`` under way."""
     data = bytearray()
     while True:
@@ -203,17 +205,29 @@ def _copy_data(pgconn: pq.abc.PGconn) -> bytes:
         if size > 0:
             data += chunk
         elif size == 0:
-            _wait(pgconn)
+            wait(False)
         elif size == -1:
             return bytes(data)
         else:
             raise psycopg.OperationalError(pgconn.error_message.decode(errors="replace"))
 
 
-def _wait(pgconn: pq.abc.PGconn, *, write: bool = False) -> None:
-    """Until the server sent more (or, ``write``, the socket takes more), then read it in."""
-    select.select([pgconn.socket], [pgconn.socket] if write else [], [])
-    pgconn.consume_input()
+def _waiter(pgconn: pq.abc.PGconn, selector: selectors.BaseSelector) -> Callable[[bool], None]:
+    """``wait(write)``: until the server sent more (or, ``write``, the socket takes more), then
+    read in what came."""
+    selector.register(pgconn.socket, selectors.EVENT_READ)
+    events = {False: selectors.EVENT_READ, True: selectors.EVENT_READ | selectors.EVENT_WRITE}
+
+    mode = [False]
+
+    def wait(write: bool) -> None:
+        if mode[0] != write:
+            selector.modify(pgconn.socket, events[write])
+            mode[0] = write
+        selector.select()
+        pgconn.consume_input()
+
+    return wait
 
 
 def read_versions(url: str, schemas: list[str] | None) -> dict[str, frozenset[str]]:

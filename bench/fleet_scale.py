@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench import worker_process
+from bench import before, worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.fleet import RAW_UPGRADE, t005_tree, tenant_tree
@@ -56,7 +56,7 @@ AUDIT_ROWS = 100
 #: Spare t004 schemas upgraded by raw SQL before the upgrade, and as many after it.
 RAW_SCHEMAS = 100
 #: Who-is-behind repetitions (in process).
-BEHIND_RUNS = 5
+BEHIND_RUNS = 7
 
 MODEL = "f00000"
 
@@ -339,14 +339,23 @@ def raw_loop(database: BenchDatabase, schemas: list[str]) -> float:
         return (time.perf_counter() - began) * 1000 / len(schemas)
 
 
-def who_is_behind(database: BenchDatabase, tenants: int) -> list[float]:
-    samples = []
-    for _ in range(BEHIND_RUNS):
-        began = time.perf_counter()
-        report = fleet.upgrade(database.settings(), dry_run=True)
-        samples.append((time.perf_counter() - began) * 1000)
-        if len(report.behind) != tenants:
-            raise RuntimeError(f"{len(report.behind)} of {tenants} tenants behind")
+def who_is_behind(database: BenchDatabase, tenants: int) -> dict[str, list[float]]:
+    """``fleet.upgrade(dry_run=True)`` over the fleet, alternating the package's version reader
+    with the former one (:func:`bench.before.union_read_versions`), run by run."""
+    readers = {"now": fleet.read_versions, "before": before.union_read_versions}
+    assert readers["now"](database.owner_url, None) == readers["before"](database.owner_url, None)
+    samples: dict[str, list[float]] = {name: [] for name in readers}
+    try:
+        for _ in range(BEHIND_RUNS):
+            for name, reader in readers.items():
+                fleet.read_versions = reader  # type: ignore[assignment]
+                began = time.perf_counter()
+                report = fleet.upgrade(database.settings(), dry_run=True)
+                samples[name].append((time.perf_counter() - began) * 1000)
+                if len(report.behind) != tenants:
+                    raise RuntimeError(f"{len(report.behind)} of {tenants} tenants behind")
+    finally:
+        fleet.read_versions = readers["now"]  # type: ignore[assignment]
     return samples
 
 
@@ -478,8 +487,10 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         say(f"  fleet-scale: built in {built:.0f} s")
         waited = wait_for_autovacuum(database)
         with tenant_tree(tree):
-            behind = who_is_behind(database, tenants)
-            say(f"  fleet-scale: who is behind: {', '.join(f'{ms:.0f}' for ms in behind)} ms")
+            behinds = who_is_behind(database, tenants)
+            behind = behinds["now"]
+            for name, samples in behinds.items():
+                say(f"  fleet-scale: who is behind ({name}): {[round(ms) for ms in samples]} ms")
             dry_cli, _ = _cli(database, tree, "--all", "--dry-run")
             spares = [raw_name(i) for i in range(2 * RAW_SCHEMAS)]
             raw_before = raw_loop(database, spares[:RAW_SCHEMAS])
@@ -503,10 +514,20 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
     )
     results.add(
         Figure(
+            "fleet_scale_behind_before",
+            f"fleet scale: who is behind, {tenants:,} tenants, former UNION ALL reader",
+            "ms",
+            behinds["before"],
+            note="baseline (bench/before.py), alternated run by run with the next row",
+        )
+    )
+    results.add(
+        Figure(
             "fleet_scale_behind",
             f"fleet scale: who is behind, {tenants:,} tenants (in process)",
             "ms",
             behind,
+            baseline="fleet_scale_behind_before",
             note=f"goal < 1 s; `upgrade --all --dry-run` process: {dry_cli * 1000:.0f} ms",
         )
     )
@@ -565,6 +586,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         "upgrade_seconds": round(upgraded["seconds"], 1),
         "upgrade_command_seconds": round(upgraded["command_seconds"], 2),
         "who_is_behind_ms": [round(ms, 1) for ms in behind],
+        "who_is_behind_before_ms": [round(ms, 1) for ms in behinds["before"]],
         "dry_run_process_ms": round(dry_cli * 1000, 1),
         "per_block_ms": [round(ms, 2) for ms in blocks],
         "step_median_ms": [round(ms, 2) for ms in steps],

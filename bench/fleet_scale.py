@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -152,9 +153,12 @@ class CpuSampler:
     those of the run's own processes (the bench cluster's server processes, the worker and its
     children), so a block's cost can be told apart from other work on the machine."""
 
-    def __init__(self, postmaster_pid_file: Path, worker_pid: int) -> None:
+    def __init__(self, postmaster_pid_file: Path, worker_pid: int, admin_url: str) -> None:
         self.roots = [int(postmaster_pid_file.read_text().split()[0]), worker_pid]
         self.samples: list[tuple[float, int, int]] = []  # (time.time(), machine busy, ours)
+        #: (time.time(), what the autovacuum workers were doing), at each sample
+        self.autovacuum: list[tuple[float, list[str]]] = []
+        self.admin_url = admin_url
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.tick = os.sysconf("SC_CLK_TCK")
@@ -168,9 +172,24 @@ class CpuSampler:
         self._thread.join()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.time(), _machine_busy(), self._ours()))
-            self._stop.wait(0.5)
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            while not self._stop.is_set():
+                self.samples.append((time.time(), _machine_busy(), self._ours()))
+                rows = conn.execute(
+                    "SELECT query FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+                ).fetchall()
+                self.autovacuum.append((time.time(), [str(row[0]) for row in rows]))
+                self._stop.wait(0.5)
+
+    def vacuumed(self, start: float, end: float) -> list[str]:
+        """What autovacuum was seen working on between two epoch times, by how often."""
+        seen = Counter(
+            query.removeprefix("autovacuum: ")
+            for at, queries in self.autovacuum
+            if start <= at <= end
+            for query in queries
+        )
+        return [f"{query} x{count}" for query, count in seen.most_common(3)]
 
     def _ours(self) -> int:
         children: dict[int, list[int]] = {}
@@ -387,7 +406,7 @@ def upgrade_fleet(
     try:
         if not worker_process.wait_for(lambda: '"idle"' in worker.log(), 60, step=0.05):
             raise RuntimeError(f"worker never idle: {worker.log()[-2000:]}")
-        sampler = CpuSampler(pid_file, worker.process.pid).__enter__()
+        sampler = CpuSampler(pid_file, worker.process.pid, database.admin_url).__enter__()
         began = time.perf_counter()
         command, out = _cli(database, tree, "--all")
         say(f"  fleet-scale: upgrade --all returned in {command:.1f} s: {out.strip()[:200]}")
@@ -419,7 +438,7 @@ def upgrade_fleet(
 
 def per_block(
     database: BenchDatabase, block: int, sampler: CpuSampler
-) -> list[tuple[float, float, float]]:
+) -> list[tuple[float, float, float, list[str]]]:
     """For each block of ``block`` finished upgrade jobs: per-tenant ms (from the previous
     block's last finish, the first block from its own first, to the block's last finish), the
     machine's busy cores and the run's own CPU ms per tenant over that span."""
@@ -435,6 +454,7 @@ def per_block(
                 (finished[end - 1] - start).total_seconds() * 1000 / intervals,
                 busy,
                 ours * 1000 / intervals,
+                sampler.vacuumed(start.timestamp(), finished[end - 1].timestamp()),
             )
         )
     return out
@@ -499,7 +519,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
             say(f"  fleet-scale: upgraded {tenants} tenants in {upgraded['seconds']:.0f} s")
             raw_after = raw_loop(database, spares[RAW_SCHEMAS:])
             timed = per_block(database, block, sampler)
-            blocks = [ms for ms, _, _ in timed]
+            blocks = [ms for ms, _, _, _ in timed]
             steps = step_medians(database, block)
             found = check_exactly_once(database, tenants)
     raw_ms = statistics.mean([raw_before, raw_after])
@@ -561,16 +581,17 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         f"{'block':>12} {'ms/tenant':>10} {'x first':>8} {'x raw':>7} {'step p50':>9} "
         f"{'CPU ms':>7} {'busy':>5}"
     ]
-    for k, ((ms, busy, cpu), step) in enumerate(zip(timed, steps, strict=False)):
+    for k, ((ms, busy, cpu, vacuumed), step) in enumerate(zip(timed, steps, strict=False)):
         lines.append(
             f"{k * block + 1:>5,}-{(k + 1) * block:<6,} {ms:>10.2f} {ms / blocks[0]:>7.2f}x "
-            f"{ms / raw_ms:>6.2f}x {step:>9.2f} {cpu:>7.2f} {busy:>5.2f}"
+            f"{ms / raw_ms:>6.2f}x {step:>9.2f} {cpu:>7.2f} {busy:>5.2f}  {'; '.join(vacuumed)}"
         )
     lines.append(
         "(ms/tenant: wall time per job between block boundaries, from the job rows' finished_at; "
         "step p50: the median migration step of the block, from the step journal; CPU ms: the "
         "run's own CPU per tenant (server processes, worker and children); busy: the machine's "
-        "busy cores over the block, of 2)"
+        "busy cores over the block, of 2; then what autovacuum was seen working on, sampled "
+        "twice a second)"
     )
     results.notes["fleet scale by block"] = "\n".join(lines)
     results.notes["fleet scale"] = (
@@ -590,8 +611,9 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         "dry_run_process_ms": round(dry_cli * 1000, 1),
         "per_block_ms": [round(ms, 2) for ms in blocks],
         "step_median_ms": [round(ms, 2) for ms in steps],
-        "cpu_ms_per_tenant": [round(cpu, 2) for _, _, cpu in timed],
-        "busy_cores": [round(busy, 2) for _, busy, _ in timed],
+        "cpu_ms_per_tenant": [round(cpu, 2) for _, _, cpu, _ in timed],
+        "busy_cores": [round(busy, 2) for _, busy, _, _ in timed],
+        "autovacuum": [vacuumed for _, _, _, vacuumed in timed],
         "raw_ms": [round(raw_before, 2), round(raw_after, 2)],
         "checks": found,
     }

@@ -10,7 +10,7 @@ HAVE_PG := $(shell ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | head -n 1; 
 RUN_TARGET := $(if $(strip $(HAVE_PG)),.,.[embedded])
 AZURITE := tests/azurite/node_modules/.bin/azurite-blob
 
-.PHONY: install demo demo-stop test lint bench bench-scale clean
+.PHONY: install demo demo-stop test lint bench bench-scale bench-fleet-scale clean
 
 install: $(STAMP)
 
@@ -52,6 +52,10 @@ bench: $(STAMP)
 
 bench-scale: $(STAMP)
 	$(BIN)/python -m bench --scale
+
+bench-fleet-scale: $(STAMP)
+	$(BIN)/python -m bench --only fleet-scale --fleet-scale-tenants 10000 \
+		--output bench/results/latest-fleet-scale.json
 
 clean:
 	-$(BIN)/provisioner local stop

@@ -1,9 +1,11 @@
 """Fleet upgrades: find the tenants behind the tenant template's head and queue them.
 
 "Who is behind" is two kinds of query, whatever the fleet's size: one catalog lookup for the
-schemas that have a version table, then their versions read by ``UNION ALL`` queries of
-:data:`VERSION_CHUNK` schemas each. Each chunk runs in its own (autocommit) transaction, so
-10,000 tenants never hold 10,000 table locks at once (the lock table would run out).
+schemas that have a version table, then their versions read by strings of ``COPY ... TO
+STDOUT`` statements, :data:`VERSION_CHUNK` tables each, over :data:`VERSION_SESSIONS` sessions.
+Each string runs as one implicit transaction, so 10,000 tenants never hold 10,000 table locks
+at once (the lock table would run out). Every answer is read from the schema's own
+``alembic_version`` table, never from a cache a hand-run Alembic could leave stale.
 
 A worker then re-runs ``run_tenant_migrations`` alone for each queued tenant, replaying the new
 revisions' DDL when :mod:`provisioner.upgrade_replay` can verify it, else through Alembic.
@@ -12,14 +14,19 @@ Tenants whose lifecycle state is suspended, archived or deleted are left alone a
 
 from __future__ import annotations
 
+import csv
+import io
+import selectors
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
+from psycopg.errors import error_from_result
 from psycopg.rows import tuple_row
 
 from provisioner import db, migrations, queue, rollout, tenants
@@ -27,31 +34,38 @@ from provisioner.errors import InvalidInput, UnknownTenant, WrongState
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
 
-#: Schemas per ``UNION ALL`` version query (and so table locks per transaction). Planning a
-#: ``UNION ALL`` grows faster than its branches (measured over 10,000 schemas, one session:
-#: ~1.9 s in chunks of 100, ~2.5 s of 500, ~9-12 s of 2,000).
-VERSION_CHUNK = 100
+#: Version tables per string of ``COPY`` statements (one round trip, one implicit transaction,
+#: so as many table locks). ``COPY table TO STDOUT`` is not planned: a ``UNION ALL`` of the same
+#: tables also opened each one's index and sized its files for the planner, and planning grew
+#: faster than its branches (10,000 real tenants, two sessions, same minute: ``UNION ALL`` in
+#: chunks of 100 0.56 s; ``COPY`` in strings of 100 0.40 s, of 500 0.33 s, of 1,000 0.32 s).
+VERSION_CHUNK = 500
 
-#: Sessions reading versions at once for a large fleet: each table a query names costs the
-#: server a lock and a relation open, so two backends halve the time on a 2-core machine
-#: (measured: 10,000 schemas in ~2.4 s with one session, ~0.95 s with two, ~1.4 s with four).
+#: Sessions reading versions at once for a large fleet: each table costs the server a lock and
+#: a relation open in a cold session, so two backends nearly halve the time on a 2-core machine
+#: (``COPY`` strings of 500 over 10,000 tenants: 0.44 s with one session, 0.33 s with two; the
+#: former ``UNION ALL``: 0.56 s with two, 0.81 s with three).
 VERSION_SESSIONS = 2
 
 #: A tenant stuck behind a long migration's lock fails the command rather than hang it.
 UPGRADE_OPTIONS = {"lock_timeout": "5s"}
 
-# The schemas (of those named) that hold a version table: one catalog lookup by relname.
+# The schemas (of those named) that hold a version table: one catalog lookup by relname. A
+# session reading a share of them (``oid % shares = share``) finds its own share.
 VERSIONED_SCHEMAS = """
-SELECT n.nspname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT n.nspname, c.oid, c.relkind = 'p' FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p') AND n.nspname = ANY(%(schemas)s)
+   AND c.oid::int8 %% %(shares)s = %(share)s
 """
 
 # Every tenant schema that holds a version table (a fleet-wide upgrade reads them all while
 # it reads the jobs; spares are named pool_*). The pattern's "_" is escaped: a literal one.
 VERSIONED_TENANT_SCHEMAS = r"""
-SELECT n.nspname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT n.nspname, c.oid, c.relkind = 'p' FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p')
-   AND n.nspname LIKE 'tenant\_%'
+   AND n.nspname LIKE 'tenant\_%%' AND c.oid::int8 %% %(shares)s = %(share)s
 """
 
 # Tenants an upgrade leaves alone, by lifecycle state.
@@ -66,6 +80,16 @@ class VersionTable:
 
     schema: str
     oid: int
+    #: a partitioned table (``COPY`` reads it through a query, as it cannot name it)
+    partitioned: bool = False
+
+    def copy_statement(self, conn: psycopg.Connection[Any]) -> bytes:
+        """``COPY ... TO STDOUT`` of its versions, one CSV line each."""
+        table = sql.Identifier(self.schema, "alembic_version").as_bytes(conn)
+        source = b"(SELECT version_num FROM " + table + b")" if self.partitioned else table
+        if not self.partitioned:
+            source += b" (version_num)"
+        return b"COPY " + source + b" TO STDOUT (FORMAT csv)"
 
 
 @dataclass(frozen=True)
@@ -116,59 +140,115 @@ def schema_versions(
     return {s: found.get(s) for s in schemas}
 
 
-def _versioned(conn: psycopg.Connection[Any], schemas: list[str] | None) -> list[VersionTable]:
-    """Of ``schemas`` (None: every tenant schema), those that hold a version table, by name."""
+def _versioned(
+    conn: psycopg.Connection[Any], schemas: list[str] | None, share: int = 0, shares: int = 1
+) -> list[VersionTable]:
+    """Of ``schemas`` (None: every tenant schema), those that hold a version table, by name;
+    of those, the ``share``-th of ``shares`` (by oid)."""
+    params = {"schemas": schemas, "share": share, "shares": shares}
     with conn.cursor(row_factory=tuple_row) as cur:
-        if schemas is None:
-            cur.execute(VERSIONED_TENANT_SCHEMAS)
-        else:
-            cur.execute(VERSIONED_SCHEMAS, {"schemas": schemas})
-        return sorted(VersionTable(row[0], int(row[1])) for row in cur.fetchall())
+        cur.execute(VERSIONED_TENANT_SCHEMAS if schemas is None else VERSIONED_SCHEMAS, params)
+        return sorted(VersionTable(row[0], int(row[1]), bool(row[2])) for row in cur.fetchall())
 
 
 def _read_chunks(
     conn: psycopg.Connection[Any], tables: list[VersionTable]
 ) -> dict[str, frozenset[str]]:
-    found: dict[str, set[str]] = {table.schema: set() for table in tables}
-    schema_of = {table.oid: table.schema for table in tables}
+    found: dict[str, frozenset[str]] = {}
     for start in range(0, len(tables), VERSION_CHUNK):
-        chunk = tables[start : start + VERSION_CHUNK]
-        # Each row names its table by oid (no literal per schema), and the statement is joined
-        # from escaped identifiers as bytes: composing 10,000 sql.Composed objects cost more
-        # Python time than the server spends reading them.
-        query = b" UNION ALL ".join(
-            b"SELECT tableoid::int8, version_num::text FROM "
-            + sql.Identifier(table.schema, "alembic_version").as_bytes(conn)
-            for table in chunk
-        )
-        with conn.cursor(row_factory=tuple_row) as cur:
-            cur.execute(query)
-            for oid, version in cur.fetchall():
-                found[schema_of[oid]].add(version)
-    return {schema: frozenset(versions) for schema, versions in found.items()}
+        found.update(_copy_versions(conn, tables[start : start + VERSION_CHUNK]))
+    return found
+
+
+def _copy_versions(
+    conn: psycopg.Connection[Any], tables: list[VersionTable]
+) -> dict[str, frozenset[str]]:
+    """The versions of ``tables``: one string of ``COPY`` statements (joined from escaped
+    identifiers as bytes), its results read in order, one per table.
+
+    psycopg's ``cursor.copy()`` takes one statement per round trip, so this drives the
+    session's libpq connection (:mod:`psycopg.pq`) itself, without blocking in libpq (the
+    other sessions' threads keep running). The first error is raised once the string has
+    ended (the server skips the rest of it), leaving the session idle."""
+    pgconn = conn.pgconn
+    encoding = conn.info.encoding
+    pending = iter(tables)
+    found: dict[str, frozenset[str]] = {}
+    error: psycopg.Error | None = None
+    with conn.lock, selectors.DefaultSelector() as selector:
+        wait = _waiter(pgconn, selector)
+        pgconn.send_query(b"; ".join(table.copy_statement(conn) for table in tables))
+        while pgconn.flush():
+            wait(True)
+        while True:
+            while pgconn.is_busy():
+                wait(False)
+            result = pgconn.get_result()
+            if result is None:
+                break
+            if result.status == pq.ExecStatus.COPY_OUT:
+                data = _copy_data(pgconn, wait)
+                lines = csv.reader(io.StringIO(data.decode(encoding)))
+                found[next(pending).schema] = frozenset(line[0] for line in lines if line)
+            elif result.status == pq.ExecStatus.FATAL_ERROR and error is None:
+                error = error_from_result(result, encoding=encoding)
+    if error is not None:
+        raise error
+    return found
+
+
+def _copy_data(pgconn: pq.abc.PGconn, wait: Callable[[bool], None]) -> bytes:
+    """Every row of the ``COPY ... TO STDOUT`` under way."""
+    data = bytearray()
+    while True:
+        size, chunk = pgconn.get_copy_data(1)
+        if size > 0:
+            data += chunk
+        elif size == 0:
+            wait(False)
+        elif size == -1:
+            return bytes(data)
+        else:
+            raise psycopg.OperationalError(pgconn.error_message.decode(errors="replace"))
+
+
+def _waiter(pgconn: pq.abc.PGconn, selector: selectors.BaseSelector) -> Callable[[bool], None]:
+    """``wait(write)``: until the server sent more (or, ``write``, the socket takes more), then
+    read in what came."""
+    selector.register(pgconn.socket, selectors.EVENT_READ)
+    events = {False: selectors.EVENT_READ, True: selectors.EVENT_READ | selectors.EVENT_WRITE}
+
+    mode = [False]
+
+    def wait(write: bool) -> None:
+        if mode[0] != write:
+            selector.modify(pgconn.socket, events[write])
+            mode[0] = write
+        selector.select()
+        pgconn.consume_input()
+
+    return wait
 
 
 def read_versions(url: str, schemas: list[str] | None) -> dict[str, frozenset[str]]:
     """The recorded revisions of each of ``schemas`` (None: every tenant schema) that has a
-    version table (the others are absent), over :data:`VERSION_SESSIONS` sessions at once
-    when there is more than one chunk to read."""
-    first = db.connect(url, application_name="upgrade", autocommit=True)
-    with closing(first) as conn, db.translated():
-        versioned = _versioned(conn, schemas)
-        if len(versioned) <= VERSION_CHUNK:
-            return _read_chunks(conn, versioned)
+    version table (the others are absent).
 
-    def part(share: list[VersionTable]) -> dict[str, frozenset[str]]:
+    A fleet-wide read (or one of more than :data:`VERSION_CHUNK` schemas) runs over
+    :data:`VERSION_SESSIONS` sessions at once, each finding and reading its own share: the
+    sessions connect, look up and read side by side, with nothing serial before them."""
+    shares = 1 if schemas is not None and len(schemas) <= VERSION_CHUNK else VERSION_SESSIONS
+
+    def part(share: int) -> dict[str, frozenset[str]]:
         conn = db.connect(url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS)
         with closing(conn), db.translated():
-            return _read_chunks(conn, share)
+            return _read_chunks(conn, _versioned(conn, schemas, share, shares))
 
-    # Contiguous shares: each session reads whole chunks of neighbouring names.
-    size = -(-len(versioned) // VERSION_SESSIONS)
-    shares = [versioned[i : i + size] for i in range(0, len(versioned), size)]
+    if shares == 1:
+        return part(0)
     found: dict[str, frozenset[str]] = {}
-    with ThreadPoolExecutor(VERSION_SESSIONS) as pool:
-        for result in pool.map(part, shares):
+    with ThreadPoolExecutor(shares) as pool:
+        for result in pool.map(part, range(shares)):
             found.update(result)
     return found
 

@@ -4,11 +4,14 @@ real worker brings them to head by re-running the migration step alone."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+from psycopg import sql
 
-from provisioner import migrations, queue, service
+from provisioner import db, migrations, queue, service
+from provisioner import fleet as fleet_upgrades
+from provisioner.db import DatabaseError
 from provisioner.errors import InvalidInput, UnknownTenant
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
@@ -149,3 +152,77 @@ def test_cli_upgrade(settings: Settings, database: Database, fleet: list[str]) -
     assert "1 provisioned tenant(s) checked, 0 behind" in again.stdout
     assert "2 tenant(s) not checked, their job has not succeeded" in again.stdout
     assert "older (queued), oldest (queued)" in again.stdout
+
+
+# Version tables of every shape "who is behind" must read: one row, two rows (two heads), a
+# version with CSV's special characters, a partitioned table; a schema without one.
+VERSION_TABLES = {
+    "tenant_vr_one": (
+        "CREATE TABLE {s}.alembic_version (version_num VARCHAR(32) PRIMARY KEY)",
+        ["t004"],
+    ),
+    "tenant_vr_two": (
+        "CREATE TABLE {s}.alembic_version (version_num VARCHAR(32) PRIMARY KEY)",
+        ["t004a", "t004b"],
+    ),
+    "tenant_vr_odd": (
+        "CREATE TABLE {s}.alembic_version (version_num VARCHAR(32) PRIMARY KEY)",
+        ['x,"y\\z', " t 9 "],
+    ),
+    "tenant_vr_parted": (
+        "CREATE TABLE {s}.alembic_version (version_num VARCHAR(32) NOT NULL) "
+        "PARTITION BY LIST (version_num); CREATE TABLE {s}.versions_t003 "
+        "PARTITION OF {s}.alembic_version FOR VALUES IN ('t003')",
+        ["t003"],
+    ),
+    "tenant_vr_empty": ("CREATE TABLE {s}.alembic_version (version_num VARCHAR(32))", []),
+    "tenant_vr_none": ("CREATE TABLE {s}.other (id int)", None),
+}
+
+
+@pytest.fixture
+def version_tables(database: Database) -> Iterator[dict[str, frozenset[str] | None]]:
+    with database.owner() as conn:
+        for schema, (ddl, versions) in VERSION_TABLES.items():
+            name = sql.Identifier(schema)
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(name))
+            conn.execute(sql.SQL(ddl).format(s=name))  # type: ignore[arg-type]
+            for version in versions or []:
+                conn.execute(
+                    sql.SQL("INSERT INTO {}.alembic_version VALUES (%s)").format(name), [version]
+                )
+    expected = {s: None if v is None else frozenset(v) for s, (_, v) in VERSION_TABLES.items()}
+    yield expected
+    with database.owner() as conn:
+        for schema in VERSION_TABLES:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def test_versions_are_read_from_every_kind_of_version_table_over_several_sessions(
+    database: Database,
+    version_tables: dict[str, frozenset[str] | None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fleet_upgrades, "VERSION_CHUNK", 2)  # several strings, two sessions
+    schemas = [*version_tables, "tenant_vr_missing"]
+    expected = {**version_tables, "tenant_vr_missing": None}
+    with db.connect(database.owner_url, autocommit=True) as conn:
+        assert fleet_upgrades.schema_versions(conn, schemas) == expected
+    present = {s: v for s, v in expected.items() if v is not None}
+    assert fleet_upgrades.read_versions(database.owner_url, schemas) == present
+    everything = fleet_upgrades.read_versions(database.owner_url, None)
+    assert {s: v for s, v in everything.items() if s in expected} == present
+
+
+def test_an_unreadable_version_table_fails_the_read_and_leaves_the_session_usable(
+    database: Database, version_tables: dict[str, frozenset[str] | None]
+) -> None:
+    with database.owner() as conn:
+        conn.execute("REVOKE SELECT ON tenant_vr_two.alembic_version FROM CURRENT_USER")
+    with db.connect(database.owner_url, autocommit=True) as conn:
+        with pytest.raises(DatabaseError, match="permission denied"), db.translated():
+            fleet_upgrades.schema_versions(conn, list(version_tables))
+        assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+        assert fleet_upgrades.schema_versions(conn, ["tenant_vr_one"]) == {
+            "tenant_vr_one": frozenset({"t004"})
+        }

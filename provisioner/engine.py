@@ -32,6 +32,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from provisioner import db, kinds, migrations, queue, tenants, upgrade_replay
 from provisioner.errors import (
@@ -404,8 +405,16 @@ class Engine:
         claim_sent = False
         try:
             with self._db.transaction() as tx:
-                self._lock_tenant(tx, ctx.tenant, durable=final)
-                run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
+                # The journal's start row goes out on its own session while the step's session
+                # takes the tenant's lock: two round trips at once, not one after the other.
+                # Both are done (the row committed) before the step's work begins, so a step
+                # killed mid-work still leaves its run for recovery to mark abandoned.
+                with journal.pipeline(), journal.cursor(row_factory=tuple_row) as start_row:
+                    queue.send_step_run_start(start_row, lease, ctx.tenant.value, step.name)
+                    try:
+                        self._lock_tenant(tx, ctx.tenant, durable=final)
+                    finally:
+                        run_id = queue.step_run_id(start_row)
                 on_progress(StepEvent(job, step.name, "started"))
                 detail = step.run(tx, ctx)
                 if repairing:

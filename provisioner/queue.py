@@ -19,7 +19,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from provisioner.errors import InvalidInput, KeyConflict, LeaseLost, UnknownJob
@@ -465,8 +465,11 @@ def enqueue(
     }
     row = _one(conn, ENQUEUE, params)
     if row is not None:
-        _start_run(conn, job := Job.from_row(row), started_by)
-        _notify(conn, job_type)
+        # The run's row and the wake-up in one round trip (pipeline mode): a sign-up waits
+        # for its enqueue, and each round trip of it is latency the user sees.
+        with conn.pipeline():
+            _start_run(conn, job := Job.from_row(row), started_by)
+            _notify(conn, job_type)
         return Enqueued(job, created=True)
     existing = _one(conn, BY_IDEMPOTENCY_KEY, {"key": idempotency_key})
     assert existing is not None, "ON CONFLICT fired, so the key exists"
@@ -542,17 +545,23 @@ def ensure_tenant_job(
     retry_terminal: bool = False,
     started_by: str = "enqueue",
 ) -> Enqueued:
-    """The tenant's control row and its job of ``job_type`` under the key, created if missing."""
-    with conn.cursor() as cur:
-        cur.execute(ENSURE_TENANT, {"tenant_id": tenant.value, "schema": tenant.schema})
-    return enqueue(
-        conn,
-        job_type,
-        tenant_id=tenant.value,
-        idempotency_key=idempotency_key,
-        retry_terminal=retry_terminal,
-        started_by=started_by,
-    )
+    """The tenant's control row and its job of ``job_type`` under the key, created if missing.
+
+    Pipelined: the tenant's row goes out with the job's insert (one round trip), and the run's
+    row with the wake-up (one more), so an enqueue costs two round trips, not four. An error
+    (a refused row, a key held by another job) is raised as it would be one statement at a time.
+    """
+    with conn.pipeline():
+        with conn.cursor() as cur:
+            cur.execute(ENSURE_TENANT, {"tenant_id": tenant.value, "schema": tenant.schema})
+        return enqueue(
+            conn,
+            job_type,
+            tenant_id=tenant.value,
+            idempotency_key=idempotency_key,
+            retry_terminal=retry_terminal,
+            started_by=started_by,
+        )
 
 
 def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) -> Job | None:
@@ -824,8 +833,17 @@ def list_jobs(conn: Conn, *, status: str | None = None, limit: int = 50) -> list
 
 
 def start_step_run(conn: Conn, lease: Lease, tenant_id: str | None, step: str) -> int:
-    row = _one(
-        conn,
+    with conn.cursor(row_factory=tuple_row) as cur:
+        send_step_run_start(cur, lease, tenant_id, step)
+        return step_run_id(cur)
+
+
+def send_step_run_start(
+    cur: psycopg.Cursor[Any], lease: Lease, tenant_id: str | None, step: str
+) -> None:
+    """Send a step run's start row; in pipeline mode the caller may do other work (on another
+    session) before reading its id with :func:`step_run_id`."""
+    cur.execute(
         STEP_RUN_START,
         {
             "job_id": lease.job_id,
@@ -836,8 +854,13 @@ def start_step_run(conn: Conn, lease: Lease, tenant_id: str | None, step: str) -
             "worker": lease.locked_by,
         },
     )
+
+
+def step_run_id(cur: psycopg.Cursor[Any]) -> int:
+    """The id of the step run :func:`send_step_run_start` sent on ``cur``."""
+    row = cur.fetchone()
     assert row is not None
-    return int(row["id"])
+    return int(row[0])
 
 
 def finish_step_run(conn: Conn, run_id: int, outcome: str, detail: str | None = None) -> None:

@@ -148,6 +148,9 @@ SELECT count(*) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
 """
 
 
+CHECKPOINTS = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+
+
 class CpuSampler:
     """CPU time sampled twice a second while the upgrade runs: the machine's busy jiffies and
     those of the run's own processes (the bench cluster's server processes, the worker and its
@@ -159,6 +162,7 @@ class CpuSampler:
         #: (time.time(), what the autovacuum workers were doing), at each sample
         self.autovacuum: list[tuple[float, list[str]]] = []
         self.admin_url = admin_url
+        self._checkpoints: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.tick = os.sysconf("SC_CLK_TCK")
@@ -178,7 +182,14 @@ class CpuSampler:
                 rows = conn.execute(
                     "SELECT query FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
                 ).fetchall()
-                self.autovacuum.append((time.time(), [str(row[0]) for row in rows]))
+                seen = [str(row[0]) for row in rows]
+                # A checkpoint makes the next change of every page write it whole to the WAL.
+                row = conn.execute(CHECKPOINTS).fetchone()
+                checkpoints = int(row[0]) if row else 0
+                if self._checkpoints is not None and checkpoints > self._checkpoints:
+                    seen.append("a checkpoint began")
+                self._checkpoints = checkpoints
+                self.autovacuum.append((time.time(), seen))
                 self._stop.wait(0.5)
 
     def vacuumed(self, start: float, end: float) -> list[str]:
@@ -590,8 +601,8 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         "(ms/tenant: wall time per job between block boundaries, from the job rows' finished_at; "
         "step p50: the median migration step of the block, from the step journal; CPU ms: the "
         "run's own CPU per tenant (server processes, worker and children); busy: the machine's "
-        "busy cores over the block, of 2; then what autovacuum was seen working on, sampled "
-        "twice a second)"
+        "busy cores over the block, of 2; then what autovacuum was seen working on and the "
+        "checkpoints that began, sampled twice a second)"
     )
     results.notes["fleet scale by block"] = "\n".join(lines)
     results.notes["fleet scale"] = (

@@ -739,6 +739,40 @@ def deprovision(
 SECONDS = click.FloatRange(min=0, min_open=True)
 
 
+def component_options(*, component_help: str, job_types_help: str) -> Callable[[F], F]:
+    """``--component`` and ``--job-types``: which heartbeat component (and the job types it
+    advertises) a command is about; the worker and ``health`` take the same two options."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--job-types",
+            envvar="PROVISIONER_WORKER_JOB_TYPES",
+            show_envvar=True,
+            default=",".join(DEFAULT_JOB_TYPES),
+            help=job_types_help,
+        )(command)
+        return click.option(
+            "--component",
+            envvar="PROVISIONER_WORKER_COMPONENT",
+            show_envvar=True,
+            default=DEFAULT_COMPONENT,
+            help=component_help,
+        )(command)
+
+    return decorate
+
+
+def for_component(base: Settings, component: str | None, job_types: str | None) -> Settings:
+    """``base`` with the component and job types the options named (else as configured)."""
+    return replace(
+        base,
+        worker_component=component or base.worker_component,
+        worker_job_types=(
+            parse_job_types(job_types) if job_types is not None else base.worker_job_types
+        ),
+    )
+
+
 @main.command()
 @click.option("--once", is_flag=True, help="Drain every claimable job, then exit 0.")
 @click.option(
@@ -787,19 +821,9 @@ SECONDS = click.FloatRange(min=0, min_open=True)
     default=Settings.drain_timeout_seconds,
     help="On SIGTERM/SIGINT, seconds the running step gets to finish.",
 )
-@click.option(
-    "--component",
-    envvar="PROVISIONER_WORKER_COMPONENT",
-    show_envvar=True,
-    default=DEFAULT_COMPONENT,
-    help="Heartbeat component name.",
-)
-@click.option(
-    "--job-types",
-    envvar="PROVISIONER_WORKER_JOB_TYPES",
-    show_envvar=True,
-    default=",".join(DEFAULT_JOB_TYPES),
-    help="Comma-separated job types to claim.",
+@component_options(
+    component_help="Heartbeat component name.",
+    job_types_help="Comma-separated job types to claim.",
 )
 @click.option(
     "--allow-superuser",
@@ -832,30 +856,17 @@ def worker(
         job_stale_after_seconds=stale_after or base.job_stale_after_seconds,
         heartbeat_seconds=heartbeat or base.heartbeat_seconds,
         drain_timeout_seconds=drain_timeout or base.drain_timeout_seconds,
-        worker_component=component or base.worker_component,
-        worker_job_types=(
-            parse_job_types(job_types) if job_types is not None else base.worker_job_types
-        ),
     )
+    settings = for_component(settings, component, job_types)
     options = WorkerOptions(once=once, concurrency=concurrency, allow_superuser=allow_superuser)
     sys.exit(run_worker(settings, options, logs.configure(log_format)))
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print what was seen as JSON.")
-@click.option(
-    "--component",
-    envvar="PROVISIONER_WORKER_COMPONENT",
-    show_envvar=True,
-    default=DEFAULT_COMPONENT,
-    help="Component to check.",
-)
-@click.option(
-    "--job-types",
-    envvar="PROVISIONER_WORKER_JOB_TYPES",
-    show_envvar=True,
-    default=",".join(DEFAULT_JOB_TYPES),
-    help="Comma-separated job types the component must advertise.",
+@component_options(
+    component_help="Component to check.",
+    job_types_help="Comma-separated job types the component must advertise.",
 )
 @click.option("--check-storage", is_flag=True, help="Also check the object store from here.")
 @click.pass_context
@@ -868,14 +879,7 @@ def health(
     check_storage: bool,
 ) -> None:
     """Ready (exit 0) when the worker's heartbeat is fresh and advertises its job types."""
-    base = settings_of(ctx)
-    settings = replace(
-        base,
-        worker_component=component or base.worker_component,
-        worker_job_types=(
-            parse_job_types(job_types) if job_types is not None else base.worker_job_types
-        ),
-    )
+    settings = for_component(settings_of(ctx), component, job_types)
     report = service.health(settings)
     view = report.view()
     ready = report.ready

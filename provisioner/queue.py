@@ -148,21 +148,6 @@ CLAIMABLE = """
 """
 
 CLAIM_NEXT = f"""
-WITH next AS ({CLAIMABLE})
-UPDATE control.platform_jobs AS j
-   SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
-       locked_by = %(worker)s, updated_at = now()
-  FROM next
- WHERE j.id = next.id
-RETURNING j.*
-"""
-
-# The step engine's claim (a worker's engine process): the same claim, and the claimed
-# tenant's lifecycle state with it, which the engine checks before the first step (one round
-# trip fewer). It may run at the end of a long step's transaction (the claim of the next job
-# rides on the last step's commit), so the lease starts at the statement's clock, not the
-# transaction's.
-CLAIM_NEXT_WITH_STATE = f"""
 WITH next AS ({CLAIMABLE}), claimed AS (
     UPDATE control.platform_jobs AS j
        SET status = 'running', attempts = j.attempts + 1, locked_at = clock_timestamp(),
@@ -566,9 +551,9 @@ def ensure_tenant_job(
 
 def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) -> Job | None:
     """Claim the oldest ready job of ``job_types`` for ``worker`` and commit the claim."""
-    row = _one(conn, CLAIM_NEXT, _claim_params(job_types, worker))
+    claimed = claim_next_with_state(conn, job_types, worker)
     conn.commit()
-    return Job.from_row(row) if row else None
+    return claimed.job if claimed else None
 
 
 @dataclass(frozen=True)
@@ -594,7 +579,7 @@ def claim_next_with_state(conn: Conn, job_types: Sequence[str], worker: str) -> 
     """The step engine's claim: the oldest ready job of ``job_types`` for ``worker``, with its
     tenant's state. On an autocommit session the statement commits itself; in a transaction it
     commits with it."""
-    return _as_claim(_one(conn, CLAIM_NEXT_WITH_STATE, _claim_params(job_types, worker)))
+    return _as_claim(_one(conn, CLAIM_NEXT, _claim_params(job_types, worker)))
 
 
 def claim_job(conn: Conn, job_id: UUID, worker: str) -> Job | None:
@@ -626,10 +611,14 @@ def _lease_lost(lease: Lease) -> str:
     )
 
 
-def record_step(conn: Conn, lease: Lease, done: list[str], progress: int) -> Job:
-    """Record the finished steps (the caller orders them) and the progress they make."""
+def _check_progress(progress: int) -> None:
     if not 0 <= progress <= 100:
         raise InvalidInput(f"progress must be between 0 and 100, got {progress}")
+
+
+def record_step(conn: Conn, lease: Lease, done: list[str], progress: int) -> Job:
+    """Record the finished steps (the caller orders them) and the progress they make."""
+    _check_progress(progress)
     return _fenced(conn, RECORD_STEP, lease, steps=Jsonb(list(done)), progress=progress)
 
 
@@ -652,23 +641,15 @@ def close_step(
     Raises :class:`LeaseLost` when the fence matched nothing: the caller's transaction then
     rolls back, the step's work, its journal close and the claim with it.
     """
-    if not 0 <= progress <= 100:
-        raise InvalidInput(f"progress must be between 0 and 100, got {progress}")
+    _check_progress(progress)
     fence = {"id": lease.job_id, "worker": lease.locked_by, "attempts": lease.attempts}
-    bounded = bounded_error(detail) if detail else None
-    with (
-        conn.cursor() as journal,
-        conn.cursor(row_factory=dict_row) as record,
-        conn.cursor(row_factory=dict_row) as claim,
-    ):
+    with conn.cursor(row_factory=dict_row) as record, conn.cursor(row_factory=dict_row) as claim:
         with conn.pipeline():
-            journal.execute(
-                STEP_RUN_FINISH, {"id": run_id, "outcome": "succeeded", "detail": bounded}
-            )
+            finish_step_run(conn, run_id, "succeeded", detail)
             statement = RECORD_LAST_STEP if last else RECORD_STEP
             record.execute(statement, {**fence, "steps": Jsonb(list(done)), "progress": progress})
             if claim_next:
-                claim.execute(CLAIM_NEXT_WITH_STATE, _claim_params(claim_next, lease.locked_by))
+                claim.execute(CLAIM_NEXT, _claim_params(claim_next, lease.locked_by))
         row = record.fetchone()
         if row is None:
             raise LeaseLost(_lease_lost(lease))

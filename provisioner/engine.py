@@ -103,6 +103,19 @@ def idle_timeout_ms(stale_after_seconds: float) -> int:
     return int(min(60.0, max(10.0, stale_after_seconds / 2)) * 1000)
 
 
+# A step's transaction starts by taking its tenant's lock.
+LOCK_DURABLE = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+# A step that is not the job's last also commits without waiting for its WAL flush. Safe: WAL
+# is replayed in order, so a server crash can lose only a tail of such commits, each one
+# atomically (the step's work together with its checkpoint): the job then resumes from an
+# earlier, consistent checkpoint (its claim is asynchronous too). The job's last step, which
+# completes it and is what a caller is told, commits durably, and that flush makes every
+# earlier step of the job durable with it.
+LOCK_ASYNC_COMMIT = (
+    "SELECT pg_advisory_xact_lock(%s, hashtext(%s)), set_config('synchronous_commit', 'off', true)"
+)
+
+
 class Engine:
     """Runs jobs of every kind in its registry for one lease holder (a CLI process or a worker
     child); the steps of a job are its kind's (:mod:`provisioner.kinds`)."""
@@ -455,21 +468,11 @@ class Engine:
         return job
 
     def _lock_tenant(self, tx: db.Transaction, tenant: TenantId, *, durable: bool) -> None:
-        # Pipeline mode: the transaction's BEGIN, the lock (and the commit mode) in one round
-        # trip.
-        with tx.pg.pipeline(), tx.pg.cursor() as cur:
-            cur.execute(
-                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (TENANT_LOCK_CLASS, tenant.value)
-            )
-            if not durable:
-                # A step that is not the job's last commits without waiting for its WAL flush.
-                # Safe: WAL is replayed in order, so a server crash can lose only a tail of
-                # such commits, each one atomically (the step's work together with its
-                # checkpoint): the job then resumes from an earlier, consistent checkpoint
-                # (its claim is asynchronous too). The job's last step, which completes it
-                # and is what a caller is told, commits durably, and that flush makes every
-                # earlier step of the job durable with it.
-                cur.execute("SET LOCAL synchronous_commit = off")
+        """The tenant's lock (and the step's commit mode) in one statement: one execute is
+        cheaper for psycopg than a pipeline of two, measured (docs/PERFORMANCE.md)."""
+        tx.pg.execute(
+            LOCK_DURABLE if durable else LOCK_ASYNC_COMMIT, (TENANT_LOCK_CLASS, tenant.value)
+        )
 
     @staticmethod
     def _close_run(

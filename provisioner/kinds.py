@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from provisioner.errors import ConfigurationError, InvalidInput
@@ -107,9 +108,10 @@ class JobKind:
         """True when this build can run the kind."""
         return self.steps_ref is not None
 
-    @property
+    @cached_property
     def steps(self) -> tuple[Step, ...]:
-        """The kind's steps, in the order they run (imported on first use)."""
+        """The kind's steps, in the order they run (imported and checked on first use; the
+        engine asks for them several times per job)."""
         if self.steps_ref is None:
             raise ConfigurationError(f"job type {self.name} has no handler in this build")
         module, _, attribute = self.steps_ref.partition(":")
@@ -118,7 +120,7 @@ class JobKind:
             raise ConfigurationError(f"{self.steps_ref} is not a tuple of Step")
         return steps
 
-    @property
+    @cached_property
     def step_names(self) -> tuple[str, ...]:
         return tuple(step.name for step in self.steps)
 

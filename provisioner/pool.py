@@ -43,7 +43,7 @@ from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
 from provisioner.template_reference import TemplateUnusable
-from provisioner.template_replay import replay
+from provisioner.template_replay import keeping_prepared_statements, replay
 
 #: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
 SPARE_PREFIX = "pool_"
@@ -177,17 +177,20 @@ def take(tx: Transaction, tenant_schema_name: str) -> str | None:
             return None
         spare = str(row[0])
         # The rename and the catalog's view of the result in one round trip (simple query).
-        cur.execute(
-            sql.SQL(
-                "ALTER SCHEMA {} RENAME TO {}; "
-                "SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = {}), "
-                "current_user"
-            ).format(
-                sql.Identifier(spare),
-                sql.Identifier(tenant_schema_name),
-                sql.Literal(tenant_schema_name),
+        # The rename touches only this schema, which no prepared statement of the session
+        # names: the queue's statements stay prepared (see keeping_prepared_statements).
+        with keeping_prepared_statements(tx.pg):
+            cur.execute(
+                sql.SQL(
+                    "ALTER SCHEMA {} RENAME TO {}; "
+                    "SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace"
+                    " WHERE nspname = {}), current_user"
+                ).format(
+                    sql.Identifier(spare),
+                    sql.Identifier(tenant_schema_name),
+                    sql.Literal(tenant_schema_name),
+                )
             )
-        )
         cur.nextset()  # past the ALTER's empty result, to the SELECT's row
         checked = cur.fetchone()
     assert checked is not None

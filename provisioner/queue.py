@@ -216,6 +216,17 @@ UPDATE control.platform_jobs
 RETURNING *
 """
 
+# A step's end in one statement (close_step): its journal row closed, as STEP_RUN_FINISH does,
+# by a data-modifying CTE of the fenced checkpoint (RECORD_STEP / RECORD_LAST_STEP).
+_CLOSE_RUN = """
+WITH closed_run AS (
+    UPDATE control.job_step_runs
+       SET finished_at = clock_timestamp(), outcome = 'succeeded', detail = %(detail)s
+     WHERE id = %(run_id)s AND outcome = 'running'
+)"""
+CLOSE_STEP = _CLOSE_RUN + RECORD_STEP
+CLOSE_LAST_STEP = _CLOSE_RUN + RECORD_LAST_STEP
+
 # Fail terminally when attempts are spent (or the error is permanent), else back off.
 FAIL_OR_RETRY = """
 UPDATE control.platform_jobs
@@ -633,27 +644,39 @@ def close_step(
     last: bool,
     claim_next: Sequence[str] = (),
 ) -> tuple[Job, Claim | None]:
-    """End a step inside its own transaction, in one round trip (pipeline mode): close its
-    journal row, record the fenced checkpoint (``last``: and complete the job in the same
-    statement), and, with ``claim_next``, claim the holder's next job of those kinds, so that
+    """End a step inside its own transaction: close its journal row and record the fenced
+    checkpoint (``last``: and complete the job) in one statement, and, with ``claim_next``,
+    claim the holder's next job of those kinds in the same round trip (pipeline mode), so that
     the claim commits with the step instead of costing a round trip and a commit of its own.
 
     Raises :class:`LeaseLost` when the fence matched nothing: the caller's transaction then
     rolls back, the step's work, its journal close and the claim with it.
     """
     _check_progress(progress)
-    fence = {"id": lease.job_id, "worker": lease.locked_by, "attempts": lease.attempts}
-    with conn.cursor(row_factory=dict_row) as record, conn.cursor(row_factory=dict_row) as claim:
-        with conn.pipeline():
-            finish_step_run(conn, run_id, "succeeded", detail)
-            statement = RECORD_LAST_STEP if last else RECORD_STEP
-            record.execute(statement, {**fence, "steps": Jsonb(list(done)), "progress": progress})
-            if claim_next:
-                claim.execute(CLAIM_NEXT, _claim_params(claim_next, lease.locked_by))
+    params = {
+        "id": lease.job_id,
+        "worker": lease.locked_by,
+        "attempts": lease.attempts,
+        "steps": Jsonb(list(done)),
+        "progress": progress,
+        "run_id": run_id,
+        "detail": bounded_error(detail) if detail else None,
+    }
+    statement = CLOSE_LAST_STEP if last else CLOSE_STEP
+    with conn.cursor(row_factory=dict_row) as record:
+        if claim_next:
+            with conn.cursor(row_factory=dict_row) as claim:
+                with conn.pipeline():
+                    record.execute(statement, params)
+                    claim.execute(CLAIM_NEXT, _claim_params(claim_next, lease.locked_by))
+                claimed = _as_claim(claim.fetchone())
+        else:
+            record.execute(statement, params)
+            claimed = None
         row = record.fetchone()
-        if row is None:
-            raise LeaseLost(_lease_lost(lease))
-        return Job.from_row(row), _as_claim(claim.fetchone()) if claim_next else None
+    if row is None:
+        raise LeaseLost(_lease_lost(lease))
+    return Job.from_row(row), claimed
 
 
 def complete(conn: Conn, lease: Lease) -> Job:

@@ -122,9 +122,12 @@ SELECT 'default privileges on ' || d.defaclobjtype::text || ': ' || a.privilege_
 """
 )
 
-SEED_ROLE_PROFILE = """
+# Every default profile in one statement (one execute, not one per profile).
+SEED_ROLE_PROFILES = """
 INSERT INTO {schema}.role_profiles (key, name, permissions, is_default)
-VALUES (%(key)s, %(name)s, %(permissions)s, %(is_default)s)
+SELECT key, name, permissions, is_default
+  FROM jsonb_to_recordset(%(profiles)s)
+       AS p(key text, name text, permissions jsonb, is_default boolean)
 ON CONFLICT (key) DO NOTHING
 """
 
@@ -315,15 +318,9 @@ def verify_app_grants(conn: Conn, schema: str, app_role: str) -> None:
 
 
 def seed_role_profiles(conn: Conn, schema: str) -> None:
-    statement = sql.SQL(SEED_ROLE_PROFILE).format(schema=sql.Identifier(schema))
+    statement = sql.SQL(SEED_ROLE_PROFILES).format(schema=sql.Identifier(schema))
     with conn.cursor() as cur:
-        cur.executemany(
-            statement,
-            [
-                {**profile, "permissions": Jsonb(profile["permissions"])}
-                for profile in DEFAULT_ROLE_PROFILES
-            ],
-        )
+        cur.execute(statement, {"profiles": Jsonb(list(DEFAULT_ROLE_PROFILES))})
 
 
 def role_profiles_seeded(conn: Conn, schema: str) -> bool:

@@ -60,7 +60,7 @@ SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = %(sch
 # entries: an index lookup, where a join on pg_class.relnamespace scans every relation.
 SCHEMA_RELATIONS_CTE = """
 WITH rels AS (
-    SELECT c.oid, c.relname, c.relkind, c.relacl, n.oid AS nsp
+    SELECT c.oid, c.relname, c.relkind, c.relacl, c.relowner, n.oid AS nsp
       FROM pg_namespace n
       JOIN pg_depend d ON d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid
                       AND d.classid = 'pg_class'::regclass AND d.objsubid = 0

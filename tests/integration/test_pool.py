@@ -257,6 +257,31 @@ def test_the_take_grant_check_fails_when_any_grant_is_missing(
             conn.rollback()
 
 
+def test_the_take_grant_check_counts_only_grants_made_by_the_owner(
+    fast: Settings, database: Database
+) -> None:
+    """A privilege that reaches app_rw only through another grantor is not the grant step's
+    own: the check lists the table, and the full grant step runs (grants again, as the owner)."""
+    spare = build_spare(fast)
+    with psycopg.connect(database.admin_url) as conn:  # all of it rolled back, the role too
+        conn.execute("CREATE ROLE pool_test_grantor")
+        conn.execute(f'GRANT USAGE ON SCHEMA "{spare}" TO pool_test_grantor')
+        conn.execute(f'REVOKE DELETE ON "{spare}".members FROM app_rw')
+        conn.execute(f'GRANT DELETE ON "{spare}".members TO pool_test_grantor WITH GRANT OPTION')
+        conn.execute("SET ROLE pool_test_grantor")
+        conn.execute(f'GRANT DELETE ON "{spare}".members TO app_rw')
+        conn.execute("RESET ROLE")
+        row = conn.execute(
+            "SELECT has_table_privilege('app_rw', %s::regclass, 'DELETE')",
+            (f'"{spare}".members',),
+        ).fetchone()
+        assert row == (True,)  # app_rw can delete, by the other grantor's grant
+        held = pool.grants_held(conn, spare, fast.app_role)
+        assert held is not None and held.lacking == ["members"]
+        assert not pool.grant_usage_if_in_place(conn, spare, fast.app_role)
+        conn.rollback()
+
+
 def test_a_spare_whose_grants_reach_the_schema_is_rejected(
     fast: Settings, database: Database
 ) -> None:

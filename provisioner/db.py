@@ -225,6 +225,24 @@ class Database:
         thread.start()
         return thread
 
+    def on_idle_session(self, work: Callable[[psycopg.Connection[Any]], object]) -> None:
+        """Run ``work`` on the pooled session in autocommit (no transaction, so one round trip
+        per statement and nothing to roll back), if one is open: none is opened for it."""
+        if self._engine.pool.checkedin() == 0:  # type: ignore[attr-defined]
+            return
+        with translated(), self._engine.connect() as conn:
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            if driver.closed or driver.broken:
+                conn.invalidate()
+                return
+            driver.autocommit = True
+            try:
+                work(driver)
+            finally:
+                if not driver.broken:
+                    driver.autocommit = False
+
     def ensure_alive(self) -> None:
         """One round trip on the pooled connection; a dropped one (the server restarted since
         the last job) is discarded, so the job's first transaction opens a fresh session. A

@@ -207,6 +207,21 @@ class Engine:
             self._control = self._open_control()
         self._db.ensure_alive()
 
+    def warm(self) -> None:
+        """Run :data:`queue.WARM` on the open sessions (none opened for it), best effort.
+
+        A spare of a large template sends more catalog invalidations than the server's queue
+        holds, so every idle session empties its catalog caches and reloads them at its next
+        statement: the next sign-up's claim and steps would pay for it (docs/PERFORMANCE.md).
+        Reloading them now, while idle, costs the same and nobody waits for it. A session that
+        fails here is left for the next job to meet (and reopen).
+        """
+        with suppress(ProvisionerError):
+            if self._control is not None and not self._control.closed:
+                with db.translated():
+                    queue.warm(self.control)
+            self._db.on_idle_session(queue.warm)
+
     def connect_ahead(self) -> threading.Thread:
         """The steps' session opened in a thread, and the template's stored reference read on
         it (see :meth:`db.Database.connect_ahead`); a one-off provisioning joins it before its

@@ -78,7 +78,14 @@ class Quit:
     """Parent -> child: exit when idle."""
 
 
-ToChild = ClaimNext | Stop | Quit
+@dataclass(frozen=True)
+class Warm:
+    """Parent -> child, idle: the warm pool just built a spare; run one cheap statement on each
+    open session (:meth:`Engine.warm`), so that the next job does not reload the server's
+    catalog caches that the build's invalidations emptied."""
+
+
+ToChild = ClaimNext | Stop | Quit | Warm
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,8 @@ class _ChildLoop:
                     return
                 case Stop():
                     continue  # no job runs: nothing to stop
+                case Warm():
+                    self.engine.warm()
                 case ClaimNext(job_types=job_types):
                     self.stopping = False
                     self.drain(job_types)

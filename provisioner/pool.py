@@ -362,8 +362,11 @@ class PoolKeeper(threading.Thread):
         is_idle: Callable[[], bool],
         log: logging.Logger,
         app_role: str | None = None,
+        on_built: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(name="pool-keeper", daemon=True)
+        #: called in this thread after each spare is built (the worker warms its children)
+        self.on_built = on_built
         self.size = size
         self.holder = holder
         self.is_idle = is_idle
@@ -411,6 +414,7 @@ class PoolKeeper(threading.Thread):
             if name is None:
                 return False
             event(self.log, "pool_spare_built", schema=name, ready=found.ready + 1)
+            self.on_built()
             return True
         except (SpareRejected, TemplateUnusable) as exc:
             # The replay cannot be trusted for this tree: stop building (provisioning goes on).

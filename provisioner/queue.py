@@ -842,6 +842,23 @@ def start_step_run(conn: Conn, lease: Lease, tenant_id: str | None, step: str) -
         return step_run_id(cur)
 
 
+# What a job's statements read, touched without a row read or written: run on a worker child's
+# idle sessions after a spare build (Engine.warm) so their catalog caches are loaded again.
+WARM = """
+SELECT (SELECT 1 FROM control.platform_jobs WHERE id IS NULL),
+       (SELECT 1 FROM control.job_step_runs WHERE id IS NULL),
+       (SELECT 1 FROM control.tenants WHERE tenant_id IS NULL),
+       (SELECT 1 FROM control.tenant_pool WHERE schema_name IS NULL),
+       (SELECT 1 FROM pg_namespace WHERE nspname IS NULL)
+"""
+
+
+def warm(conn: Conn) -> None:
+    """Run :data:`WARM` (see there)."""
+    with conn.cursor() as cur:
+        cur.execute(WARM)
+
+
 def send_step_run_start(
     cur: psycopg.Cursor[Any], lease: Lease, tenant_id: str | None, step: str
 ) -> None:

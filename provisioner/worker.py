@@ -66,6 +66,7 @@ from provisioner.engine_processes import (
     Ready,
     StepReport,
     Stop,
+    Warm,
 )
 from provisioner.errors import (
     ConfigurationError,
@@ -189,6 +190,8 @@ class Worker:
         self._signals = 0
         self._deadline: float | None = None  # set when draining
         self._wake_r, self._wake_w = socket.socketpair()
+        #: the pool keeper's thread writes a byte here after each spare it builds
+        self._built_r, self._built_w = socket.socketpair()
         self._heartbeat = Heartbeat(settings, self.instance_id, self.snapshot, self.outage)
         self._pool: pool.PoolKeeper | None = None
         if settings.pool_size > 0:
@@ -199,6 +202,7 @@ class Worker:
                 self.idle,
                 log,
                 app_role=settings.app_role,  # spares carry its grants, all but USAGE
+                on_built=self._spare_built,
             )
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -230,6 +234,9 @@ class Worker:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "signal")
+        self._built_r.setblocking(False)
+        self._built_w.setblocking(False)
+        self._selector.register(self._built_r, selectors.EVENT_READ, "built")
         previous: dict[int, Any] = {
             signum: signal.signal(signum, lambda *_: None)
             for signum in (signal.SIGTERM, signal.SIGINT)
@@ -243,6 +250,8 @@ class Worker:
             signal.signal(signum, handler)
         self._wake_r.close()
         self._wake_w.close()
+        self._built_r.close()
+        self._built_w.close()
 
     def _spawn(self) -> None:
         child = EngineProcess.spawn(self._mp, self.settings)
@@ -347,10 +356,27 @@ class Worker:
                 self._on_signal()
             elif source == "listen":
                 self._on_wake_up()
+            elif source == "built":
+                self._warm_idle_children()
             elif isinstance(source, EngineProcess):
                 self._on_child(source)
         if self._pending is None and time.monotonic() >= self._next_poll:
             self._pending = "poll"
+
+    def _spare_built(self) -> None:
+        """In the pool keeper's thread: wake the loop (which alone talks to the children)."""
+        with suppress(OSError):  # a full socket already holds a wake-up; a closed one: stopping
+            self._built_w.send(b"b")
+
+    def _warm_idle_children(self) -> None:
+        """After a spare build: each idle child reloads its sessions' catalog caches now
+        (:class:`Warm`), not at the next sign-up's claim."""
+        with suppress(BlockingIOError):
+            while self._built_r.recv(64):
+                pass
+        for child in self._children:
+            if child.idle:
+                child.send(Warm())
 
     def _on_signal(self) -> None:
         with suppress(BlockingIOError):

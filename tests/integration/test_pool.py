@@ -111,6 +111,33 @@ def test_the_pool_is_filled_drained_and_refilled(
     assert worker.stop() == 0, worker.output()
 
 
+def warmed_sessions(database: Database) -> int:
+    """Sessions of the database whose last statement was the engine's warm-up."""
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle' AND query = %s",
+            (queue.WARM,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_spare_build_warms_the_idle_engine_sessions(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    """After each spare it builds, the worker has its idle child reload its sessions' catalog
+    caches (both of them, once the child has run a job), not the next sign-up."""
+    worker = workers.start(env={**POOL, "PROVISIONER_POLL_SECONDS": "600"})
+    wait_until(lambda: len(ready_spares(database)) == 2, 60, "two spares")
+    enqueue_together(fast, ["w1"])  # the child's steps session opens with its first job
+    wait_until(lambda: job_row(database, "w1")["status"] == "succeeded", 60, "w1")
+    wait_until(lambda: len(ready_spares(database)) == 2, 60, "the pool to be refilled")
+    # The child's control session and its steps session, warmed after the refill's build.
+    wait_until(lambda: warmed_sessions(database) == 2, 30, "both engine sessions warmed")
+    assert worker.stop() == 0, worker.output()
+
+
 def test_spares_are_refused_to_app_rw_and_invisible_to_users(
     fast: Settings, database: Database
 ) -> None:

@@ -47,6 +47,15 @@ def _new_upgrade_cache() -> UpgradeCache:
     return UpgradeCache()
 
 
+@dataclass
+class RunMemo:
+    """What a step of one run of a job learned for the later steps of the same run. Never
+    carried to another run: a resumed job starts knowing nothing, and its steps look again."""
+
+    #: create_schema took a spare (True) or created the schema (False); None: not run here
+    spare_taken: bool | None = None
+
+
 @dataclass(frozen=True)
 class StepContext:
     """What a step may use besides its transaction."""
@@ -60,6 +69,8 @@ class StepContext:
     upgrades: UpgradeCache = field(default_factory=_new_upgrade_cache)
     #: how long a migration waits for a table lock (PROVISIONER_LOCK_TIMEOUT_SECONDS)
     lock_timeout_ms: int = 5000
+    #: this run's memo (a new one per run of a job)
+    memo: RunMemo = field(default_factory=RunMemo)
 
 
 @dataclass(frozen=True)

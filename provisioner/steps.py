@@ -21,6 +21,7 @@ def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
     if taken is None:
         tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     tenants.mark_provisioning(tx.pg, ctx.tenant)
+    ctx.memo.spare_taken = taken is not None
     return taken
 
 
@@ -39,8 +40,10 @@ def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
     # A taken spare already carries every grant but USAGE: grant it and check every ACL in one
     # round trip, whatever the number of tables. Otherwise (a new schema, a restore after a
-    # revoke, a spare built without grants) name every table and check, as always.
-    if pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_role):
+    # revoke, a spare built without grants) name every table and check, as always. A schema
+    # this run created has no grant yet: the one-query check is not even tried.
+    fresh = ctx.memo.spare_taken is False
+    if not fresh and pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_role):
         return "grants already in place (warm pool): USAGE granted, every ACL checked"
     tenant_schema.grant_app_role(tx.pg, ctx.tenant.schema, ctx.app_role)
     return None

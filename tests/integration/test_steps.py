@@ -9,7 +9,7 @@ from provisioner.models import TenantId
 from provisioner.settings import Settings
 from provisioner.steps import PROVISION_STEPS, StepContext
 from provisioner.storage import store_from_settings
-from tests.conftest import Database
+from tests.conftest import Database, build_spare
 
 
 def state(database: Database, schema: str) -> tuple:
@@ -53,5 +53,43 @@ def test_running_a_step_twice_is_a_noop_the_second_time(
             assert step.effect_present(tx, ctx)
             step.run(tx, ctx)
         assert state(database, tenant.schema) == first
+    finally:
+        owner.close()
+
+
+def test_a_run_remembers_whether_it_took_a_spare_for_its_grant_step(
+    settings: Settings, database: Database
+) -> None:
+    """create_schema tells the grant step of the same run whether the schema is a taken spare
+    (its grants but USAGE in place: one grant and one check) or a new one (granted in full at
+    once, without trying the check first); a run that did not run it (a resume) tries both."""
+    owner = db.Database(settings.owner_url)
+    try:
+        for tenant, spare in ((TenantId("fresh"), False), (TenantId("spared"), True)):
+            with database.app() as conn:
+                conn.execute(
+                    "INSERT INTO control.tenants (tenant_id, schema_name) VALUES (%s, %s)",
+                    (tenant.value, tenant.schema),
+                )
+            if spare:
+                build_spare(settings)
+            ctx = StepContext(tenant=tenant, app_role="app_rw", store=store_from_settings(settings))
+            assert ctx.memo.spare_taken is None
+            create, _, grant = PROVISION_STEPS[:3]
+            with owner.transaction() as tx:
+                create.run(tx, ctx)
+            assert ctx.memo.spare_taken is spare
+            for step in PROVISION_STEPS[1:]:
+                with owner.transaction() as tx:
+                    detail = step.run(tx, ctx)
+                if step is grant:
+                    assert (detail is not None) is spare  # the one-query path only for a spare
+            with owner.transaction() as tx:
+                assert all(s.effect_present(tx, ctx) for s in PROVISION_STEPS)
+            resumed = StepContext(
+                tenant=tenant, app_role="app_rw", store=store_from_settings(settings)
+            )
+            with owner.transaction() as tx:  # a later run knows nothing, and checks
+                assert grant.run(tx, resumed) is not None  # all in place: the check passes
     finally:
         owner.close()

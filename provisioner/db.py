@@ -226,8 +226,10 @@ class Database:
         return thread
 
     def on_idle_session(self, work: Callable[[psycopg.Connection[Any]], object]) -> None:
-        """Run ``work`` on the pooled session in autocommit (no transaction, so one round trip
-        per statement and nothing to roll back), if one is open: none is opened for it."""
+        """Run ``work`` on the pooled session in autocommit, if one is open (none is opened for
+        it). In autocommit nothing opens a transaction, so handing the connection back to the
+        pool costs no ROLLBACK. A session found closed, or for which ``work`` returns False,
+        is discarded: the next transaction opens a fresh one."""
         if self._engine.pool.checkedin() == 0:  # type: ignore[attr-defined]
             return
         with translated(), self._engine.connect() as conn:
@@ -238,36 +240,21 @@ class Database:
                 return
             driver.autocommit = True
             try:
-                work(driver)
+                result = work(driver)
             finally:
                 if not driver.broken:
                     driver.autocommit = False
+            if result is False:
+                conn.invalidate()
 
     def ensure_alive(self) -> None:
         """One round trip on the pooled connection; a dropped one (the server restarted since
         the last job) is discarded, so the job's first transaction opens a fresh session. A
         pool with no idle connection yet has nothing to check (the next checkout connects),
         nor has one :meth:`connect_ahead` used successfully an instant ago."""
-        if self._engine.pool.checkedin() == 0:  # type: ignore[attr-defined]
-            return
         if time.monotonic() < self._fresh_until:
             return
-        with translated(), self._engine.connect() as conn:
-            driver = conn.connection.driver_connection
-            assert isinstance(driver, psycopg.Connection)
-            if driver.closed or driver.broken:
-                conn.invalidate()
-                return
-            # In autocommit the ping opens no transaction, so handing the connection back to
-            # the pool costs no ROLLBACK: one round trip in all.
-            driver.autocommit = True
-            try:
-                alive = is_alive(driver)
-            finally:
-                if not driver.broken:
-                    driver.autocommit = False
-            if not alive:
-                conn.invalidate()
+        self.on_idle_session(is_alive)
 
     def close(self) -> None:
         self._engine.dispose()

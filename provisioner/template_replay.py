@@ -111,16 +111,18 @@ def replay_verified(
     reraise: Callable[[DatabaseError], bool] = lambda exc: False,
 ) -> str | None:
     """Run ``script`` in ``schema`` under a savepoint and prove the result: None when the
-    schema's fingerprint equals ``expected`` (the savepoint is released), else the reason it
-    was rolled back. An error ``reraise`` accepts (a lock timeout, for an upgrade) propagates
-    after the rollback instead of becoming a reason. The template replay and the upgrade
-    replay both verify this way.
+    schema's fingerprint equals ``expected``, else the reason it was rolled back. An error
+    ``reraise`` accepts (a lock timeout, for an upgrade) propagates after the rollback instead
+    of becoming a reason. The template replay and the upgrade replay both verify this way.
 
-    Three round trips: (1) the savepoint, the ``search_path`` (the schema alone, as Alembic's
+    Two round trips: (1) the savepoint, the ``search_path`` (the schema alone, as Alembic's
     env.py sets it), the statements, the ``search_path`` back to the session default (the
     fingerprint is read under it, see :data:`provisioner.tenant_schema.FINGERPRINT`) and the
-    version table's rows, as one simple query; (2) the fingerprint's prepared catalog query;
-    (3) the release.
+    version table's rows, as one simple query; (2) the fingerprint's prepared catalog query.
+    A replay that matches leaves its savepoint open: the caller's commit releases it with the
+    rest (a ``RELEASE`` would be a third round trip, at every tenant of a fleet upgrade), and a
+    later savepoint of the same name (another replay in the transaction) nests inside it. A
+    replay that does not match is rolled back to it, and the savepoint released.
     """
     name = sql.Identifier(savepoint)
     text = (
@@ -148,8 +150,7 @@ def replay_verified(
             problem = f"replay failed: {exc}"
         else:
             if got == expected:
-                cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
-                return None
+                return None  # the savepoint is released by the caller's commit
             problem = f"fingerprint mismatch: {describe_difference(expected, got)}"
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
         cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))

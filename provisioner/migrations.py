@@ -103,8 +103,14 @@ class TreeState:
         return head_label(self.heads)
 
 
-def _tree_files(tree: Path) -> list[Path]:
-    return [tree / "env.py", *sorted((tree / "versions").glob("*.py"))]
+def _tree_files(tree: Path) -> list[str]:
+    """``env.py`` and the revision files, in a stable order: what the digest covers. Listed
+    with ``os.scandir`` (pathlib's glob costs several times more, and this runs at every job)."""
+    root = str(tree)
+    versions = os.path.join(root, "versions")
+    with os.scandir(versions) as entries:
+        names = sorted(entry.name for entry in entries if entry.name.endswith(".py"))
+    return [os.path.join(root, "env.py"), *(os.path.join(versions, name) for name in names)]
 
 
 def tree_digest(tree: Path | None = None) -> str:
@@ -119,24 +125,18 @@ def tree_digest(tree: Path | None = None) -> str:
 
 
 def _signature(tree: Path) -> tuple[tuple[str, int, int, int], ...]:
-    """Name, size, mtime and inode of each file :func:`_tree_files` lists, read with
-    ``os.scandir`` and ``os.stat`` (pathlib's glob costs several times more, at every job)."""
-    root = str(tree)
-    versions = os.path.join(root, "versions")
-    with os.scandir(versions) as entries:
-        names = sorted(entry.name for entry in entries if entry.name.endswith(".py"))
-    paths = [os.path.join(root, "env.py"), *(os.path.join(versions, name) for name in names)]
-    stats = [os.stat(path) for path in paths]
+    """Name, size, mtime and inode of each file :func:`_tree_files` lists."""
     return tuple(
         (os.path.basename(path), st.st_size, st.st_mtime_ns, st.st_ino)
-        for path, st in zip(paths, stats, strict=True)
+        for path, st in ((path, os.stat(path)) for path in _tree_files(tree))
     )
 
 
 @cache
 def _digest(tree: Path, signature: tuple[tuple[str, int, int, int], ...]) -> str:
     digest = hashlib.sha256()
-    for path in _tree_files(tree):
+    for name in _tree_files(tree):
+        path = Path(name)
         digest.update(path.relative_to(tree).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()

@@ -660,7 +660,7 @@ def close_step(
         "steps": Jsonb(list(done)),
         "progress": progress,
         "run_id": run_id,
-        "detail": bounded_error(detail) if detail else None,
+        "detail": _run_detail(detail),
     }
     statement = CLOSE_LAST_STEP if last else CLOSE_STEP
     with conn.cursor(row_factory=dict_row) as record:
@@ -884,11 +884,16 @@ def step_run_id(cur: psycopg.Cursor[Any]) -> int:
     return int(row[0])
 
 
+def _run_detail(detail: str | None) -> str | None:
+    """A step run's detail as the journal stores it: redacted and bounded."""
+    return bounded_error(detail) if detail else None
+
+
 def finish_step_run(conn: Conn, run_id: int, outcome: str, detail: str | None = None) -> None:
     with conn.cursor() as cur:
         cur.execute(
             STEP_RUN_FINISH,
-            {"id": run_id, "outcome": outcome, "detail": bounded_error(detail) if detail else None},
+            {"id": run_id, "outcome": outcome, "detail": _run_detail(detail)},
         )
 
 

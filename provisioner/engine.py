@@ -331,6 +331,8 @@ class Engine:
         claim_next: tuple[str, ...],
     ) -> Job:
         current = "resume check"
+        #: the journal row the last step opened for the next one (close_step's ``open_next``)
+        opened: int | None = None
         try:
             self._check_state(kind, ctx.tenant, journal, tenant_state)
             # A fleet upgrade's job runs the migration step alone (see upgrade_replay); the
@@ -349,9 +351,12 @@ class Engine:
                         on_progress(StepEvent(job, step.name, "skipped"))
                     continue
                 if should_stop():
-                    return self._finish(lambda c: queue.release(c, lease))
+                    return self._release(lease, opened)
                 current = step.name
-                job = self._run_step(
+                position = pending.index(step.name)
+                following = pending[position + 1] if position + 1 < len(pending) else None
+                run_id, opened = opened, None  # the step's own now: it closes it, come what may
+                job, opened = self._run_step(
                     kind,
                     job,
                     lease,
@@ -360,16 +365,19 @@ class Engine:
                     journal,
                     on_progress,
                     step.name in repaired,
-                    final=step.name == pending[-1],
+                    run_id=run_id,
+                    following=following,
                     claim_next=claim_next,
                 )
             if job.status is JobStatus.SUCCEEDED:
                 return job  # the last step's transaction completed it
             current = "complete"
             return self._finish(lambda c: queue.complete(c, lease))
-        except LeaseLost:
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            if opened is not None:  # the next step's journal row, opened ahead: it never began
+                self._discard_run(journal, opened)
+            if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
+                raise
             raise StepFailed(current) from exc
 
     @staticmethod
@@ -422,27 +430,26 @@ class Engine:
         on_progress: ProgressCallback,
         repairing: bool,
         *,
-        final: bool = False,
+        run_id: int | None = None,
+        following: str | None = None,
         claim_next: tuple[str, ...] = (),
-    ) -> Job:
-        """Run one step in one transaction with its checkpoint; the ``final`` step (the job's
-        last missing one) completes the job in that same transaction (and, with
-        ``claim_next``, claims the holder's next job)."""
+    ) -> tuple[Job, int | None]:
+        """Run one step in one transaction with its checkpoint; the job as the checkpoint left
+        it, and the journal row this step opened for ``following`` (the job's next missing
+        step). Without a ``following`` step, this one is the job's last: it completes the job
+        in that same transaction (and, with ``claim_next``, claims the holder's next job).
+
+        ``run_id`` is this step's journal row when the previous step opened it; otherwise the
+        row is written here, before the step's work begins."""
         started = time.monotonic()
-        run_id: int | None = None
+        final = following is None
         claim_sent = False
         try:
             with self._db.transaction() as tx:
-                # The journal's start row goes out on its own session while the step's session
-                # takes the tenant's lock: two round trips at once, not one after the other.
-                # Both are done (the row committed) before the step's work begins, so a step
-                # killed mid-work still leaves its run for recovery to mark abandoned.
-                with journal.pipeline(), journal.cursor(row_factory=tuple_row) as start_row:
-                    queue.send_step_run_start(start_row, lease, ctx.tenant.value, step.name)
-                    try:
-                        self._lock_tenant(tx, ctx.tenant, durable=final)
-                    finally:
-                        run_id = queue.step_run_id(start_row)
+                if run_id is not None:
+                    self._lock_tenant(tx, ctx.tenant, durable=final)
+                else:
+                    run_id = self._lock_and_start_run(tx, journal, lease, ctx, step, final)
                 on_progress(StepEvent(job, step.name, "started"))
                 detail = step.run(tx, ctx)
                 if repairing:
@@ -450,12 +457,13 @@ class Engine:
                         filter(None, ["re-ran: its effect was missing from the catalog", detail])
                     )
                 done = kind.ordered([*job.steps_completed, step.name])
-                # The journal's close and the fenced checkpoint in one round trip (pipeline
-                # mode); they commit together with the step's work, or not at all.
+                # The journal's close and the fenced checkpoint in one statement; they commit
+                # together with the step's work, or not at all. A step before the last opens
+                # the next step's journal row in it too (one round trip fewer per step).
                 # The final step completes the job with it: one commit fewer per job, and the
                 # step, its checkpoint and the job's success are one atomic change. The next
                 # job's claim rides on that commit too (a LeaseLost rolls it back with the rest).
-                job, claimed = queue.close_step(
+                closed = queue.close_step(
                     tx.pg,
                     run_id,
                     detail,
@@ -464,10 +472,13 @@ class Engine:
                     kind.progress(done),
                     last=final,
                     claim_next=claim_next if final else (),
+                    open_next=None
+                    if following is None
+                    else queue.NextStep(ctx.tenant.value, following),
                 )
                 claim_sent = final and bool(claim_next)
                 # leaving the block commits
-            self._claimed = claimed
+            self._claimed = closed.claimed
         except BaseException as exc:
             if claim_sent:  # the commit failed: the next job's claim may have committed
                 self._unsure_after = job.id
@@ -479,8 +490,56 @@ class Engine:
             )
             raise
         event = "repaired" if repairing else "done"
-        on_progress(StepEvent(job, step.name, event, time.monotonic() - started, detail))
-        return job
+        try:
+            on_progress(StepEvent(closed.job, step.name, event, time.monotonic() - started, detail))
+        except BaseException:
+            if closed.next_run_id is not None:  # the next step will not begin
+                self._discard_run(journal, closed.next_run_id)
+            raise
+        return closed.job, closed.next_run_id
+
+    def _lock_and_start_run(
+        self,
+        tx: db.Transaction,
+        journal: psycopg.Connection[Any],
+        lease: Lease,
+        ctx: StepContext,
+        step: Step,
+        final: bool,
+    ) -> int:
+        """A job's first step here: its journal row goes out on the journal's own session
+        while the step's session takes the tenant's lock, two round trips at once. Both are
+        done (the row committed) before the step's work begins, so a step killed mid-work
+        still leaves its run for recovery to mark abandoned. Later steps find their row
+        opened by the step before them (:data:`queue.CLOSE_STEP_OPEN_NEXT`)."""
+        with journal.pipeline(), journal.cursor(row_factory=tuple_row) as start_row:
+            queue.send_step_run_start(start_row, lease, ctx.tenant.value, step.name)
+            try:
+                self._lock_tenant(tx, ctx.tenant, durable=final)
+            finally:
+                run_id = queue.step_run_id(start_row)
+        return run_id
+
+    @staticmethod
+    def _discard_run(journal: psycopg.Connection[Any], run_id: int) -> None:
+        """Remove a journal row opened ahead for a step that will not begin (best effort: left
+        open, recovery marks it abandoned)."""
+        try:
+            with db.translated():
+                queue.discard_step_run(journal, run_id)
+        except ProvisionerError:
+            pass
+
+    def _release(self, lease: Lease, opened: int | None) -> Job:
+        """Hand the job back between two steps; the journal row opened ahead for the step that
+        now does not begin goes with it, in the same transaction."""
+
+        def release(conn: psycopg.Connection[Any]) -> Job:
+            if opened is not None:
+                queue.discard_step_run(conn, opened)
+            return queue.release(conn, lease)
+
+        return self._finish(release)
 
     def _lock_tenant(self, tx: db.Transaction, tenant: TenantId, *, durable: bool) -> None:
         """The tenant's lock (and the step's commit mode) in one statement: one execute is

@@ -219,13 +219,35 @@ RETURNING *
 # A step's end in one statement (close_step): its journal row closed, as STEP_RUN_FINISH does,
 # by a data-modifying CTE of the fenced checkpoint (RECORD_STEP / RECORD_LAST_STEP).
 _CLOSE_RUN = """
-WITH closed_run AS (
+WITH closed_at AS MATERIALIZED (SELECT clock_timestamp() AS at),
+closed_run AS (
     UPDATE control.job_step_runs
-       SET finished_at = clock_timestamp(), outcome = 'succeeded', detail = %(detail)s
+       SET finished_at = (SELECT at FROM closed_at), outcome = 'succeeded', detail = %(detail)s
      WHERE id = %(run_id)s AND outcome = 'running'
 )"""
 CLOSE_STEP = _CLOSE_RUN + RECORD_STEP
 CLOSE_LAST_STEP = _CLOSE_RUN + RECORD_LAST_STEP
+
+# The same end of a step that is not the job's last, which also opens the journal row of the
+# job's next step (STEP_RUN_START's row, started when this one finished): it commits with this
+# step, so the next step begins without a start row of its own to write and wait for, and a
+# process killed in between leaves that row open for recovery to mark abandoned, as a start row
+# would. Its id comes back as ``next_run_id`` beside the job's row.
+CLOSE_STEP_OPEN_NEXT = (
+    _CLOSE_RUN
+    + """, next_run AS (
+    INSERT INTO control.job_step_runs (job_id, tenant_id, run, attempt, step, worker, started_at)
+    SELECT %(id)s, %(tenant_id)s, %(run)s, %(attempts)s, %(next_step)s, %(worker)s, at
+      FROM closed_at
+    RETURNING id
+)"""
+    + RECORD_STEP.replace("RETURNING *", "RETURNING *, (SELECT id FROM next_run) AS next_run_id")
+)
+assert CLOSE_STEP_OPEN_NEXT.count("next_run_id") == 1, "RECORD_STEP no longer ends in RETURNING"
+
+# A step run opened ahead (CLOSE_STEP_OPEN_NEXT) for a step that never began: the job was
+# handed back before it. Gone with the hand-back, in the same transaction.
+STEP_RUN_DISCARD = "DELETE FROM control.job_step_runs WHERE id = %(id)s AND outcome = 'running'"
 
 # Fail terminally when attempts are spent (or the error is permanent), else back off.
 FAIL_OR_RETRY = """
@@ -633,6 +655,24 @@ def record_step(conn: Conn, lease: Lease, done: list[str], progress: int) -> Job
     return _fenced(conn, RECORD_STEP, lease, steps=Jsonb(list(done)), progress=progress)
 
 
+@dataclass(frozen=True)
+class ClosedStep:
+    """What :func:`close_step` recorded: the job as the checkpoint left it, the next job its
+    commit claims (``claim_next``), and the journal row it opened for the job's next step."""
+
+    job: Job
+    claimed: Claim | None = None
+    next_run_id: int | None = None
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """The job's next step, whose journal row :func:`close_step` opens: its tenant and name."""
+
+    tenant_id: str | None
+    step: str
+
+
 def close_step(
     conn: Conn,
     run_id: int,
@@ -643,11 +683,14 @@ def close_step(
     *,
     last: bool,
     claim_next: Sequence[str] = (),
-) -> tuple[Job, Claim | None]:
+    open_next: NextStep | None = None,
+) -> ClosedStep:
     """End a step inside its own transaction: close its journal row and record the fenced
     checkpoint (``last``: and complete the job) in one statement, and, with ``claim_next``,
     claim the holder's next job of those kinds in the same round trip (pipeline mode), so that
     the claim commits with the step instead of costing a round trip and a commit of its own.
+    With ``open_next`` (a step that is not the last), the same statement opens the journal row
+    of the job's next step (:data:`CLOSE_STEP_OPEN_NEXT`).
 
     Raises :class:`LeaseLost` when the fence matched nothing: the caller's transaction then
     rolls back, the step's work, its journal close and the claim with it.
@@ -662,7 +705,13 @@ def close_step(
         "run_id": run_id,
         "detail": _run_detail(detail),
     }
-    statement = CLOSE_LAST_STEP if last else CLOSE_STEP
+    if last:
+        statement = CLOSE_LAST_STEP
+    elif open_next is not None:
+        statement = CLOSE_STEP_OPEN_NEXT
+        params.update(run=lease.run, tenant_id=open_next.tenant_id, next_step=open_next.step)
+    else:
+        statement = CLOSE_STEP
     with conn.cursor(row_factory=dict_row) as record:
         if claim_next:
             with conn.cursor(row_factory=dict_row) as claim:
@@ -676,7 +725,14 @@ def close_step(
         row = record.fetchone()
     if row is None:
         raise LeaseLost(_lease_lost(lease))
-    return Job.from_row(row), claimed
+    next_run = row.get("next_run_id")
+    return ClosedStep(Job.from_row(row), claimed, None if next_run is None else int(next_run))
+
+
+def discard_step_run(conn: Conn, run_id: int) -> None:
+    """Delete a step run opened ahead for a step that never began (:data:`STEP_RUN_DISCARD`)."""
+    with conn.cursor() as cur:
+        cur.execute(STEP_RUN_DISCARD, {"id": run_id})
 
 
 def complete(conn: Conn, lease: Lease) -> Job:

@@ -215,15 +215,16 @@ def step_runs(database: Database, tenant: str) -> list[dict[str, Any]]:
 
 
 def overlapping_step_runs(database: Database) -> list[tuple[Any, ...]]:
-    """Pairs of step runs of one tenant whose [started_at, finished_at] intervals overlap."""
+    """Pairs of step runs of one tenant whose [started_at, finished_at) intervals overlap (a
+    step's run starts at the instant the one before it finished: they touch, never overlap)."""
     with psycopg.connect(database.owner_url) as conn:
         return conn.execute(
             """
             SELECT a.tenant_id, a.step, a.worker, b.step, b.worker
               FROM control.job_step_runs a
               JOIN control.job_step_runs b ON a.tenant_id = b.tenant_id AND a.id < b.id
-             WHERE tstzrange(a.started_at, coalesce(a.finished_at, 'infinity'), '[]')
-                && tstzrange(b.started_at, coalesce(b.finished_at, 'infinity'), '[]')
+             WHERE tstzrange(a.started_at, coalesce(a.finished_at, 'infinity'), '[)')
+                && tstzrange(b.started_at, coalesce(b.finished_at, 'infinity'), '[)')
             """
         ).fetchall()
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from provisioner import db, queue, runner, tenants
 from provisioner.engine import Engine, StepEvent
@@ -187,3 +188,70 @@ def test_closing_an_engine_hands_back_the_job_it_claimed_and_never_started(
         drain_once(engine)
         assert engine.holds_claim()
     assert job_of(database, "second") == {"status": "queued", "attempts": 0, "locked_by": None}
+
+
+def journal(database: Database, tenant: str) -> list[dict[str, Any]]:
+    with psycopg.connect(database.owner_url, row_factory=dict_row) as conn:
+        return conn.execute(
+            "SELECT step, outcome, started_at, finished_at FROM control.job_step_runs "
+            "WHERE tenant_id = %s ORDER BY id",
+            (tenant,),
+        ).fetchall()
+
+
+def test_each_step_after_the_first_starts_in_the_journal_when_the_one_before_finished(
+    fast: Settings, database: Database
+) -> None:
+    enqueue(database, "acme")
+    with Engine.from_settings(fast, "drainer") as engine:
+        assert isinstance(drain_once(engine), runner.Settled)
+    one, two = journal(database, "acme")
+    assert [(r["step"], r["outcome"]) for r in (one, two)] == [
+        ("stamp_one", "succeeded"),
+        ("stamp_two", "succeeded"),
+    ]
+    assert two["started_at"] == one["finished_at"] < two["finished_at"]
+
+
+def test_a_job_handed_back_between_steps_keeps_no_run_for_the_step_that_did_not_begin(
+    fast: Settings, database: Database
+) -> None:
+    job = enqueue(database, "acme")
+    asked: list[bool] = []
+
+    def should_stop() -> bool:  # before stamp_one: go on; before stamp_two (and after): stop
+        asked.append(bool(asked))
+        return asked[-1]
+
+    with Engine.from_settings(fast, "drainer") as engine:
+        outcome = runner.claim_and_run(
+            engine, job.id, on_progress=lambda e: None, should_stop=should_stop
+        )
+    assert isinstance(outcome, runner.Settled) and outcome.stopped
+    assert job_of(database, "acme") == {"status": "queued", "attempts": 0, "locked_by": None}
+    assert [(r["step"], r["outcome"]) for r in journal(database, "acme")] == [
+        ("stamp_one", "succeeded")
+    ]
+    assert display_name(database, "acme") == "one"
+
+
+def test_a_run_that_breaks_between_steps_keeps_no_run_for_the_step_that_did_not_begin(
+    fast: Settings, database: Database
+) -> None:
+    job = enqueue(database, "acme")
+
+    def report(event: StepEvent) -> None:
+        if (event.step, event.outcome) == ("stamp_one", "done"):
+            raise RuntimeError("the progress display broke")
+
+    with Engine.from_settings(fast, "drainer") as engine:
+        outcome = runner.claim_and_run(
+            engine, job.id, on_progress=report, should_stop=lambda: False
+        )
+    assert isinstance(outcome, runner.Settled)
+    assert outcome.job.status is JobStatus.QUEUED  # retried later, from its checkpoint
+    assert outcome.job.steps_completed == ["stamp_one"]
+    assert "the progress display broke" in (outcome.job.error_detail or "")
+    assert [(r["step"], r["outcome"]) for r in journal(database, "acme")] == [
+        ("stamp_one", "succeeded")
+    ]

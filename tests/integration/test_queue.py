@@ -378,10 +378,12 @@ def test_the_last_step_completes_its_job_and_claims_the_next_in_one_transaction(
     with app(database) as conn:
         second = enqueue_tenant(conn, "second")
         run_id = step_run(conn, job)
-        done, following = queue.close_step(
+        closed = queue.close_step(
             conn, run_id, "ok", job.lease, list(kinds.BUILTIN["provision_tenant"].step_names),
             100, last=True, claim_next=["provision_tenant"],
         )  # fmt: skip
+        done, following = closed.job, closed.claimed
+        assert closed.next_run_id is None  # the last step opens no run after it
         assert done.status is JobStatus.SUCCEEDED and done.locked_by is None
         assert following is not None and following.job.id == second.id
         assert following.tenant_state == "pending"  # read by the claim itself
@@ -416,6 +418,70 @@ def test_a_lost_lease_at_the_last_step_claims_nothing(database: Database) -> Non
         conn.rollback()  # what the engine's transaction does with the error
     assert row(database, second.id)["status"] == "queued"
     assert row(database, job.id)["locked_by"] == "w2"
+
+
+def step_runs(database: Database, job: Job) -> list[dict]:
+    with database.owner() as conn:
+        return (
+            conn.cursor(row_factory=dict_row)
+            .execute("SELECT * FROM control.job_step_runs WHERE job_id = %s ORDER BY id", (job.id,))
+            .fetchall()
+        )
+
+
+def test_a_step_that_is_not_the_last_opens_the_next_steps_run_with_its_checkpoint(
+    database: Database,
+) -> None:
+    job = claim(database, "first")
+    with app(database) as conn:
+        run_id = step_run(conn, job)
+        closed = queue.close_step(
+            conn, run_id, "ok", job.lease, ["create_schema"], 16, last=False,
+            open_next=queue.NextStep(job.tenant_id, "run_tenant_migrations"),
+        )  # fmt: skip
+        assert closed.job.steps_completed == ["create_schema"] and closed.claimed is None
+        assert closed.next_run_id is not None
+        assert len(step_runs(database, job)) == 1  # nothing is visible before the commit
+        conn.commit()
+    first, second = step_runs(database, job)
+    assert (first["id"], first["outcome"]) == (run_id, "succeeded")
+    assert second["id"] == closed.next_run_id
+    assert (second["step"], second["outcome"], second["finished_at"]) == (
+        "run_tenant_migrations",
+        "running",
+        None,
+    )
+    lease = job.lease
+    assert (second["tenant_id"], second["run"], second["attempt"], second["worker"]) == (
+        job.tenant_id,
+        lease.run,
+        lease.attempts,
+        lease.locked_by,
+    )
+    # The next run starts the instant the previous one finished: one clock reading for both.
+    assert second["started_at"] == first["finished_at"]
+    # A step that never began goes with the hand-back (the engine's release between steps).
+    with app(database) as conn:
+        queue.discard_step_run(conn, second["id"])
+        queue.release(conn, lease)
+        conn.commit()
+    assert [r["id"] for r in step_runs(database, job)] == [run_id]
+
+
+def test_a_lost_lease_opens_no_run_for_the_next_step(database: Database) -> None:
+    job = claim(database, "first")
+    with app(database) as conn:
+        run_id = step_run(conn, job)
+    with database.owner() as conn:  # recovery gave the job to someone else meanwhile
+        conn.execute("UPDATE control.platform_jobs SET locked_by = 'w2' WHERE id = %s", (job.id,))
+    with app(database) as conn:
+        with pytest.raises(LeaseLost):
+            queue.close_step(
+                conn, run_id, "ok", job.lease, ["create_schema"], 16, last=False,
+                open_next=queue.NextStep(job.tenant_id, "run_tenant_migrations"),
+            )  # fmt: skip
+        conn.rollback()
+    assert [(r["id"], r["outcome"]) for r in step_runs(database, job)] == [(run_id, "running")]
 
 
 def test_jobs_a_dead_holder_never_reported_go_back_untouched(database: Database) -> None:

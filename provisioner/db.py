@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from provisioner.errors import DatabaseUnavailable, ProvisionerError
@@ -151,12 +152,22 @@ class Transaction:
     sa: sa.Connection
 
 
+#: How :meth:`Database.transaction` opens a transaction that has no first statement to send.
+BEGIN = sql.SQL("BEGIN")
+
+
 class Database:
     """The owner role's connections for the step engine: pooled, one connection kept open.
 
     Keeping one session open for a whole job lets other processes see that the job's holder is
     alive (``pg_stat_activity.application_name``), and ``idle_in_transaction_session_timeout``
     makes the server end a transaction whose process was frozen or lost, releasing its locks.
+
+    Its sessions are in psycopg's autocommit mode, and every :meth:`transaction` sends its own
+    ``BEGIN``: together with the transaction's first statement when the caller has one (the
+    step engine's tenant lock), so that opening a step costs one round trip, not two (psycopg
+    would send its implicit ``BEGIN`` alone). Nothing runs on them outside a transaction but
+    :meth:`on_idle_session`'s work, which wants autocommit anyway.
     """
 
     def __init__(
@@ -186,17 +197,24 @@ class Database:
             use_native_hstore=False,
             connect_args={
                 **SA_CONNECT_ARGS,
+                "autocommit": True,  # every transaction() begins explicitly (see above)
                 "application_name": self.application_name,
                 "options": _options(options),
             },
         )
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
-        """Commit on success, roll back on any exception (which leaves translated)."""
+    def transaction(self, first: sql.Composable | None = None) -> Iterator[Transaction]:
+        """Commit on success, roll back on any exception (which leaves translated).
+
+        ``first`` is the transaction's first statement, sent with its ``BEGIN`` in one simple
+        query (one round trip): composed with :mod:`psycopg.sql`, values as ``sql.Literal``,
+        since a simple query carries no bound parameters.
+        """
         with translated(), self._engine.begin() as conn:
             driver = conn.connection.driver_connection
             assert isinstance(driver, psycopg.Connection)
+            driver.execute(BEGIN if first is None else sql.SQL("BEGIN; {}").format(first))
             yield Transaction(pg=driver, sa=conn)
 
     def connect_ahead(
@@ -238,12 +256,7 @@ class Database:
             if driver.closed or driver.broken:
                 conn.invalidate()
                 return
-            driver.autocommit = True
-            try:
-                result = work(driver)
-            finally:
-                if not driver.broken:
-                    driver.autocommit = False
+            result = work(driver)
             if result is False:
                 conn.invalidate()
 

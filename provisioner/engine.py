@@ -14,7 +14,7 @@ For one claimed job it
    transaction (:meth:`Engine.claim`).
 
 Every step but a job's last commits asynchronously; the last one commits durably, and that
-flush makes the earlier ones durable with it (see ``_lock_tenant``).
+flush makes the earlier ones durable with it (see ``_tenant_lock``).
 
 Every write to the job row is fenced by the lease: if recovery, a take-over or a cancel changed
 the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
@@ -32,7 +32,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import tuple_row
+from psycopg import sql
 
 from provisioner import db, kinds, migrations, queue, tenants, upgrade_replay
 from provisioner.errors import (
@@ -103,16 +103,17 @@ def idle_timeout_ms(stale_after_seconds: float) -> int:
     return int(min(60.0, max(10.0, stale_after_seconds / 2)) * 1000)
 
 
-# A step's transaction starts by taking its tenant's lock.
-LOCK_DURABLE = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+# A step's transaction starts by taking its tenant's lock, in the same simple query as its
+# BEGIN (db.Database.transaction): the values are composed as literals.
+LOCK_DURABLE = sql.SQL("SELECT pg_advisory_xact_lock({}, hashtext({}))")
 # A step that is not the job's last also commits without waiting for its WAL flush. Safe: WAL
 # is replayed in order, so a server crash can lose only a tail of such commits, each one
 # atomically (the step's work together with its checkpoint): the job then resumes from an
 # earlier, consistent checkpoint (its claim is asynchronous too). The job's last step, which
 # completes it and is what a caller is told, commits durably, and that flush makes every
 # earlier step of the job durable with it.
-LOCK_ASYNC_COMMIT = (
-    "SELECT pg_advisory_xact_lock(%s, hashtext(%s)), set_config('synchronous_commit', 'off', true)"
+LOCK_ASYNC_COMMIT = sql.SQL(
+    "SELECT pg_advisory_xact_lock({}, hashtext({})), set_config('synchronous_commit', 'off', true)"
 )
 
 
@@ -445,11 +446,14 @@ class Engine:
         final = following is None
         claim_sent = False
         try:
-            with self._db.transaction() as tx:
-                if run_id is not None:
-                    self._lock_tenant(tx, ctx.tenant, durable=final)
-                else:
-                    run_id = self._lock_and_start_run(tx, journal, lease, ctx, step, final)
+            if run_id is None:
+                # The journal's start row, committed before the step's work begins, so that a
+                # step killed mid-work still leaves its run for recovery to mark abandoned.
+                # Later steps find their row opened by the step before them
+                # (queue.CLOSE_STEP_OPEN_NEXT).
+                with db.translated():
+                    run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
+            with self._db.transaction(_tenant_lock(ctx.tenant, durable=final)) as tx:
                 on_progress(StepEvent(job, step.name, "started"))
                 detail = step.run(tx, ctx)
                 if repairing:
@@ -498,28 +502,6 @@ class Engine:
             raise
         return closed.job, closed.next_run_id
 
-    def _lock_and_start_run(
-        self,
-        tx: db.Transaction,
-        journal: psycopg.Connection[Any],
-        lease: Lease,
-        ctx: StepContext,
-        step: Step,
-        final: bool,
-    ) -> int:
-        """A job's first step here: its journal row goes out on the journal's own session
-        while the step's session takes the tenant's lock, two round trips at once. Both are
-        done (the row committed) before the step's work begins, so a step killed mid-work
-        still leaves its run for recovery to mark abandoned. Later steps find their row
-        opened by the step before them (:data:`queue.CLOSE_STEP_OPEN_NEXT`)."""
-        with journal.pipeline(), journal.cursor(row_factory=tuple_row) as start_row:
-            queue.send_step_run_start(start_row, lease, ctx.tenant.value, step.name)
-            try:
-                self._lock_tenant(tx, ctx.tenant, durable=final)
-            finally:
-                run_id = queue.step_run_id(start_row)
-        return run_id
-
     @staticmethod
     def _discard_run(journal: psycopg.Connection[Any], run_id: int) -> None:
         """Remove a journal row opened ahead for a step that will not begin (best effort: left
@@ -541,13 +523,6 @@ class Engine:
 
         return self._finish(release)
 
-    def _lock_tenant(self, tx: db.Transaction, tenant: TenantId, *, durable: bool) -> None:
-        """The tenant's lock (and the step's commit mode) in one statement: one execute is
-        cheaper for psycopg than a pipeline of two, measured (docs/PERFORMANCE.md)."""
-        tx.pg.execute(
-            LOCK_DURABLE if durable else LOCK_ASYNC_COMMIT, (TENANT_LOCK_CLASS, tenant.value)
-        )
-
     @staticmethod
     def _close_run(
         journal: psycopg.Connection[Any], run_id: int, outcome: str, exc: BaseException
@@ -565,6 +540,14 @@ class Engine:
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self._db.transaction() as tx:
             return write(tx.pg)
+
+
+def _tenant_lock(tenant: TenantId, *, durable: bool) -> sql.Composed:
+    """A step's first statement: the tenant's lock and the step's commit mode, in one statement
+    (one execute is cheaper for psycopg than a pipeline of two, measured in
+    docs/PERFORMANCE.md), sent with the transaction's BEGIN."""
+    lock = LOCK_DURABLE if durable else LOCK_ASYNC_COMMIT
+    return lock.format(sql.Literal(TENANT_LOCK_CLASS), sql.Literal(tenant.value))
 
 
 def _has_input(conn: psycopg.Connection[Any]) -> bool:

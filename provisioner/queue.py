@@ -893,9 +893,22 @@ def list_jobs(conn: Conn, *, status: str | None = None, limit: int = 50) -> list
 
 
 def start_step_run(conn: Conn, lease: Lease, tenant_id: str | None, step: str) -> int:
+    """Open a step run's journal row (:data:`STEP_RUN_START`); its id."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        send_step_run_start(cur, lease, tenant_id, step)
-        return step_run_id(cur)
+        cur.execute(
+            STEP_RUN_START,
+            {
+                "job_id": lease.job_id,
+                "tenant_id": tenant_id,
+                "run": lease.run,
+                "attempt": lease.attempts,
+                "step": step,
+                "worker": lease.locked_by,
+            },
+        )
+        row = cur.fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 # What a job's statements read, touched without a row read or written: run on a worker child's
@@ -913,31 +926,6 @@ def warm(conn: Conn) -> None:
     """Run :data:`WARM` (see there)."""
     with conn.cursor() as cur:
         cur.execute(WARM)
-
-
-def send_step_run_start(
-    cur: psycopg.Cursor[Any], lease: Lease, tenant_id: str | None, step: str
-) -> None:
-    """Send a step run's start row; in pipeline mode the caller may do other work (on another
-    session) before reading its id with :func:`step_run_id`."""
-    cur.execute(
-        STEP_RUN_START,
-        {
-            "job_id": lease.job_id,
-            "tenant_id": tenant_id,
-            "run": lease.run,
-            "attempt": lease.attempts,
-            "step": step,
-            "worker": lease.locked_by,
-        },
-    )
-
-
-def step_run_id(cur: psycopg.Cursor[Any]) -> int:
-    """The id of the step run :func:`send_step_run_start` sent on ``cur``."""
-    row = cur.fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _run_detail(detail: str | None) -> str | None:

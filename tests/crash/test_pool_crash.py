@@ -97,12 +97,13 @@ def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
         assert first.wait() == -signal.SIGKILL
         wait_until(lambda: not any(alive(pid) for pid in children), 10, "the child to die")
         running = [(r["step"], r["worker"]) for r in step_runs(database, TENANT)]
-    # Where it stood: no step started (waiting for the tenant's lock), inside create_schema,
-    # or inside the migration step after create_schema committed.
+    # Where it stood: waiting for the tenant's lock in create_schema's transaction (its journal
+    # row is committed before that transaction begins), inside create_schema, or inside the
+    # migration step after create_schema committed.
     assert (
         running
         == {
-            "before_take": [],
+            "before_take": [("create_schema", holder)],
             "inside_take": [("create_schema", holder)],
             "after_take": [("create_schema", holder), ("run_tenant_migrations", holder)],
             "after_grant": [

@@ -197,11 +197,13 @@ UPDATE control.platform_jobs
 RETURNING *
 """
 
-# Finish a job successfully, fenced by the lease.
+# Finish a job successfully, fenced by the lease. ``finished_at`` is the clock when the job
+# ended, not the start of the transaction that ended it: for a job completed with its last step
+# (RECORD_LAST_STEP), that step's work is part of the job's time.
 COMPLETE = """
 UPDATE control.platform_jobs
    SET status = 'succeeded', progress = 100, error_detail = NULL, locked_at = NULL,
-       locked_by = NULL, finished_at = now(), updated_at = now()
+       locked_by = NULL, finished_at = clock_timestamp(), updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
 RETURNING *
 """
@@ -211,7 +213,7 @@ RETURNING *
 RECORD_LAST_STEP = """
 UPDATE control.platform_jobs
    SET steps_completed = %(steps)s, status = 'succeeded', progress = 100, error_detail = NULL,
-       locked_at = NULL, locked_by = NULL, finished_at = now(), updated_at = now()
+       locked_at = NULL, locked_by = NULL, finished_at = clock_timestamp(), updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
 RETURNING *
 """
@@ -258,7 +260,8 @@ UPDATE control.platform_jobs
                            ELSE now() + make_interval(
                                     secs => least(%(cap)s, power(2, least(attempts, 8))))
                       END,
-       finished_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN now() END,
+       finished_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN clock_timestamp()
+                     END,
        error_detail = %(error)s, locked_at = NULL, locked_by = NULL, updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
 RETURNING *

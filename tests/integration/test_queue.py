@@ -378,6 +378,7 @@ def test_the_last_step_completes_its_job_and_claims_the_next_in_one_transaction(
     with app(database) as conn:
         second = enqueue_tenant(conn, "second")
         run_id = step_run(conn, job)
+        began = conn.execute("SELECT now() AS began, pg_sleep(0.05)").fetchone()["began"]
         closed = queue.close_step(
             conn, run_id, "ok", job.lease, list(kinds.BUILTIN["provision_tenant"].step_names),
             100, last=True, claim_next=["provision_tenant"],
@@ -393,6 +394,8 @@ def test_the_last_step_completes_its_job_and_claims_the_next_in_one_transaction(
         conn.commit()
     assert row(database, job.id)["status"] == "succeeded"
     assert row(database, job.id)["progress"] == 100
+    # The job finished when its last step did, not when that step's transaction began.
+    assert row(database, job.id)["finished_at"] - began >= timedelta(seconds=0.05)
     stored = row(database, second.id)
     assert (stored["status"], stored["locked_by"], stored["attempts"]) == ("running", "w1", 1)
     with database.owner() as conn:

@@ -405,13 +405,18 @@ def test_the_last_step_completes_its_job_and_claims_the_next_in_one_transaction(
     assert outcome == ("succeeded", "ok")
 
 
+def give_the_lease_away(database: Database, job: Job) -> None:
+    """What recovery does meanwhile: the job is someone else's now."""
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET locked_by = 'w2' WHERE id = %s", (job.id,))
+
+
 def test_a_lost_lease_at_the_last_step_claims_nothing(database: Database) -> None:
     job = claim(database, "first")
     with app(database) as conn:
         second = enqueue_tenant(conn, "second")
         run_id = step_run(conn, job)
-    with database.owner() as conn:  # recovery gave the job to someone else meanwhile
-        conn.execute("UPDATE control.platform_jobs SET locked_by = 'w2' WHERE id = %s", (job.id,))
+    give_the_lease_away(database, job)
     with app(database) as conn:
         with pytest.raises(LeaseLost):
             queue.close_step(
@@ -475,8 +480,7 @@ def test_a_lost_lease_opens_no_run_for_the_next_step(database: Database) -> None
     job = claim(database, "first")
     with app(database) as conn:
         run_id = step_run(conn, job)
-    with database.owner() as conn:  # recovery gave the job to someone else meanwhile
-        conn.execute("UPDATE control.platform_jobs SET locked_by = 'w2' WHERE id = %s", (job.id,))
+    give_the_lease_away(database, job)
     with app(database) as conn:
         with pytest.raises(LeaseLost):
             queue.close_step(

@@ -152,8 +152,31 @@ class Transaction:
     sa: sa.Connection
 
 
-#: How :meth:`Database.transaction` opens a transaction that has no first statement to send.
+#: How :meth:`Session.transaction` opens a transaction that has no first statement to send.
 BEGIN = sql.SQL("BEGIN")
+
+
+@dataclass(frozen=True)
+class Session:
+    """One checked-out session of a :class:`Database` (see :meth:`Database.session`). A
+    connection the server dropped is replaced at the next transaction, once the failed one has
+    rolled back (SQLAlchemy reconnects it)."""
+
+    conn: sa.Connection
+
+    @contextmanager
+    def transaction(self, first: sql.Composable | None = None) -> Iterator[Transaction]:
+        """Commit on success, roll back on any exception (which leaves translated).
+
+        ``first`` is the transaction's first statement, sent with its ``BEGIN`` in one simple
+        query (one round trip): composed with :mod:`psycopg.sql`, values as ``sql.Literal``,
+        since a simple query carries no bound parameters.
+        """
+        with translated(), self.conn.begin():
+            driver = self.conn.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            driver.execute(BEGIN if first is None else sql.SQL("BEGIN; {}").format(first))
+            yield Transaction(pg=driver, sa=self.conn)
 
 
 class Database:
@@ -205,17 +228,17 @@ class Database:
 
     @contextmanager
     def transaction(self, first: sql.Composable | None = None) -> Iterator[Transaction]:
-        """Commit on success, roll back on any exception (which leaves translated).
+        """Commit on success, roll back on any exception (which leaves translated); see
+        :meth:`Session.transaction` for ``first``."""
+        with self.session() as session, session.transaction(first) as tx:
+            yield tx
 
-        ``first`` is the transaction's first statement, sent with its ``BEGIN`` in one simple
-        query (one round trip): composed with :mod:`psycopg.sql`, values as ``sql.Literal``,
-        since a simple query carries no bound parameters.
-        """
-        with translated(), self._engine.begin() as conn:
-            driver = conn.connection.driver_connection
-            assert isinstance(driver, psycopg.Connection)
-            driver.execute(BEGIN if first is None else sql.SQL("BEGIN; {}").format(first))
-            yield Transaction(pg=driver, sa=conn)
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """The pooled session checked out for several transactions (a job's): each then costs
+        no checkout and check-in of the pool, 40-50 us apiece (docs/PERFORMANCE.md)."""
+        with translated(), self._engine.connect() as conn:
+            yield Session(conn)
 
     def connect_ahead(
         self, prepare: Callable[[Transaction], object] | None = None

@@ -25,8 +25,8 @@ from __future__ import annotations
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable
-from contextlib import suppress
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -147,6 +147,8 @@ class Engine:
             idle_in_transaction_timeout_ms=idle_timeout_ms(stale_after_seconds),
         )
         self._control: psycopg.Connection[Any] | None = None
+        #: the steps' session while a job runs (:meth:`_job_session`)
+        self._session: db.Session | None = None
         #: the next job, claimed by the last step of the previous one (``claim_next``)
         self._claimed: queue.Claim | None = None
         #: the job whose last step's commit failed after claiming the next one (unknown fate)
@@ -304,20 +306,43 @@ class Engine:
         lease = job.lease
         ctx = self._context(tenant)
         journal = self.control
-        try:
-            kind = self.kinds[job.job_type]
-            return self._run_steps(
-                kind, job, lease, ctx, journal, on_progress, should_stop, tenant_state, claim_next
-            )
-        except LeaseLost:
-            raise
-        except Exception as exc:
-            where, cause = (exc.step, exc.__cause__) if isinstance(exc, StepFailed) else ("", exc)
-            permanent = isinstance(cause, PermanentError | InvalidInput | WrongState)
-            message = f"{where or 'start'}: {describe(cause or exc)}"
-            return self._finish(
-                lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
-            )
+        with self._job_session():
+            try:
+                kind = self.kinds[job.job_type]
+                return self._run_steps(
+                    kind, job, lease, ctx, journal, on_progress, should_stop, tenant_state,
+                    claim_next,
+                )  # fmt: skip
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                where, cause = (
+                    (exc.step, exc.__cause__) if isinstance(exc, StepFailed) else ("", exc)
+                )
+                permanent = isinstance(cause, PermanentError | InvalidInput | WrongState)
+                message = f"{where or 'start'}: {describe(cause or exc)}"
+                return self._finish(
+                    lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
+                )
+
+    @contextmanager
+    def _job_session(self) -> Iterator[None]:
+        """The steps' pooled session, checked out once for the whole job: its transactions
+        cost no pool checkout each (see :meth:`_transaction`)."""
+        with self._db.session() as session:
+            self._session = session
+            try:
+                yield
+            finally:
+                self._session = None
+
+    def _transaction(
+        self, first: sql.Composable | None = None
+    ) -> AbstractContextManager[db.Transaction]:
+        """A transaction on the running job's session, or on a session of its own outside one."""
+        if self._session is not None:
+            return self._session.transaction(first)
+        return self._db.transaction(first)
 
     def _run_steps(
         self,
@@ -412,7 +437,7 @@ class Engine:
     ) -> tuple[Job, set[str]]:
         if not job.steps_completed:
             return job, set()
-        with self._db.transaction() as tx:
+        with self._transaction() as tx:
             gone = _vanished(tx, ctx, kind.steps, job.steps_completed)
             if not gone:
                 return job, set()
@@ -453,7 +478,7 @@ class Engine:
                 # (queue.CLOSE_STEP_OPEN_NEXT).
                 with db.translated():
                     run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
-            with self._db.transaction(_tenant_lock(ctx.tenant, durable=final)) as tx:
+            with self._transaction(_tenant_lock(ctx.tenant, durable=final)) as tx:
                 on_progress(StepEvent(job, step.name, "started"))
                 detail = step.run(tx, ctx)
                 if repairing:
@@ -538,7 +563,7 @@ class Engine:
         return self._finish(lambda c: queue.release(c, job.lease))
 
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
-        with self._db.transaction() as tx:
+        with self._transaction() as tx:
             return write(tx.pg)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from psycopg import pq, sql
 
@@ -71,3 +72,43 @@ def test_a_failing_first_statement_rolls_back_and_the_session_serves_the_next(
         with owner.transaction() as tx:
             insert_tenant(tx, "after")
     assert tenant_rows(database, "after") == 1
+
+
+def backend_pid(tx: db.Transaction) -> int:
+    row = tx.pg.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_session_runs_its_transactions_on_one_server_session_each_its_own_unit(
+    database: Database,
+) -> None:
+    with db.Database(database.owner_url) as owner, owner.session() as session:
+        with session.transaction(SETTING) as tx:
+            insert_tenant(tx, "first")
+            pid = backend_pid(tx)
+        with pytest.raises(RuntimeError), session.transaction() as tx:  # noqa: PT012
+            insert_tenant(tx, "second")
+            assert backend_pid(tx) == pid
+            raise RuntimeError("the second step failed")
+        with session.transaction() as tx:
+            assert backend_pid(tx) == pid
+            row = tx.pg.execute("SELECT current_setting('provisioner.test', true)").fetchone()
+            assert row in ((None,), ("",))
+    assert (tenant_rows(database, "first"), tenant_rows(database, "second")) == (1, 0)
+
+
+def test_a_session_the_server_dropped_reconnects_at_its_next_transaction(
+    database: Database,
+) -> None:
+    with db.Database(database.owner_url) as owner, owner.session() as session:
+        with session.transaction() as tx:
+            pid = backend_pid(tx)
+        with psycopg.connect(database.admin_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(db.DatabaseUnavailable), session.transaction() as tx:
+            insert_tenant(tx, "lost")
+        with session.transaction() as tx:
+            assert backend_pid(tx) != pid
+            insert_tenant(tx, "after")
+    assert (tenant_rows(database, "lost"), tenant_rows(database, "after")) == (0, 1)

@@ -357,7 +357,7 @@ class Engine:
         claim_next: tuple[str, ...],
     ) -> Job:
         current = "resume check"
-        #: the journal row the last step opened for the next one (close_step's ``open_next``)
+        # the journal row the last step opened for the next one (close_step's ``open_next``)
         opened: int | None = None
         try:
             self._check_state(kind, ctx.tenant, journal, tenant_state)

@@ -231,6 +231,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         "latency is the job row's finished_at - created_at; each tenant is enqueued "
         f"{SETTLE_SECONDS:.0f} s after the previous one finished (with the pool: after it is full "
         "again). The large template is generated into a copy of "
-        "the package for the run. Median ms per step (job_step_runs): "
+        "the package for the run. Median ms per step (job_step_runs; a step after the first "
+        "starts when the one before it finished, so its time includes that hand-over): "
         + "; ".join(f"{case}: {medians}" for case, medians in steps.items())
     )

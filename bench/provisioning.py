@@ -419,4 +419,8 @@ def _step_breakdown(database: BenchDatabase) -> str:
         lines.append(f"{step:<40} {fast:>10.1f} {slow:>10.1f}")
     for variant, label in (("fast", "fast path"), ("slow", "fast path off")):
         lines.append(f"recorded ({label}): {'; '.join(sorted(paths[variant]))}")
+    lines.append(
+        "(a step after the first starts when the one before it finished: its time includes "
+        "that hand-over)"
+    )
     return "\n".join(lines)

@@ -34,6 +34,7 @@ def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
         lock_timeout_ms=ctx.lock_timeout_ms,
         templates=ctx.templates,
         app_role=ctx.app_role,
+        versioned=ctx.memo.spare_taken is True,
     )
 
 

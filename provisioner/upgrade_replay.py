@@ -158,12 +158,24 @@ def upgrade_only(job: Job) -> bool:
 
 
 def _set_lock_timeout_and_read_versions(
-    tx: Transaction, schema: str, lock_timeout_ms: int
+    tx: Transaction, schema: str, lock_timeout_ms: int, *, versioned: bool = False
 ) -> frozenset[str] | None:
     """Set the step's ``lock_timeout``; the revisions the schema records, None when it has no
     version table (what :func:`provisioner.migrations.tenant_versions` says), in two round
-    trips, one when there is no version table."""
+    trips, one when there is no version table. With ``versioned`` (a spare this run took: the
+    pool built it with its version table) both in one simple query, one round trip; a table
+    that is gone after all fails the step, and its retry looks as above."""
     with tx.pg.cursor(row_factory=tuple_row) as cur:
+        if versioned:
+            cur.execute(
+                sql.SQL(
+                    "SELECT set_config('lock_timeout', {}, true); "
+                    "SELECT version_num FROM {}.alembic_version"
+                ).format(sql.Literal(f"{lock_timeout_ms}ms"), sql.Identifier(schema)),
+                prepare=False,  # one text per schema
+            )
+            cur.nextset()  # past the set_config's row, to the versions
+            return frozenset(str(version[0]) for version in cur.fetchall())
         cur.execute(
             LOCK_TIMEOUT_AND_VERSION_TABLE,
             {"lock_timeout": f"{lock_timeout_ms}ms", "schema": schema},
@@ -297,14 +309,18 @@ class UpgradeCache:
         lock_timeout_ms: int,
         templates: TemplateCache,
         app_role: str,
+        versioned: bool = False,
     ) -> str:
         """Bring ``schema`` to head in the step's transaction; the step record's detail.
 
         A new schema (no version table) and one already at head go to the provisioning fast
         path (``templates``, the engine's); a schema behind the head is upgraded here.
+        ``versioned``: the schema is known to have a version table (a spare this run took).
         """
         with translated():
-            versions = _set_lock_timeout_and_read_versions(tx, schema, lock_timeout_ms)
+            versions = _set_lock_timeout_and_read_versions(
+                tx, schema, lock_timeout_ms, versioned=versioned
+            )
         tree = migrations.tenant_tree_state()
         if versions == tree.heads:
             # What the template cache would say after reading the versions again (a taken

@@ -93,3 +93,35 @@ def test_a_run_remembers_whether_it_took_a_spare_for_its_grant_step(
                 assert grant.run(tx, resumed) is not None  # all in place: the check passes
     finally:
         owner.close()
+
+
+def test_the_migration_step_of_a_taken_spare_reads_its_version_and_sets_the_lock_timeout(
+    settings: Settings, database: Database
+) -> None:
+    """A spare this run took has its version table: the migration step sets the lock timeout
+    and reads the version in one simple query. A version table that is gone after all fails
+    the step (rolled back), as the resume's catalog check would see."""
+    tenant = TenantId("spared")
+    with database.app() as conn:
+        conn.execute(
+            "INSERT INTO control.tenants (tenant_id, schema_name) VALUES (%s, %s)",
+            (tenant.value, tenant.schema),
+        )
+    build_spare(settings)
+    ctx = StepContext(
+        tenant=tenant, app_role="app_rw", store=store_from_settings(settings), lock_timeout_ms=1234
+    )
+    create, migrate = PROVISION_STEPS[:2]
+    with db.Database(settings.owner_url) as owner:
+        with owner.transaction() as tx:
+            create.run(tx, ctx)
+        assert ctx.memo.spare_taken is True
+        with owner.transaction() as tx:
+            assert "path=current" in (migrate.run(tx, ctx) or "")
+            assert tx.pg.execute("SHOW lock_timeout").fetchone() == ("1234ms",)
+        with owner.transaction() as tx:
+            tx.pg.execute(f"DROP TABLE {tenant.schema}.alembic_version")
+        with pytest.raises(db.DatabaseError, match="alembic_version"), owner.transaction() as tx:
+            migrate.run(tx, ctx)
+        with owner.transaction() as tx:  # the catalog check of a resume sees it, too
+            assert not migrate.effect_present(tx, ctx)

@@ -22,6 +22,7 @@ the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
 
 from __future__ import annotations
 
+import itertools
 import select
 import threading
 import time
@@ -371,6 +372,7 @@ class Engine:
             else:
                 job, repaired = self._forget_vanished(kind, job, lease, ctx)
             pending = [s.name for s in kind.steps if s.name not in job.steps_completed]
+            following_of = dict(itertools.pairwise(pending))  # the last step has none
             for step in kind.steps:
                 if step.name in job.steps_completed:
                     if not upgrade_only:
@@ -379,8 +381,6 @@ class Engine:
                 if should_stop():
                     return self._release(lease, opened)
                 current = step.name
-                position = pending.index(step.name)
-                following = pending[position + 1] if position + 1 < len(pending) else None
                 run_id, opened = opened, None  # the step's own now: it closes it, come what may
                 job, opened = self._run_step(
                     kind,
@@ -392,7 +392,7 @@ class Engine:
                     on_progress,
                     step.name in repaired,
                     run_id=run_id,
-                    following=following,
+                    following=following_of.get(step.name),
                     claim_next=claim_next,
                 )
             if job.status is JobStatus.SUCCEEDED:
@@ -538,8 +538,8 @@ class Engine:
             pass
 
     def _release(self, lease: Lease, opened: int | None) -> Job:
-        """Hand the job back between two steps; the journal row opened ahead for the step that
-        now does not begin goes with it, in the same transaction."""
+        """Hand the job back, untouched or between two steps; the journal row opened ahead for
+        a step that now does not begin (``opened``) goes with it, in the same transaction."""
 
         def release(conn: psycopg.Connection[Any]) -> Job:
             if opened is not None:
@@ -560,7 +560,7 @@ class Engine:
 
     def release(self, job: Job) -> Job:
         """Hand the held job back to the queue, untouched (its attempt is not counted)."""
-        return self._finish(lambda c: queue.release(c, job.lease))
+        return self._release(job.lease, None)
 
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self._transaction() as tx:

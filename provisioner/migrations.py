@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from psycopg import sql
 from psycopg.rows import tuple_row
 
+from provisioner import tenant_schema
 from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, translated
 
 # Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
@@ -264,9 +264,7 @@ def _versions(pg_conn: Any, schema: str) -> frozenset[str] | None:
         )
         if cur.fetchone() is None:
             return None
-        cur.execute(
-            sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))
-        )
+        cur.execute(tenant_schema.versions_query(schema))
         return frozenset(row[0] for row in cur)
 
 

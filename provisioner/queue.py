@@ -189,13 +189,13 @@ RETURNING j.*
 # Record one finished step with the new progress, fenced by the lease. The lease is renewed
 # with clock_timestamp(): now() is the start of the step's transaction, which may be older
 # than the lease itself after a long step.
-RECORD_STEP = """
+_RECORD_STEP = """
 UPDATE control.platform_jobs
    SET steps_completed = %(steps)s, progress = %(progress)s, locked_at = clock_timestamp(),
        updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
-RETURNING *
-"""
+RETURNING *"""
+RECORD_STEP = _RECORD_STEP + "\n"
 
 # Finish a job successfully, fenced by the lease. ``finished_at`` is the clock when the job
 # ended, not the start of the transaction that ended it: for a job completed with its last step
@@ -243,9 +243,9 @@ CLOSE_STEP_OPEN_NEXT = (
       FROM closed_at
     RETURNING id
 )"""
-    + RECORD_STEP.replace("RETURNING *", "RETURNING *, (SELECT id FROM next_run) AS next_run_id")
+    + _RECORD_STEP
+    + ", (SELECT id FROM next_run) AS next_run_id\n"
 )
-assert CLOSE_STEP_OPEN_NEXT.count("next_run_id") == 1, "RECORD_STEP no longer ends in RETURNING"
 
 # A step run opened ahead (CLOSE_STEP_OPEN_NEXT) for a step that never began: the job was
 # handed back before it. Gone with the hand-back, in the same transaction.

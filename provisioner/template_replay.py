@@ -130,8 +130,8 @@ def replay_verified(
         .format(name, sql.Identifier(schema))
         .as_string(tx.pg)
         + script
-        + sql.SQL("\nSET LOCAL search_path TO DEFAULT; SELECT version_num FROM {}.alembic_version")
-        .format(sql.Identifier(schema))
+        + sql.SQL("\nSET LOCAL search_path TO DEFAULT; {}")
+        .format(tenant_schema.versions_query(schema))
         .as_string(tx.pg)
     )
     with tx.pg.cursor() as cur:

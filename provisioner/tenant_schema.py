@@ -452,14 +452,16 @@ def _abstracted(section: str, qualifier: str) -> list[tuple[Any, ...]]:
     ]
 
 
+def versions_query(schema: str) -> sql.Composed:
+    """The statement that reads the revisions ``<schema>.alembic_version`` records."""
+    return sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema))
+
+
 def _alembic_versions(conn: Conn, schema: str, relations: list[tuple[Any, ...]]) -> list[str]:
     """The schema's alembic_version rows; [] when the fingerprint found no such table."""
     if not any(row[0] == "alembic_version" and row[1] in ("r", "p") for row in relations):
         return []
     with conn.cursor(row_factory=tuple_row) as cur:
         # One text per schema: never worth preparing.
-        cur.execute(
-            sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema)),
-            prepare=False,
-        )
+        cur.execute(versions_query(schema), prepare=False)
         return [str(row[0]) for row in cur.fetchall()]

@@ -168,10 +168,9 @@ def _set_lock_timeout_and_read_versions(
     with tx.pg.cursor(row_factory=tuple_row) as cur:
         if versioned:
             cur.execute(
-                sql.SQL(
-                    "SELECT set_config('lock_timeout', {}, true); "
-                    "SELECT version_num FROM {}.alembic_version"
-                ).format(sql.Literal(f"{lock_timeout_ms}ms"), sql.Identifier(schema)),
+                sql.SQL("SELECT set_config('lock_timeout', {}, true); {}").format(
+                    sql.Literal(f"{lock_timeout_ms}ms"), tenant_schema.versions_query(schema)
+                ),
                 prepare=False,  # one text per schema
             )
             cur.nextset()  # past the set_config's row, to the versions
@@ -184,7 +183,7 @@ def _set_lock_timeout_and_read_versions(
         if row is None or not row[1]:
             return None
         cur.execute(
-            sql.SQL("SELECT version_num FROM {}.alembic_version").format(sql.Identifier(schema)),
+            tenant_schema.versions_query(schema),
             prepare=False,  # one text per schema
         )
         return frozenset(str(version[0]) for version in cur.fetchall())

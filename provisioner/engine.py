@@ -35,7 +35,7 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-from provisioner import db, kinds, migrations, queue, tenants, upgrade_replay
+from provisioner import db, kinds, migrations, pool, queue, tenants, upgrade_replay
 from provisioner.errors import (
     InvalidInput,
     LeaseLost,
@@ -212,7 +212,8 @@ class Engine:
         self._db.ensure_alive()
 
     def warm(self) -> None:
-        """Run :data:`queue.WARM` on the open sessions (none opened for it), best effort.
+        """Run :func:`queue.warm` on the open sessions (none opened for it), best effort: the
+        control session plans the claim ahead, the steps' session the steps' ends and a take.
 
         A spare of a large template sends more catalog invalidations than the server's queue
         holds, so every idle session empties its catalog caches and reloads them at its next
@@ -223,8 +224,10 @@ class Engine:
         with suppress(ProvisionerError):
             if self._control is not None and not self._control.closed:
                 with db.translated():
-                    queue.warm(self.control)
-            self._db.on_idle_session(queue.warm)
+                    queue.warm(self.control, queue.CONTROL_PLANS)
+            self._db.on_idle_session(
+                lambda conn: queue.warm(conn, (*queue.STEP_PLANS, *pool.TAKE_PLANS))
+            )
 
     def connect_ahead(self) -> threading.Thread:
         """The steps' session opened in a thread, and the template's stored reference read on

@@ -134,6 +134,13 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
 """
 )
 
+#: A take's own statements, planned ahead on idle sessions after a spare build (queue.warm):
+#: parameters that match nothing.
+TAKE_PLANS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (TAKE_SPARE, {"digest": "", "tenant": ""}),
+    (GRANTS_HELD, {"schema": "", "role": ""}),
+)
+
 # One builder at a time per database (worker replicas share the pool): try, never wait.
 TRY_BUILD_LOCK = "SELECT pg_try_advisory_xact_lock(%(class)s, 0) AS locked"
 

@@ -13,10 +13,10 @@ row, the old holder's writes match nothing and raise :class:`LeaseLost`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
@@ -48,6 +48,29 @@ INSERT INTO control.platform_jobs
 VALUES (%(tenant_id)s, %(job_type)s, %(payload)s, %(idempotency_key)s, %(max_attempts)s)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *
+"""
+
+# A job under an id chosen by the caller, and its wake-up, in one statement; an existing key
+# inserts nothing, wakes nobody and returns no row (the caller then reads the job holding it).
+_ENQUEUE_WOKEN = """job AS (
+    INSERT INTO control.platform_jobs
+        (id, tenant_id, job_type, payload, idempotency_key, max_attempts)
+    VALUES (%(id)s, %(tenant_id)s, %(job_type)s, %(payload)s, %(idempotency_key)s,
+            %(max_attempts)s)
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+)
+SELECT job.*, pg_notify(%(channel)s, job.job_type) AS woken FROM job
+"""
+ENQUEUE_WOKEN = "WITH " + _ENQUEUE_WOKEN
+
+# The run row (RUN_START) of the job ENQUEUE_WOKEN inserted under that id, if it did. A
+# statement of its own, after that one: the application role's policy on job_runs checks that
+# the job exists, which a statement does not see of its own inserts.
+RUN_START_ENQUEUED = """
+INSERT INTO control.job_runs (job_id, run, job_type, started_by)
+SELECT id, run, job_type, %(started_by)s FROM control.platform_jobs WHERE id = %(id)s
+ON CONFLICT (job_id, run) DO NOTHING
 """
 
 # The job already holding an idempotency key.
@@ -128,6 +151,10 @@ INSERT INTO control.tenants (tenant_id, schema_name)
 VALUES (%(tenant_id)s, %(schema)s)
 ON CONFLICT (tenant_id) DO NOTHING
 """
+
+# ENSURE_TENANT and ENQUEUE_WOKEN in one statement. The job's foreign key is checked at the end
+# of the statement, when the tenant's row, inserted by the CTE, is there.
+ENSURE_TENANT_ENQUEUE_WOKEN = "WITH tenant AS (" + ENSURE_TENANT.strip() + "\n), " + _ENQUEUE_WOKEN
 
 # Claim the oldest claimable job of the allowed types; SKIP LOCKED keeps claimants apart. A job
 # whose tenant has another job running waits (jobs of one tenant never run at the same time,
@@ -473,41 +500,75 @@ def enqueue(
     attempts reset (its ``steps_completed`` stay, so the work resumes where it stopped).
     The caller checks ``job_type`` against the kind registry (:mod:`provisioner.kinds`).
     """
-    if not job_type:
+    return _enqueue(
+        conn,
+        _JobRequest(job_type, tenant_id, payload, idempotency_key, max_attempts, started_by),
+        retry_terminal=retry_terminal,
+    )
+
+
+@dataclass(frozen=True)
+class _JobRequest:
+    """What an enqueue asks for."""
+
+    job_type: str
+    tenant_id: str | None
+    payload: dict[str, Any] | None
+    idempotency_key: str | None
+    max_attempts: int
+    started_by: str
+    #: the tenant's schema: its control row is made sure of in the same statement
+    tenant_schema: str | None = None
+
+
+def _enqueue(conn: Conn, request: _JobRequest, *, retry_terminal: bool) -> Enqueued:
+    if not request.job_type:
         raise InvalidInput("a job needs a job type")
-    if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+    if not 1 <= request.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
     params = {
-        "tenant_id": tenant_id,
-        "job_type": job_type,
-        "payload": Jsonb(payload or {}),
-        "idempotency_key": idempotency_key,
-        "max_attempts": max_attempts,
+        "tenant_id": request.tenant_id,
+        "job_type": request.job_type,
+        "payload": Jsonb(request.payload or {}),
+        "idempotency_key": request.idempotency_key,
+        "max_attempts": request.max_attempts,
+        "started_by": request.started_by,
+        "channel": NOTIFY_CHANNEL,
+        "schema": request.tenant_schema,
+        "id": uuid4(),
     }
-    row = _one(conn, ENQUEUE, params)
+    # A new job with its wake-up, then its run's row: one round trip with the transaction's
+    # BEGIN (a sign-up waits for its enqueue, and each round trip of it is latency it sees).
+    statement = ENQUEUE_WOKEN if request.tenant_schema is None else ENSURE_TENANT_ENQUEUE_WOKEN
+    row = _insert_started(conn, statement, params)
     if row is not None:
-        # The run's row and the wake-up in one round trip (pipeline mode): a sign-up waits
-        # for its enqueue, and each round trip of it is latency the user sees.
-        with conn.pipeline():
-            _start_run(conn, job := Job.from_row(row), started_by)
-            _notify(conn, job_type)
-        return Enqueued(job, created=True)
-    existing = _one(conn, BY_IDEMPOTENCY_KEY, {"key": idempotency_key})
+        return Enqueued(Job.from_row(row), created=True)
+    key = request.idempotency_key
+    existing = _one(conn, BY_IDEMPOTENCY_KEY, {"key": key})
     assert existing is not None, "ON CONFLICT fired, so the key exists"
     job = Job.from_row(existing)
-    if (job.tenant_id, job.job_type) != (tenant_id, job_type):
+    if (job.tenant_id, job.job_type) != (request.tenant_id, request.job_type):
         raise KeyConflict(
-            f"idempotency key {str(idempotency_key)[:80]} is held by job {job.id} "
-            f"({job.job_type} of tenant {str(job.tenant_id)[:48]}), not a {job_type} job of "
-            f"tenant {str(tenant_id)[:48]}: nothing was queued"
+            f"idempotency key {str(key)[:80]} is held by job {job.id} "
+            f"({job.job_type} of tenant {str(job.tenant_id)[:48]}), not a {request.job_type} "
+            f"job of tenant {str(request.tenant_id)[:48]}: nothing was queued"
         )
     if retry_terminal and job.status in ("failed", "cancelled"):
         requeued = _one(conn, REQUEUE_TERMINAL, {"id": job.id})
         if requeued is not None:
-            _start_run(conn, job := Job.from_row(requeued), started_by)
-            _notify(conn, job_type)
+            _start_run(conn, job := Job.from_row(requeued), request.started_by)
+            _notify(conn, request.job_type)
             return Enqueued(job, created=False, requeued=True)
     return Enqueued(job, created=False)
+
+
+def _insert_started(conn: Conn, statement: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The job ``statement`` inserted (None: none), then its run's row: one pipeline, so one
+    round trip, together with the ``BEGIN`` psycopg sends first outside a transaction."""
+    with conn.pipeline(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(statement, params)
+        conn.execute(RUN_START_ENQUEUED, params)
+        return cur.fetchone()
 
 
 def _start_run(conn: Conn, job: Job, started_by: str) -> None:
@@ -568,21 +629,15 @@ def ensure_tenant_job(
 ) -> Enqueued:
     """The tenant's control row and its job of ``job_type`` under the key, created if missing.
 
-    Pipelined: the tenant's row goes out with the job's insert (one round trip), and the run's
-    row with the wake-up (one more), so an enqueue costs two round trips, not four. An error
-    (a refused row, a key held by another job) is raised as it would be one statement at a time.
+    A new job costs two statements in one round trip, with the transaction's ``BEGIN``:
+    :data:`ENSURE_TENANT_ENQUEUE_WOKEN` (the tenant's row, the job and its wake-up), then its
+    run's row. An error (a refused row, a key held by another job) is raised as it would be
+    one statement at a time.
     """
-    with conn.pipeline():
-        with conn.cursor() as cur:
-            cur.execute(ENSURE_TENANT, {"tenant_id": tenant.value, "schema": tenant.schema})
-        return enqueue(
-            conn,
-            job_type,
-            tenant_id=tenant.value,
-            idempotency_key=idempotency_key,
-            retry_terminal=retry_terminal,
-            started_by=started_by,
-        )
+    request = _JobRequest(
+        job_type, tenant.value, None, idempotency_key, 5, started_by, tenant_schema=tenant.schema
+    )
+    return _enqueue(conn, request, retry_terminal=retry_terminal)
 
 
 def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) -> Job | None:
@@ -924,11 +979,52 @@ SELECT (SELECT 1 FROM control.platform_jobs WHERE id IS NULL),
        (SELECT 1 FROM pg_namespace WHERE nspname IS NULL)
 """
 
+#: A statement and parameters of the right types for it (values that match nothing), to be
+#: planned by :func:`warm` and never run.
+PlanAhead = tuple[str, Mapping[str, Any]]
 
-def warm(conn: Conn) -> None:
-    """Run :data:`WARM` (see there)."""
+_NOTHING: dict[str, Any] = {
+    "id": UUID(int=0),
+    "job_id": UUID(int=0),
+    "worker": "",
+    "attempts": 0,
+    "attempt": 0,
+    "run": 0,
+    "run_id": 0,
+    "steps": Jsonb([]),
+    "progress": 0,
+    "detail": None,
+    "tenant_id": "",
+    "step": "",
+    "next_step": "",
+    "job_types": [""],
+    "lock_class": TENANT_JOB_LOCK_CLASS,
+}
+#: What the control session of a worker child's engine runs for a job: the claim, the first
+#: step's journal row.
+CONTROL_PLANS: tuple[PlanAhead, ...] = ((CLAIM_NEXT, _NOTHING), (STEP_RUN_START, _NOTHING))
+#: What its steps' session runs for every job: the steps' ends, and the claim of the next job
+#: that rides on the last one.
+STEP_PLANS: tuple[PlanAhead, ...] = (
+    (CLOSE_STEP_OPEN_NEXT, _NOTHING),
+    (CLOSE_LAST_STEP, _NOTHING),
+    (CLAIM_NEXT, _NOTHING),
+)
+
+
+def warm(conn: Conn, plans: Sequence[PlanAhead] = ()) -> None:
+    """Run :data:`WARM`, then plan each of ``plans`` without running it (``EXPLAIN``).
+
+    A spare of a large template sends more catalog invalidations than the server's queue
+    holds, and every session that sat idle meanwhile then empties all its catalog caches; the
+    next statements each session plans reload them (a 200-table take planned its grant check
+    in 7 ms instead of 1 ms). Planning them now, while idle, loads every cache entry they
+    need; the take then only plans again, which its schema rename would make it do anyway.
+    """
     with conn.cursor() as cur:
         cur.execute(WARM)
+        for statement, params in plans:
+            cur.execute("EXPLAIN " + statement, params)
 
 
 def _run_detail(detail: str | None) -> str | None:

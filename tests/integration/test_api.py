@@ -100,6 +100,11 @@ def test_enqueue_async_joins_an_async_transaction(database: Database, settings: 
     first, second = asyncio.run(enqueue_twice(commit=True))
     assert first.id == second.id
     assert provisioner.status("async_co", settings=settings).job.id == first.id
+    with database.owner() as conn:  # the job's first run is on record, as a sync enqueue's
+        runs = conn.execute(
+            "SELECT run, started_by FROM control.job_runs WHERE job_id = %s", (first.id,)
+        ).fetchall()
+    assert runs == [(1, "enqueue")]
 
     async def sync_call_on_async_connection() -> None:
         async with await psycopg.AsyncConnection.connect(database.app_url) as conn:

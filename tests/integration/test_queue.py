@@ -11,10 +11,11 @@ from datetime import timedelta
 from uuid import uuid4
 
 import psycopg
+import psycopg.types.json
 import pytest
 from psycopg.rows import dict_row
 
-from provisioner import kinds, queue
+from provisioner import kinds, pool, queue
 from provisioner.errors import InvalidInput, LeaseLost, UnknownJob
 from provisioner.models import Job, JobStatus, TenantId
 from tests.conftest import Database
@@ -75,6 +76,73 @@ def test_enqueue_notifies_on_commit_only(database: Database) -> None:
             conn.commit()
         got = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.payload for n in got] == ["provision_tenant"]
+
+
+def test_the_applications_enqueue_records_the_job_its_run_and_its_tenant(
+    database: Database,
+) -> None:
+    """As ``app_rw``, through the row-level security policies: one statement inserts the
+    tenant's row, the job and its wake-up, the next one the job's first run; enqueued again,
+    nothing more is written."""
+    with psycopg.connect(database.app_url, row_factory=dict_row) as conn:
+        first = queue.ensure_provision_job(conn, TenantId("acme"))
+        again = queue.ensure_provision_job(conn, TenantId("acme"))
+        other = queue.ensure_provision_job(conn, TenantId("globex"))
+        conn.commit()
+    assert first.created and not again.created and other.created
+    assert again.job.id == first.job.id != other.job.id
+    with database.owner() as conn:
+        runs = conn.execute(
+            "SELECT j.tenant_id, r.run, r.job_type, r.started_by FROM control.job_runs r "
+            "JOIN control.platform_jobs j ON j.id = r.job_id ORDER BY j.tenant_id"
+        ).fetchall()
+        tenants = conn.execute(
+            "SELECT tenant_id, schema_name, state FROM control.tenants ORDER BY tenant_id"
+        ).fetchall()
+    assert runs == [
+        ("acme", 1, "provision_tenant", "enqueue"),
+        ("globex", 1, "provision_tenant", "enqueue"),
+    ]
+    assert tenants == [("acme", "tenant_acme", "pending"), ("globex", "tenant_globex", "pending")]
+
+
+def test_a_refused_enqueue_writes_nothing(database: Database) -> None:
+    """A tenant row the policies refuse fails the one statement: no job, no run, no tenant."""
+    with (
+        psycopg.connect(database.app_url) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute(
+            queue.ENSURE_TENANT_ENQUEUE_WOKEN,
+            {
+                "id": uuid4(),
+                "tenant_id": "acme",
+                "schema": "public",  # not tenant_acme: refused by app_registers_tenants
+                "job_type": "provision_tenant",
+                "payload": psycopg.types.json.Jsonb({}),
+                "idempotency_key": "provision:acme",
+                "max_attempts": 5,
+                "channel": queue.NOTIFY_CHANNEL,
+            },
+        )
+    with database.owner() as conn:
+        counts = conn.execute(
+            "SELECT (SELECT count(*) FROM control.tenants), "
+            "(SELECT count(*) FROM control.platform_jobs), (SELECT count(*) FROM control.job_runs)"
+        ).fetchone()
+    assert counts == (0, 0, 0)
+
+
+def test_warm_plans_the_statements_without_running_them(database: Database) -> None:
+    """The warm-up plans a claim, the steps' ends and a take (EXPLAIN): the queued job stays
+    queued, no journal row is written, no spare is taken."""
+    with app(database) as conn:
+        job = enqueue_tenant(conn, "acme")
+    with psycopg.connect(database.owner_url, autocommit=True) as conn:
+        queue.warm(conn, (*queue.CONTROL_PLANS, *queue.STEP_PLANS, *pool.TAKE_PLANS))
+        journal = conn.execute("SELECT count(*) FROM control.job_step_runs").fetchone()
+    assert row(database, job.id)["status"] == "queued"
+    assert journal == (0,)
 
 
 def test_unsupported_job_types_are_refused_by_the_kind_registry() -> None:

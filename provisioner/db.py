@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from provisioner.errors import DatabaseUnavailable, ProvisionerError
@@ -156,6 +157,49 @@ class Transaction:
 BEGIN = sql.SQL("BEGIN")
 
 
+class ChainingConnection(psycopg.Connection[Any]):
+    """psycopg's connection, whose commit can also begin the next transaction, with that
+    transaction's first statement, in the same simple query: ``COMMIT; BEGIN; <first>`` (see
+    :meth:`Session.transaction`'s ``then``). One round trip where two were spent.
+    """
+
+    #: the first statement of the transaction the next commit is to begin
+    chain: sql.Composable | None = None
+    #: the first statement of the transaction the last commit began, still open
+    chained: sql.Composable | None = None
+
+    def commit(self) -> None:
+        chain, self.chain = self.chain, None
+        if chain is None or self.pgconn.transaction_status != TransactionStatus.INTRANS:
+            super().commit()
+            return
+        try:
+            self.execute(sql.SQL("COMMIT; BEGIN; {}").format(chain))
+        except psycopg.Error:
+            if self.pgconn.transaction_status != TransactionStatus.INERROR:
+                raise  # the COMMIT itself failed (or the connection): as a plain commit would
+            # Committed; the next transaction's first statement failed. That transaction
+            # begins again when it is asked for, and meets its error there.
+            super().rollback()
+            return
+        self.chained = chain
+
+    def rollback(self) -> None:
+        self.chained = None
+        super().rollback()
+
+
+def _end_chained(conn: sa.Connection) -> None:
+    """Roll back a transaction the session's last commit began that nobody took (best effort:
+    a broken connection is discarded by the pool anyway)."""
+    if conn.closed or conn.invalidated:
+        return
+    driver = conn.connection.driver_connection
+    if isinstance(driver, ChainingConnection) and driver.chained is not None:
+        with suppress(psycopg.Error):
+            driver.rollback()
+
+
 @dataclass(frozen=True)
 class Session:
     """One checked-out session of a :class:`Database` (see :meth:`Database.session`). A
@@ -164,19 +208,38 @@ class Session:
 
     conn: sa.Connection
 
+    @property
+    def driver(self) -> ChainingConnection:
+        driver = self.conn.connection.driver_connection
+        assert isinstance(driver, ChainingConnection)
+        return driver
+
     @contextmanager
-    def transaction(self, first: sql.Composable | None = None) -> Iterator[Transaction]:
+    def transaction(
+        self, first: sql.Composable | None = None, *, then: sql.Composable | None = None
+    ) -> Iterator[Transaction]:
         """Commit on success, roll back on any exception (which leaves translated).
 
         ``first`` is the transaction's first statement, sent with its ``BEGIN`` in one simple
         query (one round trip): composed with :mod:`psycopg.sql`, values as ``sql.Literal``,
         since a simple query carries no bound parameters.
+
+        ``then`` is the first statement of this session's next transaction, known now: the
+        commit begins that transaction too, in the same round trip (``COMMIT; BEGIN; then``),
+        and the next call with ``first=then`` finds it open. A call with another ``first`` (or
+        none) rolls it back and begins its own; so does the end of the session. When ``then``
+        fails after the commit succeeded, this transaction is still committed, and the next
+        one begins afresh and meets the error itself.
         """
         with translated(), self.conn.begin():
-            driver = self.conn.connection.driver_connection
-            assert isinstance(driver, psycopg.Connection)
-            driver.execute(BEGIN if first is None else sql.SQL("BEGIN; {}").format(first))
+            driver = self.driver
+            if driver.chained is None or driver.chained != first:
+                if driver.chained is not None:  # begun for another first statement
+                    driver.rollback()
+                driver.execute(BEGIN if first is None else sql.SQL("BEGIN; {}").format(first))
+            driver.chained = None
             yield Transaction(pg=driver, sa=self.conn)
+            driver.chain = then  # the commit, as the block is left, begins it
 
 
 class Database:
@@ -207,8 +270,16 @@ class Database:
         self.application_name = application_name[:63]
         #: until when the pooled session counts as just checked (see connect_ahead)
         self._fresh_until = 0.0
+        connect_args: dict[str, Any] = {
+            **SA_CONNECT_ARGS,
+            "autocommit": True,  # every transaction() begins explicitly (see above)
+            "application_name": self.application_name,
+            "options": _options(options),
+        }
         self._engine = sa.create_engine(
             sqlalchemy_url(url),
+            # psycopg's connection, whose commit can begin the next transaction
+            creator=lambda: ChainingConnection.connect(libpq_url(url), **connect_args),
             pool_size=1,
             max_overflow=1,
             # No ping before every transaction (it was ~8 round trips per tenant): the engine
@@ -218,12 +289,6 @@ class Database:
             pool_pre_ping=False,
             # Nothing here maps hstore columns: no catalog lookup of its type on first connect.
             use_native_hstore=False,
-            connect_args={
-                **SA_CONNECT_ARGS,
-                "autocommit": True,  # every transaction() begins explicitly (see above)
-                "application_name": self.application_name,
-                "options": _options(options),
-            },
         )
 
     @contextmanager
@@ -236,9 +301,13 @@ class Database:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """The pooled session checked out for several transactions (a job's): each then costs
-        no checkout and check-in of the pool, 40-50 us apiece (docs/PERFORMANCE.md)."""
+        no checkout and check-in of the pool, 40-50 us apiece (docs/PERFORMANCE.md). A
+        transaction its last commit began and nobody took is rolled back at its end."""
         with translated(), self._engine.connect() as conn:
-            yield Session(conn)
+            try:
+                yield Session(conn)
+            finally:
+                _end_chained(conn)
 
     def connect_ahead(
         self, prepare: Callable[[Transaction], object] | None = None

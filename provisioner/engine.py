@@ -341,11 +341,13 @@ class Engine:
                 self._session = None
 
     def _transaction(
-        self, first: sql.Composable | None = None
+        self, first: sql.Composable | None = None, then: sql.Composable | None = None
     ) -> AbstractContextManager[db.Transaction]:
-        """A transaction on the running job's session, or on a session of its own outside one."""
+        """A transaction on the running job's session, or on a session of its own outside one.
+        On the job's session, ``then`` is the first statement of its next transaction, begun
+        by this one's commit (:meth:`db.Session.transaction`)."""
         if self._session is not None:
-            return self._session.transaction(first)
+            return self._session.transaction(first, then=then)
         return self._db.transaction(first)
 
     def _run_steps(
@@ -385,6 +387,7 @@ class Engine:
                     return self._release(lease, opened)
                 current = step.name
                 run_id, opened = opened, None  # the step's own now: it closes it, come what may
+                following = following_of.get(step.name)
                 job, opened = self._run_step(
                     kind,
                     job,
@@ -395,7 +398,8 @@ class Engine:
                     on_progress,
                     step.name in repaired,
                     run_id=run_id,
-                    following=following_of.get(step.name),
+                    following=following,
+                    following_is_last=following not in following_of,
                     claim_next=claim_next,
                 )
             if job.status is JobStatus.SUCCEEDED:
@@ -461,6 +465,7 @@ class Engine:
         *,
         run_id: int | None = None,
         following: str | None = None,
+        following_is_last: bool = True,
         claim_next: tuple[str, ...] = (),
     ) -> tuple[Job, int | None]:
         """Run one step in one transaction with its checkpoint; the job as the checkpoint left
@@ -469,9 +474,13 @@ class Engine:
         in that same transaction (and, with ``claim_next``, claims the holder's next job).
 
         ``run_id`` is this step's journal row when the previous step opened it; otherwise the
-        row is written here, before the step's work begins."""
+        row is written here, before the step's work begins. The step's commit also begins the
+        ``following`` step's transaction with its tenant lock (one round trip fewer per step;
+        durable commit when ``following_is_last``)."""
         started = time.monotonic()
         final = following is None
+        lock = _tenant_lock(ctx.tenant, durable=final)
+        then = None if final else _tenant_lock(ctx.tenant, durable=following_is_last)
         claim_sent = False
         try:
             if run_id is None:
@@ -481,7 +490,7 @@ class Engine:
                 # (queue.CLOSE_STEP_OPEN_NEXT).
                 with db.translated():
                     run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
-            with self._transaction(_tenant_lock(ctx.tenant, durable=final)) as tx:
+            with self._transaction(lock, then) as tx:
                 on_progress(StepEvent(job, step.name, "started"))
                 detail = step.run(tx, ctx)
                 if repairing:

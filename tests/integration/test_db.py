@@ -112,3 +112,113 @@ def test_a_session_the_server_dropped_reconnects_at_its_next_transaction(
             assert backend_pid(tx) != pid
             insert_tenant(tx, "after")
     assert (tenant_rows(database, "lost"), tenant_rows(database, "after")) == (0, 1)
+
+
+LOCK = sql.SQL("SELECT pg_advisory_xact_lock(4242, 1)")
+OTHER = sql.SQL("SELECT pg_advisory_xact_lock(4242, 2)")
+
+
+def transaction_start(tx: db.Transaction) -> float:
+    """When the server began the transaction (``now()``), as epoch seconds."""
+    row = tx.pg.execute("SELECT extract(epoch FROM now())::float8").fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def server_clock(database: Database) -> float:
+    with database.owner() as conn:
+        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def lock_free(database: Database, key: int) -> bool:
+    """Whether another session can take the advisory lock (4242, key) at once."""
+    with database.owner() as conn:
+        row = conn.execute("SELECT pg_try_advisory_lock(4242, %s)", (key,)).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+def test_a_commit_begins_the_next_transaction_with_its_first_statement(
+    database: Database,
+) -> None:
+    """``then``: the commit also begins the session's next transaction, with its first
+    statement (the lock is held from that commit on), and the next transaction asked for
+    with that first statement is that one; the first one's work is committed all the same."""
+    with db.Database(database.owner_url) as owner, owner.session() as session:
+        with session.transaction(LOCK, then=LOCK) as tx:
+            insert_tenant(tx, "first")
+        assert tenant_rows(database, "first") == 1
+        assert not lock_free(database, 1)  # the next transaction holds it already
+        asked = server_clock(database)
+        with session.transaction(LOCK) as tx:
+            assert transaction_start(tx) < asked  # begun by the commit, not now
+            insert_tenant(tx, "second")
+        assert tenant_rows(database, "second") == 1
+        assert lock_free(database, 1)
+
+
+def test_a_transaction_begun_ahead_for_another_statement_is_rolled_back(
+    database: Database,
+) -> None:
+    """A next transaction asked for with another first statement (a hand-back between
+    steps), or none, or the end of the session: the one begun ahead is rolled back."""
+    with db.Database(database.owner_url) as owner:
+        with owner.session() as session:
+            with session.transaction(LOCK, then=LOCK) as tx:
+                insert_tenant(tx, "stepped")
+            asked = server_clock(database)
+            with session.transaction(OTHER) as tx:
+                assert transaction_start(tx) >= asked
+                assert tx.pg.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND pid = pg_backend_pid() AND objid = 1"
+                ).fetchone() == (0,)
+            with session.transaction(LOCK, then=LOCK):
+                pass
+            assert not lock_free(database, 1)
+        assert lock_free(database, 1)  # the session's end rolled it back
+    assert tenant_rows(database, "stepped") == 1
+
+
+def test_a_next_first_statement_that_fails_leaves_the_commit_and_fails_its_own_transaction(
+    database: Database,
+) -> None:
+    failing = sql.SQL("SELECT 1 / 0")
+    with db.Database(database.owner_url) as owner, owner.session() as session:
+        with session.transaction(LOCK, then=failing) as tx:
+            insert_tenant(tx, "committed")
+        assert tenant_rows(database, "committed") == 1
+        with (
+            pytest.raises(db.DatabaseError, match="division by zero"),
+            session.transaction(failing),
+        ):
+            pass
+        with session.transaction(LOCK) as tx:  # the session serves the next one
+            insert_tenant(tx, "after")
+    assert tenant_rows(database, "after") == 1
+
+
+def test_a_commit_that_fails_begins_nothing(database: Database) -> None:
+    """A deferred constraint that fails at the commit: the error is raised as a plain commit
+    would raise it, nothing of the transaction stays, and the next one begins afresh."""
+    with database.owner() as conn:
+        conn.execute(
+            "CREATE TABLE public.deferred_once (id int UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )
+        conn.commit()
+
+    def violate_at_commit(session: db.Session) -> None:
+        with session.transaction(LOCK, then=LOCK) as tx:
+            insert_tenant(tx, "lost")
+            tx.pg.execute("INSERT INTO public.deferred_once VALUES (1), (1)")
+
+    with db.Database(database.owner_url) as owner, owner.session() as session:
+        with pytest.raises(db.DatabaseError, match="duplicate key"):
+            violate_at_commit(session)
+        assert tenant_rows(database, "lost") == 0
+        assert lock_free(database, 1)
+        asked = server_clock(database)
+        with session.transaction(LOCK) as tx:
+            assert transaction_start(tx) >= asked

@@ -176,7 +176,9 @@ class Engine:
             self._db.url,
             application_name=self.holder,
             autocommit=True,
-            options={"synchronous_commit": "off"},
+            # Generic plans: the claim's, made ready by the warm-up, is still there when the
+            # next sign-up wakes the engine (see :meth:`warm`).
+            options={"synchronous_commit": "off", "plan_cache_mode": "force_generic_plan"},
         )
 
     @classmethod
@@ -213,7 +215,8 @@ class Engine:
 
     def warm(self) -> None:
         """Run :func:`queue.warm` on the open sessions (none opened for it), best effort: the
-        control session plans the claim ahead, the steps' session the steps' ends and a take.
+        control session plans the claim ahead and keeps that plan (:func:`queue.plan_claim`),
+        the steps' session plans the steps' ends and a take.
 
         A spare of a large template sends more catalog invalidations than the server's queue
         holds, so every idle session empties its catalog caches and reloads them at its next
@@ -224,6 +227,7 @@ class Engine:
         with suppress(ProvisionerError):
             if self._control is not None and not self._control.closed:
                 with db.translated():
+                    queue.plan_claim(self.control, self.holder)
                     queue.warm(self.control, queue.CONTROL_PLANS)
             self._db.on_idle_session(
                 lambda conn: queue.warm(conn, (*queue.STEP_PLANS, *pool.TAKE_PLANS))

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from provisioner import db, migrations, pool, queue, service
+from provisioner.engine import Engine
 from provisioner.errors import ConfigurationError
 from provisioner.models import STEPS, TenantId
 from provisioner.settings import Settings
@@ -136,6 +137,40 @@ def test_a_spare_build_warms_the_idle_engine_sessions(
     # The child's control session and its steps session, warmed after the refill's build.
     wait_until(lambda: warmed_sessions(database) == 2, 30, "both engine sessions warmed")
     assert worker.stop() == 0, worker.output()
+
+
+CLAIM_PLANS = (
+    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+    "WHERE statement LIKE '%%WITH next AS%%' AND statement LIKE %s"
+)
+
+
+def test_the_warm_up_keeps_the_claims_plan_for_the_next_sign_up(
+    fast: Settings, database: Database
+) -> None:
+    """The engine's control session keeps generic plans, and its warm-up runs the claim of no
+    job type, prepared: a spare build's schema resets every plan, the warm-up after the build
+    makes the claim's plan again, and the next sign-up's claim uses it instead of planning
+    while the sign-up waits. (``generic_plans`` counts the executions that used the generic
+    plan; none was planned for one execution alone.)"""
+    with Engine.from_settings(fast, "warmed") as engine:
+        assert engine.claim(("provision_tenant",)) is None  # the control session is open
+        engine.warm()
+        control = engine.control
+        plans = control.execute(CLAIM_PLANS, ("%UPDATE control.platform_jobs%",)).fetchone()
+        assert plans == {"generic_plans": 1, "custom_plans": 0}
+        with psycopg.connect(database.owner_url, autocommit=True) as other:
+            other.execute("CREATE SCHEMA resets_every_plan")  # as a spare build does
+        engine.warm()
+        with psycopg.connect(database.owner_url) as app:
+            queue.ensure_provision_job(app, TenantId("w1"))
+        plans = control.execute(CLAIM_PLANS, ("%UPDATE control.platform_jobs%",)).fetchone()
+        assert plans == {"generic_plans": 2, "custom_plans": 0}
+        claimed = engine.claim(("provision_tenant",))
+        assert claimed is not None and claimed.job.tenant_id == "w1"
+        plans = control.execute(CLAIM_PLANS, ("%UPDATE control.platform_jobs%",)).fetchone()
+        assert plans == {"generic_plans": 3, "custom_plans": 0}  # the same prepared claim
+        engine.release(claimed.job)
 
 
 def test_spares_are_refused_to_app_rw_and_invisible_to_users(

@@ -13,6 +13,7 @@ from uuid import uuid4
 import psycopg
 import psycopg.types.json
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from provisioner import kinds, pool, queue
@@ -209,6 +210,49 @@ def test_two_connections_claiming_at_once_never_get_the_same_row(database: Datab
     assert not a & b
     assert a | b == ids
     assert len(claimed["a"]) + len(claimed["b"]) == len(ids)
+
+
+def tenant_locks_held(conn: psycopg.Connection) -> int:
+    """Advisory locks of the claim's class (tenants it tried) held by ``conn``'s session."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s"
+        " AND pid = pg_backend_pid()",
+        (queue.TENANT_JOB_LOCK_CLASS,),
+    ).fetchone()
+    return int(row["count"])
+
+
+@pytest.mark.parametrize("plan", ["auto", "force_generic_plan", "force_custom_plan"])
+def test_a_claim_locks_no_tenant_of_a_job_it_may_not_take(database: Database, plan: str) -> None:
+    """The try-lock that keeps two claimants off one tenant is taken only on a job of the
+    claimant's kinds: never on another kind's job (a generic plan filters in cost order, and
+    the lock was once tried before the kind), and never by a claim of no kind at all (the
+    warm-up's). Such a lock, held to the end of the claim's transaction, would make another
+    kind's worker pass that job by."""
+    with app(database) as conn:
+        queue.ensure_tenant_job(conn, TenantId("acme"), "send_email", "mail:1")
+        conn.commit()
+        conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.Literal(plan)))
+        conn.commit()
+        for _ in range(7):  # past psycopg's prepare threshold and the server's custom plans
+            assert queue.claim_next_with_state(conn, ["provision_tenant"], "w1") is None
+            assert tenant_locks_held(conn) == 0
+            conn.rollback()
+        queue.plan_claim(conn, "w1")
+        assert tenant_locks_held(conn) == 0
+        conn.rollback()
+    assert row_of_kind(database, "send_email")["status"] == "queued"
+
+
+def row_of_kind(database: Database, job_type: str) -> dict:
+    with database.owner() as conn:
+        found = (
+            conn.cursor(row_factory=dict_row)
+            .execute("SELECT * FROM control.platform_jobs WHERE job_type = %s", (job_type,))
+            .fetchone()
+        )
+    assert found is not None
+    return found
 
 
 def test_a_locked_row_is_skipped_not_waited_for(database: Database) -> None:

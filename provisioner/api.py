@@ -15,15 +15,9 @@ Everything raises :class:`ProvisionerError` subclasses (see :mod:`provisioner.er
 
 from __future__ import annotations
 
-from typing import Any
-from uuid import uuid4
-
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
-
 from provisioner import connections, queue, service
 from provisioner.engine import ProgressCallback, ignore_progress
-from provisioner.models import PROVISION_JOB_TYPE, Job, JobStatus, TenantId
+from provisioner.models import Job, TenantId
 from provisioner.service import ProvisionResult, TenantStatus, UpgradeReport
 from provisioner.settings import Settings
 
@@ -50,38 +44,7 @@ async def enqueue_async(conn: connections.AsyncConnectionLike, tenant_id: str) -
     """:func:`enqueue` for a psycopg ``AsyncConnection``: the same statements, awaited."""
     tenant = TenantId(tenant_id)
     pg = await connections.async_connection(conn)
-    key = queue.provision_key(tenant)
-    async with pg.cursor(row_factory=dict_row) as cur:
-        params: dict[str, Any] = {
-            "tenant_id": tenant.value,
-            "schema": tenant.schema,
-            "job_type": PROVISION_JOB_TYPE,
-            "payload": Jsonb({}),
-            "idempotency_key": key,
-            "max_attempts": 5,
-            "started_by": "enqueue",
-            "channel": queue.NOTIFY_CHANNEL,
-            "id": uuid4(),
-        }
-        await cur.execute(queue.ENSURE_TENANT_ENQUEUE_WOKEN, params)
-        row = await cur.fetchone()
-        if row is not None:
-            await cur.execute(queue.RUN_START_ENQUEUED, params)
-            return Job.from_row(row)
-        await cur.execute(queue.BY_IDEMPOTENCY_KEY, {"key": key})
-        row = await cur.fetchone()
-        assert row is not None, "ON CONFLICT fired, so the key exists"
-        if JobStatus(row["status"]) not in (JobStatus.FAILED, JobStatus.CANCELLED):
-            return Job.from_row(row)
-        await cur.execute(queue.REQUEUE_TERMINAL, {"id": row["id"]})
-        row = await cur.fetchone()
-        assert row is not None
-        job = Job.from_row(row)
-        run = {"job_id": job.id, "run": job.run, "job_type": job.job_type, "started_by": "enqueue"}
-        await cur.execute(queue.RUN_START, run)
-        notify = {"channel": queue.NOTIFY_CHANNEL, "job_type": PROVISION_JOB_TYPE}
-        await cur.execute(queue.NOTIFY, notify)
-        return job
+    return (await queue.ensure_provision_job_async(pg, tenant, retry_terminal=True)).job
 
 
 def provision(

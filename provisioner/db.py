@@ -189,13 +189,19 @@ class ChainingConnection(psycopg.Connection[Any]):
         super().rollback()
 
 
+def _chaining(conn: sa.Connection) -> ChainingConnection | None:
+    """The pooled session's psycopg connection (None: a connection this module did not make)."""
+    driver = conn.connection.driver_connection
+    return driver if isinstance(driver, ChainingConnection) else None
+
+
 def _end_chained(conn: sa.Connection) -> None:
     """Roll back a transaction the session's last commit began that nobody took (best effort:
     a broken connection is discarded by the pool anyway)."""
     if conn.closed or conn.invalidated:
         return
-    driver = conn.connection.driver_connection
-    if isinstance(driver, ChainingConnection) and driver.chained is not None:
+    driver = _chaining(conn)
+    if driver is not None and driver.chained is not None:
         with suppress(psycopg.Error):
             driver.rollback()
 
@@ -210,8 +216,8 @@ class Session:
 
     @property
     def driver(self) -> ChainingConnection:
-        driver = self.conn.connection.driver_connection
-        assert isinstance(driver, ChainingConnection)
+        driver = _chaining(self.conn)
+        assert driver is not None
         return driver
 
     @contextmanager

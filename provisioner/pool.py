@@ -38,7 +38,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from provisioner import db, migrations, template_reference, tenant_schema
+from provisioner import db, migrations, queue, template_reference, tenant_schema
 from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
@@ -136,7 +136,7 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
 
 #: A take's own statements, planned ahead on idle sessions after a spare build (queue.warm):
 #: parameters that match nothing.
-TAKE_PLANS: tuple[tuple[str, dict[str, Any]], ...] = (
+TAKE_PLANS: tuple[queue.PlanAhead, ...] = (
     (TAKE_SPARE, {"digest": "", "tenant": ""}),
     (GRANTS_HELD, {"schema": "", "role": ""}),
 )

@@ -23,7 +23,14 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from provisioner.errors import InvalidInput, KeyConflict, LeaseLost, UnknownJob
-from provisioner.models import PRODUCT_JOB_TYPES, PROVISION_JOB_TYPE, Job, Lease, TenantId
+from provisioner.models import (
+    PRODUCT_JOB_TYPES,
+    PROVISION_JOB_TYPE,
+    Job,
+    JobStatus,
+    Lease,
+    TenantId,
+)
 from provisioner.settings import redact
 
 NOTIFY_CHANNEL = "provisioner_jobs"
@@ -515,7 +522,7 @@ def enqueue(
 
 @dataclass(frozen=True)
 class _JobRequest:
-    """What an enqueue asks for."""
+    """What an enqueue asks for; the sync and async enqueues share its statements' params."""
 
     job_type: str
     tenant_id: str | None
@@ -526,45 +533,87 @@ class _JobRequest:
     #: the tenant's schema: its control row is made sure of in the same statement
     tenant_schema: str | None = None
 
+    def params(self) -> dict[str, Any]:
+        """The new job's statement params (refused here when out of range); its id is chosen
+        here, as the column default would, so its run's row can name it in the same round
+        trip (:data:`RUN_START_ENQUEUED`)."""
+        if not self.job_type:
+            raise InvalidInput("a job needs a job type")
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+        return {
+            "tenant_id": self.tenant_id,
+            "job_type": self.job_type,
+            "payload": Jsonb(self.payload or {}),
+            "idempotency_key": self.idempotency_key,
+            "max_attempts": self.max_attempts,
+            "started_by": self.started_by,
+            "channel": NOTIFY_CHANNEL,
+            "schema": self.tenant_schema,
+            "id": uuid4(),
+        }
+
+    @property
+    def statement(self) -> str:
+        """A new job with its wake-up (and the tenant's row when the request names a schema)."""
+        return ENQUEUE_WOKEN if self.tenant_schema is None else ENSURE_TENANT_ENQUEUE_WOKEN
+
+    def holder(self, existing: dict[str, Any] | None) -> Job:
+        """The job already holding the key; KeyConflict when it is another tenant's or kind's."""
+        assert existing is not None, "ON CONFLICT fired, so the key exists"
+        job = Job.from_row(existing)
+        if (job.tenant_id, job.job_type) != (self.tenant_id, self.job_type):
+            raise KeyConflict(
+                f"idempotency key {str(self.idempotency_key)[:80]} is held by job {job.id} "
+                f"({job.job_type} of tenant {str(job.tenant_id)[:48]}), not a {self.job_type} "
+                f"job of tenant {str(self.tenant_id)[:48]}: nothing was queued"
+            )
+        return job
+
+
+def _retried(job: Job, retry_terminal: bool) -> bool:
+    return retry_terminal and job.status in (JobStatus.FAILED, JobStatus.CANCELLED)
+
 
 def _enqueue(conn: Conn, request: _JobRequest, *, retry_terminal: bool) -> Enqueued:
-    if not request.job_type:
-        raise InvalidInput("a job needs a job type")
-    if not 1 <= request.max_attempts <= MAX_ATTEMPTS_LIMIT:
-        raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-    params = {
-        "tenant_id": request.tenant_id,
-        "job_type": request.job_type,
-        "payload": Jsonb(request.payload or {}),
-        "idempotency_key": request.idempotency_key,
-        "max_attempts": request.max_attempts,
-        "started_by": request.started_by,
-        "channel": NOTIFY_CHANNEL,
-        "schema": request.tenant_schema,
-        "id": uuid4(),
-    }
+    params = request.params()
     # A new job with its wake-up, then its run's row: one round trip with the transaction's
     # BEGIN (a sign-up waits for its enqueue, and each round trip of it is latency it sees).
-    statement = ENQUEUE_WOKEN if request.tenant_schema is None else ENSURE_TENANT_ENQUEUE_WOKEN
-    row = _insert_started(conn, statement, params)
+    row = _insert_started(conn, request.statement, params)
     if row is not None:
         return Enqueued(Job.from_row(row), created=True)
-    key = request.idempotency_key
-    existing = _one(conn, BY_IDEMPOTENCY_KEY, {"key": key})
-    assert existing is not None, "ON CONFLICT fired, so the key exists"
-    job = Job.from_row(existing)
-    if (job.tenant_id, job.job_type) != (request.tenant_id, request.job_type):
-        raise KeyConflict(
-            f"idempotency key {str(key)[:80]} is held by job {job.id} "
-            f"({job.job_type} of tenant {str(job.tenant_id)[:48]}), not a {request.job_type} "
-            f"job of tenant {str(request.tenant_id)[:48]}: nothing was queued"
-        )
-    if retry_terminal and job.status in ("failed", "cancelled"):
+    job = request.holder(_one(conn, BY_IDEMPOTENCY_KEY, {"key": request.idempotency_key}))
+    if _retried(job, retry_terminal):
         requeued = _one(conn, REQUEUE_TERMINAL, {"id": job.id})
         if requeued is not None:
             _start_run(conn, job := Job.from_row(requeued), request.started_by)
             _notify(conn, request.job_type)
             return Enqueued(job, created=False, requeued=True)
+    return Enqueued(job, created=False)
+
+
+async def _enqueue_async(
+    conn: psycopg.AsyncConnection[Any], request: _JobRequest, *, retry_terminal: bool
+) -> Enqueued:
+    """:func:`_enqueue` on an async connection: the same statements, awaited."""
+    params = request.params()
+    async with conn.pipeline(), conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(request.statement, params)
+        await conn.execute(RUN_START_ENQUEUED, params)
+        row = await cur.fetchone()
+    if row is not None:
+        return Enqueued(Job.from_row(row), created=True)
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(BY_IDEMPOTENCY_KEY, {"key": request.idempotency_key})
+        job = request.holder(await cur.fetchone())
+        if _retried(job, retry_terminal):
+            await cur.execute(REQUEUE_TERMINAL, {"id": job.id})
+            requeued = await cur.fetchone()
+            if requeued is not None:
+                job = Job.from_row(requeued)
+                await cur.execute(RUN_START, _run_params(job, request.started_by))
+                await cur.execute(NOTIFY, _notify_params(job.job_type))
+                return Enqueued(job, created=False, requeued=True)
     return Enqueued(job, created=False)
 
 
@@ -577,12 +626,13 @@ def _insert_started(conn: Conn, statement: str, params: dict[str, Any]) -> dict[
         return cur.fetchone()
 
 
+def _run_params(job: Job, started_by: str) -> dict[str, Any]:
+    return {"job_id": job.id, "run": job.run, "job_type": job.job_type, "started_by": started_by}
+
+
 def _start_run(conn: Conn, job: Job, started_by: str) -> None:
     with conn.cursor() as cur:
-        cur.execute(
-            RUN_START,
-            {"job_id": job.id, "run": job.run, "job_type": job.job_type, "started_by": started_by},
-        )
+        cur.execute(RUN_START, _run_params(job, started_by))
 
 
 def runs(conn: Conn, job_id: UUID) -> list[dict[str, Any]]:
@@ -590,9 +640,13 @@ def runs(conn: Conn, job_id: UUID) -> list[dict[str, Any]]:
     return _all(conn, RUNS_FOR_JOB, {"job_id": job_id})
 
 
+def _notify_params(job_type: str) -> dict[str, Any]:
+    return {"channel": NOTIFY_CHANNEL, "job_type": job_type}
+
+
 def _notify(conn: Conn, job_type: str) -> None:
     with conn.cursor() as cur:
-        cur.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "job_type": job_type})
+        cur.execute(NOTIFY, _notify_params(job_type))
 
 
 def listen(conn: Conn) -> None:
@@ -640,10 +694,32 @@ def ensure_tenant_job(
     run's row. An error (a refused row, a key held by another job) is raised as it would be
     one statement at a time.
     """
-    request = _JobRequest(
+    request = _tenant_request(tenant, job_type, idempotency_key, started_by)
+    return _enqueue(conn, request, retry_terminal=retry_terminal)
+
+
+async def ensure_provision_job_async(
+    conn: psycopg.AsyncConnection[Any],
+    tenant: TenantId,
+    *,
+    retry_terminal: bool = False,
+    started_by: str = "enqueue",
+) -> Enqueued:
+    """:func:`ensure_provision_job` for a psycopg ``AsyncConnection``: the same statements, in
+    the same round trips, awaited."""
+    return await _enqueue_async(
+        conn,
+        _tenant_request(tenant, PROVISION_JOB_TYPE, provision_key(tenant), started_by),
+        retry_terminal=retry_terminal,
+    )
+
+
+def _tenant_request(
+    tenant: TenantId, job_type: str, idempotency_key: str | None, started_by: str
+) -> _JobRequest:
+    return _JobRequest(
         job_type, tenant.value, None, idempotency_key, 5, started_by, tenant_schema=tenant.schema
     )
-    return _enqueue(conn, request, retry_terminal=retry_terminal)
 
 
 def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) -> Job | None:

@@ -6,7 +6,9 @@ enqueues and reads them: tests/integration/test_boundary.py), so the queue runs 
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from datetime import timedelta
 from uuid import uuid4
 
@@ -17,7 +19,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from provisioner import kinds, pool, queue
-from provisioner.errors import InvalidInput, LeaseLost, UnknownJob
+from provisioner.errors import InvalidInput, KeyConflict, LeaseLost, UnknownJob
 from provisioner.models import Job, JobStatus, TenantId
 from tests.conftest import Database
 
@@ -399,6 +401,61 @@ def test_retry_terminal_requeues_failed_with_attempts_reset(database: Database) 
         conn.commit()
     assert again.requeued and again.job.id == job.id
     assert again.job.status is JobStatus.QUEUED and again.job.attempts == 0
+
+
+def enqueue_async(database: Database, tenant: str, **kwargs: bool) -> queue.Enqueued:
+    """The async enqueue on an async connection, committed."""
+
+    async def go() -> queue.Enqueued:
+        async with await psycopg.AsyncConnection.connect(database.owner_url) as conn:
+            enqueued = await queue.ensure_provision_job_async(conn, TenantId(tenant), **kwargs)
+            await conn.commit()
+            return enqueued
+
+    return asyncio.run(go())
+
+
+def test_the_async_enqueue_requeues_and_refuses_as_the_sync_one(database: Database) -> None:
+    """A failed job is queued again with a new run and a wake-up; a key held by another kind's
+    job is refused, nothing queued: the same statements as the sync enqueue, awaited."""
+    job = claim(database)
+    with app(database) as conn:
+        queue.fail_or_retry(conn, job.lease, "nope", permanent=True)
+        conn.commit()
+    assert enqueue_async(database, "acme").job.status is JobStatus.FAILED
+    with psycopg.connect(database.owner_url, autocommit=True) as listener:
+        queue.listen(listener)
+        again = enqueue_async(database, "acme", retry_terminal=True)
+        assert wait_for_wake_up(listener) == ["provision_tenant"]
+    assert again.requeued and again.job.id == job.id and again.job.run == 2
+    assert again.job.status is JobStatus.QUEUED and again.job.attempts == 0
+    with database.owner() as conn:
+        runs = conn.execute(
+            "SELECT run FROM control.job_runs WHERE job_id = %s ORDER BY run", (job.id,)
+        ).fetchall()
+        conn.execute(
+            "INSERT INTO control.tenants (tenant_id, schema_name) VALUES ('b', 'tenant_b')"
+        )
+        conn.execute(
+            "INSERT INTO control.platform_jobs (tenant_id, job_type, idempotency_key) "
+            "VALUES ('b', 'send_email', 'provision:b')"
+        )
+    assert runs == [(1,), (2,)]
+    with pytest.raises(KeyConflict, match=r"\(send_email of tenant b\)"):
+        enqueue_async(database, "b")
+    with database.owner() as conn:
+        kinds_of_b = conn.execute(
+            "SELECT job_type FROM control.platform_jobs WHERE tenant_id = 'b'"
+        ).fetchall()
+    assert kinds_of_b == [("send_email",)]
+
+
+def wait_for_wake_up(listener: psycopg.Connection) -> list[str]:
+    for _ in range(200):
+        if woken := queue.wake_ups(listener):
+            return woken
+        time.sleep(0.01)
+    return []
 
 
 def test_cancel_and_retry(database: Database) -> None:

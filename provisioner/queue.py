@@ -750,7 +750,8 @@ def plan_claim(conn: Conn, worker: str) -> None:
     plan ready: the next claim after a sign-up's wake-up skips planning it (0.3-0.5 ms with
     the plans every schema rename resets; docs/PERFORMANCE.md)."""
     with conn.cursor() as cur:
-        cur.execute(CLAIM_NEXT, {**_claim_params(["-"], worker), "job_types": []}, prepare=True)
+        nothing = {"job_types": [], "worker": worker, "lock_class": TENANT_JOB_LOCK_CLASS}
+        cur.execute(CLAIM_NEXT, nothing, prepare=True)
 
 
 def _as_claim(row: dict[str, Any] | None) -> Claim | None:

@@ -18,6 +18,7 @@ from provisioner.api import enqueue, enqueue_async, provision, status, upgrade  
 from provisioner.errors import (  # noqa: E402
     ConfigurationError,
     InvalidInput,
+    KeyConflict,
     ProvisionerError,
     UnknownJob,
     UnknownTenant,
@@ -31,6 +32,7 @@ __all__ = [
     "InvalidInput",
     "Job",
     "JobStatus",
+    "KeyConflict",
     "ProvisionResult",
     "ProvisionerError",
     "Settings",

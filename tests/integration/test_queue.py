@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from datetime import timedelta
 from uuid import uuid4
 
@@ -232,7 +231,7 @@ def test_a_claim_locks_no_tenant_of_a_job_it_may_not_take(database: Database, pl
     warm-up's). Such a lock, held to the end of the claim's transaction, would make another
     kind's worker pass that job by."""
     with app(database) as conn:
-        queue.ensure_tenant_job(conn, TenantId("acme"), "send_email", "mail:1")
+        mail = queue.ensure_tenant_job(conn, TenantId("acme"), "send_email", "mail:1").job
         conn.commit()
         conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.Literal(plan)))
         conn.commit()
@@ -243,18 +242,7 @@ def test_a_claim_locks_no_tenant_of_a_job_it_may_not_take(database: Database, pl
         queue.plan_claim(conn, "w1")
         assert tenant_locks_held(conn) == 0
         conn.rollback()
-    assert row_of_kind(database, "send_email")["status"] == "queued"
-
-
-def row_of_kind(database: Database, job_type: str) -> dict:
-    with database.owner() as conn:
-        found = (
-            conn.cursor(row_factory=dict_row)
-            .execute("SELECT * FROM control.platform_jobs WHERE job_type = %s", (job_type,))
-            .fetchone()
-        )
-    assert found is not None
-    return found
+    assert row(database, mail.id)["status"] == "queued"
 
 
 def test_a_locked_row_is_skipped_not_waited_for(database: Database) -> None:
@@ -426,20 +414,15 @@ def test_the_async_enqueue_requeues_and_refuses_as_the_sync_one(database: Databa
     with psycopg.connect(database.owner_url, autocommit=True) as listener:
         queue.listen(listener)
         again = enqueue_async(database, "acme", retry_terminal=True)
-        assert wait_for_wake_up(listener) == ["provision_tenant"]
+        woken = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+        assert woken == ["provision_tenant"]
     assert again.requeued and again.job.id == job.id and again.job.run == 2
     assert again.job.status is JobStatus.QUEUED and again.job.attempts == 0
     with database.owner() as conn:
         runs = conn.execute(
             "SELECT run FROM control.job_runs WHERE job_id = %s ORDER BY run", (job.id,)
         ).fetchall()
-        conn.execute(
-            "INSERT INTO control.tenants (tenant_id, schema_name) VALUES ('b', 'tenant_b')"
-        )
-        conn.execute(
-            "INSERT INTO control.platform_jobs (tenant_id, job_type, idempotency_key) "
-            "VALUES ('b', 'send_email', 'provision:b')"
-        )
+        queue.ensure_tenant_job(conn, TenantId("b"), "send_email", "provision:b")
     assert runs == [(1,), (2,)]
     with pytest.raises(KeyConflict, match=r"\(send_email of tenant b\)"):
         enqueue_async(database, "b")
@@ -448,14 +431,6 @@ def test_the_async_enqueue_requeues_and_refuses_as_the_sync_one(database: Databa
             "SELECT job_type FROM control.platform_jobs WHERE tenant_id = 'b'"
         ).fetchall()
     assert kinds_of_b == [("send_email",)]
-
-
-def wait_for_wake_up(listener: psycopg.Connection) -> list[str]:
-    for _ in range(200):
-        if woken := queue.wake_ups(listener):
-            return woken
-        time.sleep(0.01)
-    return []
 
 
 def test_cancel_and_retry(database: Database) -> None:

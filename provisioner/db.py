@@ -151,6 +151,9 @@ class Transaction:
 
     pg: psycopg.Connection[Any]
     sa: sa.Connection
+    #: the first statement of the session's next transaction, which the commit begins
+    #: (:meth:`Session.transaction`'s ``then``); its holder may change its mind before the commit
+    then: sql.Composable | None = None
 
 
 #: How :meth:`Session.transaction` opens a transaction that has no first statement to send.
@@ -244,8 +247,9 @@ class Session:
                     driver.rollback()
                 driver.execute(BEGIN if first is None else sql.SQL("BEGIN; {}").format(first))
             driver.chained = None
-            yield Transaction(pg=driver, sa=self.conn)
-            driver.chain = then  # the commit, as the block is left, begins it
+            tx = Transaction(pg=driver, sa=self.conn, then=then)
+            yield tx
+            driver.chain = tx.then  # the commit, as the block is left, begins it
 
 
 class Database:

@@ -7,14 +7,16 @@ For one claimed job it
    ``steps_completed`` and the new ``progress`` (PostgreSQL DDL is transactional): a crash leaves
    a step done and recorded, or neither. The transaction holds the tenant's advisory lock, so two
    engines never run a step of one tenant at the same time, whatever the jobs' kinds (and the
-   queue never claims a job while another job of its tenant runs);
+   queue never claims a job while another job of its tenant runs). A step may ask for the steps
+   after it to join its transaction (:attr:`kinds.RunMemo.one_transaction`: a spare taken from
+   the warm pool); each still records its own entry, and they commit together or not at all;
 3. completes the job in the transaction of its last step (so a job is never left with every
    step done but not complete), or hands the failure to the queue (backoff, or failed at once
    when the error is permanent). A worker child's engine also claims its next job in that
    transaction (:meth:`Engine.claim`).
 
 Every step but a job's last commits asynchronously; the last one commits durably, and that
-flush makes the earlier ones durable with it (see ``_tenant_lock``).
+flush makes the earlier ones durable with it (see ``LOCK_ASYNC_COMMIT``).
 
 Every write to the job row is fenced by the lease: if recovery, a take-over or a cancel changed
 the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
@@ -22,7 +24,6 @@ the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
 
 from __future__ import annotations
 
-import itertools
 import select
 import threading
 import time
@@ -105,14 +106,13 @@ def idle_timeout_ms(stale_after_seconds: float) -> int:
 
 
 # A step's transaction starts by taking its tenant's lock, in the same simple query as its
-# BEGIN (db.Database.transaction): the values are composed as literals.
-LOCK_DURABLE = sql.SQL("SELECT pg_advisory_xact_lock({}, hashtext({}))")
-# A step that is not the job's last also commits without waiting for its WAL flush. Safe: WAL
-# is replayed in order, so a server crash can lose only a tail of such commits, each one
-# atomically (the step's work together with its checkpoint): the job then resumes from an
-# earlier, consistent checkpoint (its claim is asynchronous too). The job's last step, which
-# completes it and is what a caller is told, commits durably, and that flush makes every
-# earlier step of the job durable with it.
+# BEGIN (db.Database.transaction): the values are composed as literals. It also sets the
+# transaction to commit without waiting for its WAL flush. Safe: WAL is replayed in order, so a
+# server crash can lose only a tail of such commits, each one atomically (the step's work
+# together with its checkpoint): the job then resumes from an earlier, consistent checkpoint
+# (its claim is asynchronous too). The statement that completes the job, in its last step's
+# transaction, sets the commit back to durable (queue.RECORD_LAST_STEP): what a caller is told
+# succeeded is durable, and that flush makes every earlier step of the job durable with it.
 LOCK_ASYNC_COMMIT = sql.SQL(
     "SELECT pg_advisory_xact_lock({}, hashtext({})), set_config('synchronous_commit', 'off', true)"
 )
@@ -380,32 +380,32 @@ class Engine:
                 repaired: set[str] = set()
             else:
                 job, repaired = self._forget_vanished(kind, job, lease, ctx)
-            pending = [s.name for s in kind.steps if s.name not in job.steps_completed]
-            following_of = dict(itertools.pairwise(pending))  # the last step has none
+            recorded = set(job.steps_completed)
+            pending = [step for step in kind.steps if step.name not in recorded]
             for step in kind.steps:
-                if step.name in job.steps_completed:
+                if step.name in recorded:
                     if not upgrade_only:
                         on_progress(StepEvent(job, step.name, "skipped"))
                     continue
+                if not pending or pending[0] is not step:
+                    continue  # it ran in the transaction of a step before it
                 if should_stop():
                     return self._release(lease, opened)
                 current = step.name
                 run_id, opened = opened, None  # the step's own now: it closes it, come what may
-                following = following_of.get(step.name)
-                job, opened = self._run_step(
+                job, opened, ran = self._run_transaction(
                     kind,
                     job,
                     lease,
-                    step,
+                    pending,
                     ctx,
                     journal,
                     on_progress,
-                    step.name in repaired,
+                    repaired,
                     run_id=run_id,
-                    following=following,
-                    following_is_last=following not in following_of,
                     claim_next=claim_next,
                 )
+                pending = pending[ran:]
             if job.status is JobStatus.SUCCEEDED:
                 return job  # the last step's transaction completed it
             current = "complete"
@@ -413,7 +413,7 @@ class Engine:
         except BaseException as exc:
             if opened is not None:  # the next step's journal row, opened ahead: it never began
                 self._discard_run(journal, opened)
-            if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
+            if isinstance(exc, LeaseLost | StepFailed) or not isinstance(exc, Exception):
                 raise
             raise StepFailed(current) from exc
 
@@ -456,35 +456,37 @@ class Engine:
             job = queue.record_step(tx.pg, lease, kept, kind.progress(kept))
         return job, set(gone)
 
-    def _run_step(
+    def _run_transaction(
         self,
         kind: JobKind,
         job: Job,
         lease: Lease,
-        step: Step,
+        pending: list[Step],
         ctx: StepContext,
         journal: psycopg.Connection[Any],
         on_progress: ProgressCallback,
-        repairing: bool,
+        repaired: set[str],
         *,
         run_id: int | None = None,
-        following: str | None = None,
-        following_is_last: bool = True,
         claim_next: tuple[str, ...] = (),
-    ) -> tuple[Job, int | None]:
-        """Run one step in one transaction with its checkpoint; the job as the checkpoint left
-        it, and the journal row this step opened for ``following`` (the job's next missing
-        step). Without a ``following`` step, this one is the job's last: it completes the job
-        in that same transaction (and, with ``claim_next``, claims the holder's next job).
+    ) -> tuple[Job, int | None, int]:
+        """Run the first of the job's ``pending`` steps in one transaction with its checkpoint,
+        and the steps after it in the same transaction while a step asks for it
+        (:attr:`kinds.RunMemo.one_transaction`). Returns the job as the last checkpoint left it,
+        the journal row opened for the step after the transaction's last one, and how many steps
+        ran. The job's last step completes the job in its transaction (and, with
+        ``claim_next``, claims the holder's next job).
 
-        ``run_id`` is this step's journal row when the previous step opened it; otherwise the
-        row is written here, before the step's work begins. The step's commit also begins the
-        ``following`` step's transaction with its tenant lock (one round trip fewer per step;
-        durable commit when ``following_is_last``)."""
-        started = time.monotonic()
-        final = following is None
-        lock = _tenant_lock(ctx.tenant, durable=final)
-        then = None if final else _tenant_lock(ctx.tenant, durable=following_is_last)
+        ``run_id`` is the first step's journal row when the step before it opened it; otherwise
+        the row is written here, before the work begins. Each step's close opens the next one's
+        row (inside the transaction), and the commit begins the next transaction with its
+        tenant lock (one round trip fewer per step). Progress events of finished steps are
+        reported once the commit made them true; a failure raises :class:`StepFailed` naming
+        the step that failed."""
+        lock = _tenant_lock(ctx.tenant)
+        finished: list[StepEvent] = []
+        step, started = pending[0], time.monotonic()
+        committed_run = run_id  # the journal row committed before this transaction began
         claim_sent = False
         try:
             if run_id is None:
@@ -493,55 +495,94 @@ class Engine:
                 # Later steps find their row opened by the step before them
                 # (queue.CLOSE_STEP_OPEN_NEXT).
                 with db.translated():
-                    run_id = queue.start_step_run(journal, lease, ctx.tenant.value, step.name)
-            with self._transaction(lock, then) as tx:
-                on_progress(StepEvent(job, step.name, "started"))
-                detail = step.run(tx, ctx)
-                if repairing:
-                    detail = "; ".join(
-                        filter(None, ["re-ran: its effect was missing from the catalog", detail])
+                    run_id = committed_run = queue.start_step_run(
+                        journal, lease, ctx.tenant.value, step.name
                     )
-                done = kind.ordered([*job.steps_completed, step.name])
-                # The journal's close and the fenced checkpoint in one statement; they commit
-                # together with the step's work, or not at all. A step before the last opens
-                # the next step's journal row in it too (one round trip fewer per step).
-                # The final step completes the job with it: one commit fewer per job, and the
-                # step, its checkpoint and the job's success are one atomic change. The next
-                # job's claim rides on that commit too (a LeaseLost rolls it back with the rest).
-                closed = queue.close_step(
-                    tx.pg,
-                    run_id,
-                    detail,
-                    lease,
-                    done,
-                    kind.progress(done),
-                    last=final,
-                    claim_next=claim_next if final else (),
-                    open_next=None
-                    if following is None
-                    else queue.NextStep(ctx.tenant.value, following),
-                )
-                claim_sent = final and bool(claim_next)
+            with self._transaction(lock, lock if len(pending) > 1 else None) as tx:
+                for index, step in enumerate(pending):
+                    started = time.monotonic()
+                    following = pending[index + 1].name if index + 1 < len(pending) else None
+                    assert run_id is not None  # written above, or opened by the step before
+                    closed, detail = self._step_in(
+                        tx, kind, job, lease, step, ctx, on_progress, step.name in repaired,
+                        run_id, following, claim_next,
+                    )  # fmt: skip
+                    claim_sent = following is None and bool(claim_next)
+                    job, run_id = closed.job, closed.next_run_id
+                    finished.append(
+                        StepEvent(
+                            job,
+                            step.name,
+                            "repaired" if step.name in repaired else "done",
+                            time.monotonic() - started,
+                            detail,
+                        )
+                    )
+                    if following is None or not ctx.memo.one_transaction:
+                        break
+                tx.then = None if following is None else lock
                 # leaving the block commits
             self._claimed = closed.claimed
         except BaseException as exc:
             if claim_sent:  # the commit failed: the next job's claim may have committed
                 self._unsure_after = job.id
             outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
-            if run_id is not None:
-                self._close_run(journal, run_id, outcome, exc)
+            if committed_run is not None:  # the rows the transaction opened rolled back with it
+                self._close_run(journal, committed_run, outcome, _failure(exc, step, pending[0]))
             on_progress(
                 StepEvent(job, step.name, "failed", time.monotonic() - started, describe(exc))
             )
-            raise
-        event = "repaired" if repairing else "done"
+            if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
+                raise
+            raise StepFailed(step.name) from exc
         try:
-            on_progress(StepEvent(closed.job, step.name, event, time.monotonic() - started, detail))
+            for event in finished:
+                on_progress(event)
         except BaseException:
-            if closed.next_run_id is not None:  # the next step will not begin
-                self._discard_run(journal, closed.next_run_id)
+            if run_id is not None:  # the next step will not begin
+                self._discard_run(journal, run_id)
             raise
-        return closed.job, closed.next_run_id
+        return job, run_id, len(finished)
+
+    @staticmethod
+    def _step_in(
+        tx: db.Transaction,
+        kind: JobKind,
+        job: Job,
+        lease: Lease,
+        step: Step,
+        ctx: StepContext,
+        on_progress: ProgressCallback,
+        repairing: bool,
+        run_id: int,
+        following: str | None,
+        claim_next: tuple[str, ...],
+    ) -> tuple[queue.ClosedStep, str | None]:
+        """One step's work and its end in ``tx``: the journal's close and the fenced checkpoint
+        in one statement, which commit together with the step's work, or not at all. A step
+        before the last opens the next step's journal row in it too (one round trip fewer per
+        step). The last step completes the job with it: one commit fewer per job, and the step,
+        its checkpoint and the job's success are one atomic change. The next job's claim rides
+        on that commit too (a LeaseLost rolls it back with the rest)."""
+        on_progress(StepEvent(job, step.name, "started"))
+        detail = step.run(tx, ctx)
+        if repairing:
+            detail = "; ".join(
+                filter(None, ["re-ran: its effect was missing from the catalog", detail])
+            )
+        done = kind.ordered([*job.steps_completed, step.name])
+        closed = queue.close_step(
+            tx.pg,
+            run_id,
+            detail,
+            lease,
+            done,
+            kind.progress(done),
+            last=following is None,
+            claim_next=claim_next if following is None else (),
+            open_next=None if following is None else queue.NextStep(ctx.tenant.value, following),
+        )
+        return closed, detail
 
     @staticmethod
     def _discard_run(journal: psycopg.Connection[Any], run_id: int) -> None:
@@ -566,11 +607,11 @@ class Engine:
 
     @staticmethod
     def _close_run(
-        journal: psycopg.Connection[Any], run_id: int, outcome: str, exc: BaseException
+        journal: psycopg.Connection[Any], run_id: int, outcome: str, detail: str
     ) -> None:
         try:
             with db.translated():
-                queue.finish_step_run(journal, run_id, outcome, describe(exc))
+                queue.finish_step_run(journal, run_id, outcome, detail)
         except ProvisionerError:
             pass  # the journal is best effort when the database itself is failing
 
@@ -583,12 +624,22 @@ class Engine:
             return write(tx.pg)
 
 
-def _tenant_lock(tenant: TenantId, *, durable: bool) -> sql.Composed:
+def _tenant_lock(tenant: TenantId) -> sql.Composed:
     """A step's first statement: the tenant's lock and the step's commit mode, in one statement
     (one execute is cheaper for psycopg than a pipeline of two, measured in
     docs/PERFORMANCE.md), sent with the transaction's BEGIN."""
-    lock = LOCK_DURABLE if durable else LOCK_ASYNC_COMMIT
-    return lock.format(sql.Literal(TENANT_LOCK_CLASS), sql.Literal(tenant.value))
+    return LOCK_ASYNC_COMMIT.format(sql.Literal(TENANT_LOCK_CLASS), sql.Literal(tenant.value))
+
+
+def _failure(exc: BaseException, failed: Step, first: Step) -> str:
+    """The journal's account of a failed transaction, on the row it began with (the rows of
+    the steps after it rolled back with the transaction): the error, and which step of the
+    transaction raised it when that was a later one."""
+    if failed is first:
+        return describe(exc)
+    return queue.bounded_error(
+        f"rolled back with {failed.name}, in the same transaction: {describe(exc)}"
+    )
 
 
 def _has_input(conn: psycopg.Connection[Any]) -> bool:

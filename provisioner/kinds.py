@@ -54,6 +54,9 @@ class RunMemo:
 
     #: create_schema took a spare (True) or created the schema (False); None: not run here
     spare_taken: bool | None = None
+    #: set by a step: the run's later steps join its transaction, each with its own checkpoint,
+    #: and commit together or not at all (the engine reads it after each step)
+    one_transaction: bool = False
 
 
 @dataclass(frozen=True)

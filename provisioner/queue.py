@@ -249,13 +249,16 @@ RETURNING *
 """
 
 # Record a job's last step and complete the job in one statement, fenced by the lease (the same
-# end state as RECORD_STEP then COMPLETE).
+# end state as RECORD_STEP then COMPLETE). A step's transaction begins with asynchronous commit
+# (engine.LOCK_ASYNC_COMMIT); the statement that completes the job makes its commit wait for the
+# disk again, whichever steps share the transaction: what a caller is told succeeded is durable,
+# and that flush makes the job's earlier steps durable with it.
 RECORD_LAST_STEP = """
 UPDATE control.platform_jobs
    SET steps_completed = %(steps)s, status = 'succeeded', progress = 100, error_detail = NULL,
        locked_at = NULL, locked_by = NULL, finished_at = clock_timestamp(), updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
-RETURNING *
+RETURNING *, set_config('synchronous_commit', 'on', true) AS commit_waits
 """
 
 # A step's end in one statement (close_step): its journal row closed, as STEP_RUN_FINISH does,

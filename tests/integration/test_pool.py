@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from provisioner import db, migrations, pool, queue, service
-from provisioner.engine import Engine
+from provisioner.engine import Engine, StepEvent
 from provisioner.errors import ConfigurationError
-from provisioner.models import STEPS, TenantId
+from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
 from tests.conftest import Database, build_spare, fingerprint, run_cli
 from tests.workers import Workers, job_row, step_runs, wait_until
@@ -266,6 +267,45 @@ def test_pool_size_setting(raw: str | None, size: int) -> None:
 def test_a_bad_pool_size_is_refused_in_one_line(raw: str) -> None:
     with pytest.raises(ConfigurationError, match="PROVISIONER_POOL_SIZE must be"):
         Settings.from_env({"PROVISIONER_POOL_SIZE": raw})
+
+
+def test_a_taken_spares_steps_commit_together_or_leave_the_spare(
+    settings: Settings, database: Database, objects_dir: Path, clean_fingerprint: dict
+) -> None:
+    """The steps after a take run in the take's transaction: when a later one fails, the spare
+    is back in the pool, whole, and no tenant schema exists; the journal's one committed row
+    (create_schema's) names the step that failed. Done is reported only once committed."""
+    spare = build_spare(settings)
+    objects_dir.rmdir()  # the storage check, the fifth step, fails (permanently)
+    events: list[StepEvent] = []
+    failed = service.provision(settings, "acme", on_progress=events.append).job
+    assert failed.status is JobStatus.FAILED
+    assert (failed.error_detail or "").startswith("verify_object_storage: filesystem store")
+    assert failed.steps_completed == []
+    assert ready_spares(database) == [spare]
+    with database.owner() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'tenant_acme'"
+        ).fetchone() == (0,)
+    (run,) = step_runs(database, "acme")
+    assert (run["step"], run["outcome"]) == ("create_schema", "failed")
+    assert run["detail"].startswith(
+        "rolled back with verify_object_storage, in the same transaction: filesystem store"
+    )
+    assert [(e.step, e.outcome) for e in events if e.outcome != "started"] == [
+        ("verify_object_storage", "failed")
+    ]
+
+    objects_dir.mkdir()
+    events.clear()
+    again = service.provision(settings, "acme", on_progress=events.append).job
+    assert again.status is JobStatus.SUCCEEDED, again.error_detail
+    assert [(e.step, e.outcome) for e in events if e.outcome != "started"] == [
+        (step, "done") for step in STEPS
+    ]
+    assert step_detail(database, "acme", "create_schema") == f"taken from the warm pool: {spare}"
+    assert ready_spares(database) == []
+    assert fingerprint(database, "acme") == clean_fingerprint
 
 
 def test_a_spare_built_without_grants_is_taken_and_granted_in_full(

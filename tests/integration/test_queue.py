@@ -523,10 +523,14 @@ def test_the_last_step_completes_its_job_and_claims_the_next_in_one_transaction(
         second = enqueue_tenant(conn, "second")
         run_id = step_run(conn, job)
         began = conn.execute("SELECT now() AS began, pg_sleep(0.05)").fetchone()["began"]
+        # A step's transaction begins with asynchronous commit (the engine's lock statement).
+        conn.execute("SELECT set_config('synchronous_commit', 'off', true)")
         closed = queue.close_step(
             conn, run_id, "ok", job.lease, list(kinds.BUILTIN["provision_tenant"].step_names),
             100, last=True, claim_next=["provision_tenant"],
         )  # fmt: skip
+        # Completing the job made the commit wait for the disk again.
+        assert conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
         done, following = closed.job, closed.claimed
         assert closed.next_run_id is None  # the last step opens no run after it
         assert done.status is JobStatus.SUCCEEDED and done.locked_by is None

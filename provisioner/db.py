@@ -273,7 +273,9 @@ class Database:
         application_name: str = "provisioner",
         idle_in_transaction_timeout_ms: int | None = None,
     ) -> None:
-        options: dict[str, Any] = {}
+        # Generic plans: the statements planned ahead on an idle session (on_idle_session, the
+        # warm-up after a spare build) are used as they are, not planned again for their values.
+        options: dict[str, Any] = {"plan_cache_mode": "force_generic_plan"}
         if idle_in_transaction_timeout_ms:
             options["idle_in_transaction_session_timeout"] = idle_in_transaction_timeout_ms
         self.url = url

@@ -229,9 +229,7 @@ class Engine:
                 with db.translated():
                     queue.plan_claim(self.control, self.holder)
                     queue.warm(self.control, queue.CONTROL_PLANS)
-            self._db.on_idle_session(
-                lambda conn: queue.warm(conn, (*queue.STEP_PLANS, *pool.TAKE_PLANS))
-            )
+            self._db.on_idle_session(_warm_steps_session)
 
     def connect_ahead(self) -> threading.Thread:
         """The steps' session opened in a thread, and the template's stored reference read on
@@ -622,6 +620,13 @@ class Engine:
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self._transaction() as tx:
             return write(tx.pg)
+
+
+def _warm_steps_session(conn: psycopg.Connection[Any]) -> None:
+    """The steps' idle session after a spare build: its catalog caches reloaded for the steps'
+    ends (:func:`queue.warm`), and a take's first statements prepared (:func:`pool.plan_take`)."""
+    pool.plan_take(conn)
+    queue.warm(conn, queue.STEP_PLANS)
 
 
 def _tenant_lock(tenant: TenantId) -> sql.Composed:

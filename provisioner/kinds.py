@@ -54,6 +54,8 @@ class RunMemo:
 
     #: create_schema took a spare (True) or created the schema (False); None: not run here
     spare_taken: bool | None = None
+    #: the taken spare carried every grant but USAGE (read by the take, before its rename)
+    spare_grants_in_place: bool = False
     #: set by a step: the run's later steps join its transaction, each with its own checkpoint,
     #: and commit together or not at all (the engine reads it after each step)
     one_transaction: bool = False

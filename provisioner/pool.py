@@ -134,8 +134,8 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
 """
 )
 
-#: A take's own statements, planned ahead on idle sessions after a spare build (queue.warm):
-#: parameters that match nothing.
+#: A take's statements before its rename, planned ahead on the steps' idle session after a
+#: spare build (:func:`plan_take`): parameters that match nothing.
 TAKE_PLANS: tuple[queue.PlanAhead, ...] = (
     (TAKE_SPARE, {"digest": "", "tenant": ""}),
     (GRANTS_HELD, {"schema": "", "role": ""}),
@@ -187,9 +187,25 @@ class PoolCounts:
 # -- operations ---------------------------------------------------------------------------------
 
 
-def take(tx: Transaction, tenant_schema_name: str) -> str | None:
-    """Rename a ready spare to the tenant's schema in ``tx``; the step detail, or None when no
-    spare is ready (or the tenant's schema already exists)."""
+@dataclass(frozen=True)
+class Taken:
+    """A spare renamed to a tenant's schema by :func:`take`."""
+
+    spare: str
+    #: the application role's grants in the spare, read before the rename: every schema
+    #: change makes each session of the database plan its statements again (PostgreSQL resets
+    #: all cached plans when ``pg_namespace`` changes), so the check costs a planning of its
+    #: catalog query after the rename (1 ms, docs/PERFORMANCE.md), and nothing before it
+    grants: GrantsHeld
+
+    @property
+    def detail(self) -> str:
+        return f"taken from the warm pool: {self.spare}"
+
+
+def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | None:
+    """Rename a ready spare to the tenant's schema in ``tx``; None when no spare is ready (or
+    the tenant's schema already exists)."""
     digest = migrations.tenant_tree_state().digest
     with tx.pg.cursor() as cur:
         cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
@@ -197,6 +213,8 @@ def take(tx: Transaction, tenant_schema_name: str) -> str | None:
         if row is None:
             return None
         spare = str(row[0])
+        grants = grants_held(tx.pg, spare, app_role)
+        assert grants is not None  # the take found the schema, and holds its row
         # The rename and the catalog's view of the result in one round trip (simple query).
         # The rename touches only this schema, which no prepared statement of the session
         # names: the queue's statements stay prepared (see keeping_prepared_statements).
@@ -220,7 +238,18 @@ def take(tx: Transaction, tenant_schema_name: str) -> str | None:
         raise PermanentError(
             f"spare {spare} is owned by role {owner}, not {me}; drop it from control.tenant_pool"
         )
-    return f"taken from the warm pool: {spare}"
+    return Taken(spare, grants)
+
+
+def plan_take(conn: Any) -> None:
+    """Run the take's statements that come before its rename (:data:`TAKE_PLANS`), prepared,
+    with values that match nothing (they take and change nothing), on a session that keeps
+    generic plans (the engine's steps session): the next take binds their plans as they are.
+    Every schema change resets each session's plans (a build's too), so this runs after each
+    build; the rename resets them again, so what comes after it is planned at the take."""
+    with conn.cursor() as cur:
+        for statement, params in TAKE_PLANS:
+            cur.execute(statement, params, prepare=True)
 
 
 def counts(conn: Any) -> PoolCounts:
@@ -290,6 +319,31 @@ def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
         return False
     held = _held(row)
     return held.usage and held.all_but_usage
+
+
+def grant_usage(conn: Any, schema: str, app_role: str) -> bool:
+    """The grant step on a taken spare whose other grants :func:`take` found in place: USAGE
+    granted, and checked with CREATE not held, in one simple query (nothing to plan again
+    after the rename). False when the catalog does not show it so."""
+    schema_literal, role_literal = sql.Literal(schema), sql.Literal(app_role)
+    with conn.cursor() as cur:
+        cur.execute(
+            sql.SQL(
+                "GRANT USAGE ON SCHEMA {} TO {}; "
+                "SELECT has_schema_privilege({}, {}, 'USAGE')"
+                " AND NOT has_schema_privilege({}, {}, 'CREATE')"
+            ).format(
+                sql.Identifier(schema),
+                sql.Identifier(app_role),
+                role_literal,
+                schema_literal,
+                role_literal,
+                schema_literal,
+            )
+        )
+        cur.nextset()  # past the GRANT's empty result, to the SELECT's row
+        row = cur.fetchone()
+    return bool(row and row[0])
 
 
 def build_spare(tx: Transaction, created_by: str, app_role: str | None = None) -> str:

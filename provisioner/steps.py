@@ -17,16 +17,17 @@ __all__ = ["PROVISION_STEPS", "Step", "StepContext"]
 
 def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
     # A spare from the warm pool when one is ready at the head (renamed in this transaction).
-    taken = pool.take(tx, ctx.tenant.schema)
+    taken = pool.take(tx, ctx.tenant.schema, ctx.app_role)
     if taken is None:
         tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     tenants.mark_provisioning(tx.pg, ctx.tenant)
     ctx.memo.spare_taken = taken is not None
+    ctx.memo.spare_grants_in_place = taken is not None and taken.grants.all_but_usage
     # A taken spare's other steps are a few statements each: they join the take's transaction,
     # so that a sign-up's tenant appears whole or not at all (a crash leaves the spare), with
     # one commit where there were six.
     ctx.memo.one_transaction = ctx.memo.spare_taken
-    return taken
+    return None if taken is None else taken.detail
 
 
 def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
@@ -42,14 +43,21 @@ def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
     )
 
 
+#: The grant step's detail when a taken spare's grants were in place.
+TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted, every ACL checked"
+
+
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
-    # A taken spare already carries every grant but USAGE: grant it and check every ACL in one
-    # round trip, whatever the number of tables. Otherwise (a new schema, a restore after a
-    # revoke, a spare built without grants) name every table and check, as always. A schema
-    # this run created has no grant yet: the one-query check is not even tried.
+    # A taken spare already carries every grant but USAGE: grant it and check, in one round
+    # trip, whatever the number of tables (the take checked every other ACL before its rename;
+    # a job resumed after its take checks them all here). Otherwise (a new schema, a restore
+    # after a revoke, a spare built without grants) name every table and check, as always. A
+    # schema this run created has no grant yet: the one-query check is not even tried.
+    if ctx.memo.spare_grants_in_place and pool.grant_usage(tx.pg, ctx.tenant.schema, ctx.app_role):
+        return TAKEN_GRANTS
     fresh = ctx.memo.spare_taken is False
     if not fresh and pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_role):
-        return "grants already in place (warm pool): USAGE granted, every ACL checked"
+        return TAKEN_GRANTS
     tenant_schema.grant_app_role(tx.pg, ctx.tenant.schema, ctx.app_role)
     return None
 

@@ -32,7 +32,13 @@ from psycopg import sql
 
 from provisioner import db, migrations, pool, tenant_schema
 from provisioner.settings import Settings
-from provisioner.testing import PgServer, ProvisionerDatabase, Tenant, role_url
+from provisioner.testing import (
+    BOOTSTRAP_LOCK_KEY,
+    PgServer,
+    ProvisionerDatabase,
+    Tenant,
+    role_url,
+)
 
 pytest_plugins = ["tests.storage_fixtures", "tests.workers"]
 
@@ -55,9 +61,14 @@ class Server:
 
 
 def _run_bootstrap(admin_url: str, database: str) -> None:
+    """The operator's bootstrap script (the infra copy), run as the plugin runs the packaged
+    one: one process at a time per server, since two xdist workers updating the same
+    cluster-wide roles at once fail with "tuple concurrently updated"."""
     target = psycopg.conninfo.make_conninfo(admin_url, dbname=database)
-    with psycopg.connect(target, autocommit=True) as conn:
-        conn.execute(BOOTSTRAP_SQL.read_text())
+    with psycopg.connect(admin_url, autocommit=True) as lock:
+        lock.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_KEY,))
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute(BOOTSTRAP_SQL.read_text())
 
 
 @pytest.fixture(scope="session")

@@ -174,6 +174,32 @@ def test_the_warm_up_keeps_the_claims_plan_for_the_next_sign_up(
         engine.release(claimed.job)
 
 
+TAKE_PLANS = (
+    "SELECT statement LIKE '%%DELETE FROM control.tenant_pool%%' AS take, generic_plans, "
+    "custom_plans FROM pg_prepared_statements WHERE statement LIKE ANY (%s) ORDER BY 1"
+)
+
+
+def test_a_take_binds_the_plans_made_before_it(fast: Settings, database: Database) -> None:
+    """The steps' sessions keep generic plans; after a build, the warm-up prepares the take's
+    statements that come before its rename (pool.plan_take), and the take binds them as they
+    are: one more execution of each generic plan, no plan made for the take's values."""
+    spare = build_spare(fast)
+    steps = db.Database(fast.owner_url)
+    patterns = (["%DELETE FROM control.tenant_pool%", "%lacking_defaults%"],)
+    try:
+        with steps.transaction() as tx:
+            assert tx.pg.execute("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+        steps.on_idle_session(pool.plan_take)
+        with steps.transaction() as tx:
+            assert tx.pg.execute(TAKE_PLANS, patterns).fetchall() == [(False, 1, 0), (True, 1, 0)]
+            taken = pool.take(tx, "tenant_bound", fast.app_role)
+            assert taken is not None and taken.spare == spare and taken.grants.all_but_usage
+            assert tx.pg.execute(TAKE_PLANS, patterns).fetchall() == [(False, 2, 0), (True, 2, 0)]
+    finally:
+        steps.close()
+
+
 def test_spares_are_refused_to_app_rw_and_invisible_to_users(
     fast: Settings, database: Database
 ) -> None:

@@ -154,6 +154,8 @@ class Transaction:
     #: the first statement of the session's next transaction, which the commit begins
     #: (:meth:`Session.transaction`'s ``then``); its holder may change its mind before the commit
     then: sql.Composable | None = None
+    #: the first row of :meth:`Session.transaction`'s ``before`` statement, committed already
+    before_row: tuple[Any, ...] | None = None
 
 
 #: How :meth:`Session.transaction` opens a transaction that has no first statement to send.
@@ -225,7 +227,11 @@ class Session:
 
     @contextmanager
     def transaction(
-        self, first: sql.Composable | None = None, *, then: sql.Composable | None = None
+        self,
+        first: sql.Composable | None = None,
+        *,
+        then: sql.Composable | None = None,
+        before: sql.Composable | None = None,
     ) -> Iterator[Transaction]:
         """Commit on success, roll back on any exception (which leaves translated).
 
@@ -239,15 +245,26 @@ class Session:
         none) rolls it back and begins its own; so does the end of the session. When ``then``
         fails after the commit succeeded, this transaction is still committed, and the next
         one begins afresh and meets the error itself.
+
+        ``before`` is a statement committed on its own just before this transaction begins, in
+        the same round trip (``before; COMMIT; BEGIN; first``); its first row is the
+        transaction's ``before_row``. When it fails, nothing else runs. (The step engine opens
+        a job's first journal row so.)
         """
         with translated(), self.conn.begin():
             driver = self.driver
-            if driver.chained is None or driver.chained != first:
+            before_row = None
+            if before is not None or driver.chained is None or driver.chained != first:
                 if driver.chained is not None:  # begun for another first statement
                     driver.rollback()
-                driver.execute(BEGIN if first is None else sql.SQL("BEGIN; {}").format(first))
+                begin = BEGIN if first is None else sql.SQL("BEGIN; {}").format(first)
+                if before is None:
+                    driver.execute(begin)
+                else:
+                    cursor = driver.execute(sql.SQL("{}; COMMIT; {}").format(before, begin))
+                    before_row = cursor.fetchone()
             driver.chained = None
-            tx = Transaction(pg=driver, sa=self.conn, then=then)
+            tx = Transaction(pg=driver, sa=self.conn, then=then, before_row=before_row)
             yield tx
             driver.chain = tx.then  # the commit, as the block is left, begins it
 
@@ -304,10 +321,12 @@ class Database:
         )
 
     @contextmanager
-    def transaction(self, first: sql.Composable | None = None) -> Iterator[Transaction]:
+    def transaction(
+        self, first: sql.Composable | None = None, *, before: sql.Composable | None = None
+    ) -> Iterator[Transaction]:
         """Commit on success, roll back on any exception (which leaves translated); see
-        :meth:`Session.transaction` for ``first``."""
-        with self.session() as session, session.transaction(first) as tx:
+        :meth:`Session.transaction` for ``first`` and ``before``."""
+        with self.session() as session, session.transaction(first, before=before) as tx:
             yield tx
 
     @contextmanager

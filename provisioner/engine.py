@@ -157,8 +157,9 @@ class Engine:
 
     @property
     def control(self) -> psycopg.Connection[Any]:
-        """The engine's autocommit owner session, (re)opened on demand: the step journal's
-        start rows, and the claim and bookkeeping of a one-off provisioning.
+        """The engine's autocommit owner session, (re)opened on demand: a worker child's
+        claims, the step journal's closes after a failure, and the claim and bookkeeping of a
+        one-off provisioning.
 
         Its commits are asynchronous (``synchronous_commit = off``): what it writes is either
         a diagnostic trace or a claim that a server crash may undo harmlessly (the job is then
@@ -228,7 +229,7 @@ class Engine:
             if self._control is not None and not self._control.closed:
                 with db.translated():
                     queue.plan_claim(self.control, self.holder)
-                    queue.warm(self.control, queue.CONTROL_PLANS)
+                    queue.warm(self.control)
             self._db.on_idle_session(_warm_steps_session)
 
     def connect_ahead(self) -> threading.Thread:
@@ -343,14 +344,18 @@ class Engine:
                 self._session = None
 
     def _transaction(
-        self, first: sql.Composable | None = None, then: sql.Composable | None = None
+        self,
+        first: sql.Composable | None = None,
+        then: sql.Composable | None = None,
+        before: sql.Composable | None = None,
     ) -> AbstractContextManager[db.Transaction]:
         """A transaction on the running job's session, or on a session of its own outside one.
         On the job's session, ``then`` is the first statement of its next transaction, begun
-        by this one's commit (:meth:`db.Session.transaction`)."""
+        by this one's commit; ``before`` is committed on its own just before this one begins
+        (:meth:`db.Session.transaction`)."""
         if self._session is not None:
-            return self._session.transaction(first, then=then)
-        return self._db.transaction(first)
+            return self._session.transaction(first, then=then, before=before)
+        return self._db.transaction(first, before=before)
 
     def _run_steps(
         self,
@@ -476,9 +481,10 @@ class Engine:
         ``claim_next``, claims the holder's next job).
 
         ``run_id`` is the first step's journal row when the step before it opened it; otherwise
-        the row is written here, before the work begins. Each step's close opens the next one's
-        row (inside the transaction), and the commit begins the next transaction with its
-        tenant lock (one round trip fewer per step). Progress events of finished steps are
+        the row is committed on its own just before the transaction begins, in the same round
+        trip. Each step's close opens the next one's row (inside the transaction), and the
+        commit begins the next transaction with its tenant lock (one round trip fewer per
+        step). Progress events of finished steps are
         reported once the commit made them true; a failure raises :class:`StepFailed` naming
         the step that failed."""
         lock = _tenant_lock(ctx.tenant)
@@ -486,17 +492,19 @@ class Engine:
         step, started = pending[0], time.monotonic()
         committed_run = run_id  # the journal row committed before this transaction began
         claim_sent = False
+        # The journal's start row, committed before the step's work begins, so that a step
+        # killed mid-work still leaves its run for recovery to mark abandoned; sent with the
+        # transaction's BEGIN. Later steps find their row opened by the step before them
+        # (queue.CLOSE_STEP_OPEN_NEXT).
+        opening = (
+            None
+            if run_id is not None
+            else queue.step_run_opening(lease, ctx.tenant.value, step.name)
+        )
         try:
-            if run_id is None:
-                # The journal's start row, committed before the step's work begins, so that a
-                # step killed mid-work still leaves its run for recovery to mark abandoned.
-                # Later steps find their row opened by the step before them
-                # (queue.CLOSE_STEP_OPEN_NEXT).
-                with db.translated():
-                    run_id = committed_run = queue.start_step_run(
-                        journal, lease, ctx.tenant.value, step.name
-                    )
-            with self._transaction(lock, lock if len(pending) > 1 else None) as tx:
+            with self._transaction(lock, lock if len(pending) > 1 else None, opening) as tx:
+                if tx.before_row is not None:
+                    run_id = committed_run = int(tx.before_row[0])
                 for index, step in enumerate(pending):
                     started = time.monotonic()
                     following = pending[index + 1].name if index + 1 < len(pending) else None

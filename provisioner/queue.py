@@ -19,7 +19,8 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg import sql
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from provisioner.errors import InvalidInput, KeyConflict, LeaseLost, UnknownJob
@@ -274,7 +275,7 @@ CLOSE_STEP = _CLOSE_RUN + RECORD_STEP
 CLOSE_LAST_STEP = _CLOSE_RUN + RECORD_LAST_STEP
 
 # The same end of a step that is not the job's last, which also opens the journal row of the
-# job's next step (STEP_RUN_START's row, started when this one finished): it commits with this
+# job's next step (STEP_RUN_OPEN's row, started when this one finished): it commits with this
 # step, so the next step begins without a start row of its own to write and wait for, and a
 # process killed in between leaves that row open for recovery to mark abandoned, as a start row
 # would. Its id comes back as ``next_run_id`` beside the job's row.
@@ -409,11 +410,15 @@ SELECT * FROM control.platform_jobs
 # -- the per-attempt record of step runs ---------------------------------------------------------
 
 # A step begins (written on its own autocommit connection, so a crash leaves the trace).
-STEP_RUN_START = """
+# Opened by the steps' session just before the step's transaction begins, in the same simple
+# query (db.Session.transaction's ``before``), so the values are literals. Its commit does not
+# wait for the disk (the set_config runs before it): a server crash may lose the row with the
+# step's attempt, and recovery requeues the job either way.
+STEP_RUN_OPEN = sql.SQL("""
 INSERT INTO control.job_step_runs (job_id, tenant_id, run, attempt, step, worker)
-VALUES (%(job_id)s, %(tenant_id)s, %(run)s, %(attempt)s, %(step)s, %(worker)s)
-RETURNING id
-"""
+VALUES ({}, {}, {}, {}, {}, {})
+RETURNING id, set_config('synchronous_commit', 'off', true)
+""")
 
 # A step ends, with its outcome and a one-line detail; a run already closed (abandoned by
 # recovery) stays as recovery left it.
@@ -1045,23 +1050,12 @@ def list_jobs(conn: Conn, *, status: str | None = None, limit: int = 50) -> list
     return [Job.from_row(r) for r in _all(conn, LIST_JOBS, {"status": status, "limit": limit})]
 
 
-def start_step_run(conn: Conn, lease: Lease, tenant_id: str | None, step: str) -> int:
-    """Open a step run's journal row (:data:`STEP_RUN_START`); its id."""
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(
-            STEP_RUN_START,
-            {
-                "job_id": lease.job_id,
-                "tenant_id": tenant_id,
-                "run": lease.run,
-                "attempt": lease.attempts,
-                "step": step,
-                "worker": lease.locked_by,
-            },
-        )
-        row = cur.fetchone()
-    assert row is not None
-    return int(row[0])
+def step_run_opening(lease: Lease, tenant_id: str | None, step: str) -> sql.Composed:
+    """The statement that opens a step run's journal row (:data:`STEP_RUN_OPEN`), to be sent
+    before the step's transaction begins and committed on its own; the row's id is the first
+    column of its row (``db.Transaction.before_row``)."""
+    values = (lease.job_id, tenant_id, lease.run, lease.attempts, step, lease.locked_by)
+    return STEP_RUN_OPEN.format(*(sql.Literal(value) for value in values))
 
 
 # What a job's statements read, touched without a row read or written: run on a worker child's
@@ -1095,9 +1089,6 @@ _NOTHING: dict[str, Any] = {
     "job_types": [""],
     "lock_class": TENANT_JOB_LOCK_CLASS,
 }
-#: What the control session of a worker child's engine runs for a job after its claim (which
-#: :func:`plan_claim` runs ahead): the first step's journal row.
-CONTROL_PLANS: tuple[PlanAhead, ...] = ((STEP_RUN_START, _NOTHING),)
 #: What its steps' session runs for every job: the steps' ends, and the claim of the next job
 #: that rides on the last one.
 STEP_PLANS: tuple[PlanAhead, ...] = (

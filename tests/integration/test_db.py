@@ -222,3 +222,42 @@ def test_a_commit_that_fails_begins_nothing(database: Database) -> None:
         asked = server_clock(database)
         with session.transaction(LOCK) as tx:
             assert transaction_start(tx) >= asked
+
+
+def insert_tenant_statement(tenant: str) -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO control.tenants (tenant_id, schema_name) VALUES ({}, {}) RETURNING tenant_id"
+    ).format(sql.Literal(tenant), sql.Literal(f"tenant_{tenant}"))
+
+
+def test_a_statement_before_a_transaction_commits_on_its_own(database: Database) -> None:
+    """``before``: committed before the transaction begins (the step journal's first row),
+    so it stays when the transaction rolls back; its row comes back with the transaction. A
+    transaction begun ahead for the same first statement is rolled back for it, and a
+    ``before`` that fails begins nothing."""
+
+    def fail_after_work(session: db.Session) -> None:
+        with session.transaction(LOCK, before=insert_tenant_statement("journal")) as tx:
+            assert tx.before_row == ("journal",)
+            assert not lock_free(database, 1)
+            insert_tenant(tx, "work")
+            raise ZeroDivisionError
+
+    with db.Database(database.owner_url) as owner, owner.session() as session:
+        with session.transaction(LOCK, then=LOCK):
+            pass
+        with pytest.raises(ZeroDivisionError):
+            fail_after_work(session)
+        assert (tenant_rows(database, "journal"), tenant_rows(database, "work")) == (1, 0)
+        assert lock_free(database, 1)
+        duplicate = insert_tenant_statement("journal")
+        with (
+            pytest.raises(db.DatabaseError, match="duplicate key"),
+            session.transaction(LOCK, before=duplicate),
+        ):
+            pass
+        assert lock_free(database, 1)
+        with session.transaction(LOCK) as tx:  # the session serves the next one
+            assert tx.before_row is None
+            insert_tenant(tx, "after")
+    assert tenant_rows(database, "after") == 1

@@ -114,12 +114,13 @@ def test_the_pool_is_filled_drained_and_refilled(
 
 
 def warmed_sessions(database: Database) -> int:
-    """Sessions of the database whose last statement was the engine's warm-up: the plan of a
-    statement (``EXPLAIN``), which only queue.warm sends."""
+    """Sessions of the database whose last statement was the engine's warm-up: queue.warm's
+    catalog read, or the plan of a statement (``EXPLAIN``), which only queue.warm sends."""
     with psycopg.connect(database.owner_url) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND state = 'idle' AND query LIKE 'EXPLAIN %'"
+            "AND state = 'idle' AND (query LIKE 'EXPLAIN %%' OR query = %s)",
+            (queue.WARM,),
         ).fetchone()
     assert row is not None
     return int(row[0])

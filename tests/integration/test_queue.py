@@ -141,7 +141,7 @@ def test_warm_plans_the_statements_without_running_them(database: Database) -> N
     with app(database) as conn:
         job = enqueue_tenant(conn, "acme")
     with psycopg.connect(database.owner_url, autocommit=True) as conn:
-        queue.warm(conn, (*queue.CONTROL_PLANS, *queue.STEP_PLANS, *pool.TAKE_PLANS))
+        queue.warm(conn, (*queue.STEP_PLANS, *pool.TAKE_PLANS))
         journal = conn.execute("SELECT count(*) FROM control.job_step_runs").fetchone()
     assert row(database, job.id)["status"] == "queued"
     assert journal == (0,)
@@ -510,7 +510,8 @@ def test_the_engine_claim_returns_the_tenants_state(database: Database) -> None:
 
 
 def step_run(conn: psycopg.Connection, job: Job) -> int:
-    run_id = queue.start_step_run(conn, job.lease, job.tenant_id, "activate_onboarding")
+    opened = conn.execute(queue.step_run_opening(job.lease, job.tenant_id, "activate_onboarding"))
+    run_id = int(opened.fetchone()["id"])
     conn.commit()
     return run_id
 

@@ -201,31 +201,48 @@ SELECT claimed.*, t.state AS tenant_state
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """
 
-# Claim one given job that is queued (ready or not): a one-off command does it now, unless
-# another job of its tenant runs under a live holder.
-CLAIM_QUEUED_JOB = """
-UPDATE control.platform_jobs AS j
-   SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
-       locked_by = %(worker)s, available_at = now(), updated_at = now()
- WHERE j.id = %(id)s AND j.status = 'queued'
-   AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
-                    WHERE r.tenant_id = j.tenant_id AND r.id <> j.id AND r.status = 'running'
-                      AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                                   WHERE a.application_name = r.locked_by))
-RETURNING j.*
+# A one-off command's claim of one given job (CLAIM_QUEUED_ALONE, CLAIM_QUEUED_JOB or
+# TAKE_OVER_JOB), and in the same statement: the open step runs of the job's earlier attempts
+# closed (a claim after them proves their holder gone), and the tenant's state, as CLAIM_NEXT
+# reads it for the engine.
+_CLAIM_JOB = """
+WITH claimed AS (
+    UPDATE control.platform_jobs AS j
+       SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
+           locked_by = %(worker)s, available_at = now(), updated_at = now()
+     WHERE j.id = %(id)s AND {}
+    RETURNING j.*
+), abandoned AS (
+    UPDATE control.job_step_runs s
+       SET finished_at = clock_timestamp(), outcome = 'abandoned',
+           detail = 'holder died; step outcome unknown (its transaction rolled back)'
+      FROM claimed
+     WHERE s.job_id = claimed.id AND s.attempt < claimed.attempts AND s.outcome = 'running'
+)
+SELECT claimed.*, t.state AS tenant_state
+  FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """
 
-# Take over one running job whose holder has no live session (a one-off CLI that was killed).
-# A holder is live while a session carries its name; pg_stat_activity is costly to plan, so
-# this runs only when the cheap claim above found the job running.
-TAKE_OVER_JOB = """
-UPDATE control.platform_jobs AS j
-   SET status = 'running', attempts = j.attempts + 1, locked_at = now(),
-       locked_by = %(worker)s, available_at = now(), updated_at = now()
- WHERE j.id = %(id)s AND j.status = 'running'
-   AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.application_name = j.locked_by)
-RETURNING j.*
-"""
+# Claim one given job that is queued (ready or not) when no other job of its tenant runs: a
+# one-off command does it now. The usual case, and cheap to plan.
+CLAIM_QUEUED_ALONE = _CLAIM_JOB.format("""j.status = 'queued'
+       AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r WHERE r.tenant_id = j.tenant_id
+                                                              AND r.id <> j.id
+                                                              AND r.status = 'running')""")
+
+# The same when another job of its tenant runs, unless under a live holder (a holder is live
+# while a session carries its name). pg_stat_activity is costly to plan (a new session's first
+# use of it takes milliseconds), so this runs only when the claim above found another job.
+CLAIM_QUEUED_JOB = _CLAIM_JOB.format("""j.status = 'queued'
+       AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
+                        WHERE r.tenant_id = j.tenant_id AND r.id <> j.id AND r.status = 'running'
+                          AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                                       WHERE a.application_name = r.locked_by))""")
+
+# Take over one running job whose holder has no live session (a one-off CLI that was killed);
+# only when the claims above found the job running.
+TAKE_OVER_JOB = _CLAIM_JOB.format("""j.status = 'running'
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.application_name = j.locked_by)""")
 
 # Record one finished step with the new progress, fenced by the lease. The lease is renewed
 # with clock_timestamp(): now() is the start of the step's transaction, which may be older
@@ -434,14 +451,6 @@ UPDATE control.job_step_runs
    SET finished_at = clock_timestamp(), outcome = 'abandoned',
        detail = 'worker lease expired; step outcome unknown (its transaction rolled back)'
  WHERE job_id = ANY(%(job_ids)s) AND outcome = 'running'
-"""
-
-# Close the open step runs of a job's earlier attempts: a take-over proved their holder dead.
-STEP_RUNS_ABANDON_EARLIER = """
-UPDATE control.job_step_runs
-   SET finished_at = clock_timestamp(), outcome = 'abandoned',
-       detail = 'holder died; step outcome unknown (its transaction rolled back)'
- WHERE job_id = %(job_id)s AND attempt < %(attempt)s AND outcome = 'running'
 """
 
 # Close the open step runs of one attempt whose process is known to be gone (a worker's child).
@@ -775,13 +784,21 @@ def claim_next_with_state(conn: Conn, job_types: Sequence[str], worker: str) -> 
 
 def claim_job(conn: Conn, job_id: UUID, worker: str) -> Job | None:
     """Claim one job by id (queued, or running under a dead holder) and commit the claim."""
+    claimed = claim_job_with_state(conn, job_id, worker)
+    return claimed.job if claimed else None
+
+
+def claim_job_with_state(conn: Conn, job_id: UUID, worker: str) -> Claim | None:
+    """:func:`claim_job`, with the tenant's state read by the claiming statement (for the
+    engine). One statement when no other job of the tenant runs."""
     params = {"id": job_id, "worker": worker}
-    row = _one(conn, CLAIM_QUEUED_JOB, params) or _one(conn, TAKE_OVER_JOB, params)
-    if row is not None:
-        with conn.cursor() as cur:
-            cur.execute(STEP_RUNS_ABANDON_EARLIER, {"job_id": job_id, "attempt": row["attempts"]})
+    row = (
+        _one(conn, CLAIM_QUEUED_ALONE, params)
+        or _one(conn, CLAIM_QUEUED_JOB, params)
+        or _one(conn, TAKE_OVER_JOB, params)
+    )
     conn.commit()
-    return Job.from_row(row) if row else None
+    return _as_claim(row)
 
 
 def _fenced(conn: Conn, statement: str, lease: Lease, **params: Any) -> Job:

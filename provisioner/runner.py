@@ -173,7 +173,7 @@ def claim_and_run(
     conn = engine.control
     while True:
         with db.translated():
-            claimed = queue.claim_job(conn, job_id, engine.holder)
+            claimed = queue.claim_job_with_state(conn, job_id, engine.holder)
             if claimed is not None:
                 break
             current = queue.get_job(conn, job_id)
@@ -182,7 +182,13 @@ def claim_and_run(
         if should_stop():
             return Busy(current)
         time.sleep(BUSY_POLL_SECONDS)
-    return run_claimed(engine, claimed, on_progress=on_progress, should_stop=should_stop)
+    return run_claimed(
+        engine,
+        claimed.job,
+        on_progress=on_progress,
+        should_stop=should_stop,
+        tenant_state=claimed.tenant_state,
+    )
 
 
 def settled_job(outcome: Outcome) -> Job:

@@ -652,3 +652,29 @@ def test_jobs_a_dead_holder_never_reported_go_back_untouched(database: Database)
     assert (stored["status"], stored["attempts"], stored["locked_by"]) == ("queued", 0, None)
     assert row(database, reported.id)["status"] == "running"
     assert row(database, other.id)["locked_by"] == "w2"
+
+
+def test_a_one_off_claim_reads_the_state_and_respects_a_live_holder(database: Database) -> None:
+    """claim_job_with_state: the tenant's state comes with the claim; another job of the
+    tenant running under a live holder keeps it queued, and under a dead one does not."""
+    with app(database) as conn:
+        first = enqueue_tenant(conn, "acme")
+        second = queue.ensure_tenant_job(conn, TenantId("acme"), "suspend_tenant", None).job
+        conn.commit()
+        live = queue.claim_job_with_state(conn, first.id, "w1")
+        assert live is not None and live.tenant_state == "pending"
+        conn.execute("SET application_name = 'live-holder'")
+        conn.execute(
+            "UPDATE control.platform_jobs SET locked_by = 'live-holder' WHERE id = %s",
+            (first.id,),
+        )
+        conn.commit()
+        assert queue.claim_job_with_state(conn, second.id, "w2") is None  # a live holder runs
+        conn.execute(
+            "UPDATE control.platform_jobs SET locked_by = 'gone' WHERE id = %s", (first.id,)
+        )
+        conn.commit()
+        claimed = queue.claim_job_with_state(conn, second.id, "w2")
+    assert claimed is not None and claimed.job.id == second.id
+    assert (claimed.job.job_type, claimed.tenant_state) == ("suspend_tenant", "pending")
+    assert row(database, second.id)["status"] == "running"

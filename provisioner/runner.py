@@ -17,7 +17,7 @@ from typing import assert_never
 from uuid import UUID
 
 from provisioner import db, queue
-from provisioner.engine import UNREAD, Engine, ProgressCallback, StopRequested, Unread, describe
+from provisioner.engine import Engine, ProgressCallback, StopRequested, describe
 from provisioner.errors import (
     InvalidInput,
     LeaseLost,
@@ -82,24 +82,23 @@ Outcome = Settled | Busy | LostLease | Unsettled | NothingQueued | ClaimFailed
 
 def run_claimed(
     engine: Engine,
-    job: Job,
+    claimed: queue.Claim,
     *,
     on_progress: ProgressCallback,
     should_stop: StopRequested,
-    tenant_state: str | Unread | None = UNREAD,
     claim_next: tuple[str, ...] = (),
 ) -> Outcome:
-    """Run a job this process holds, and settle it; never raises for a job's failure.
-
-    ``tenant_state`` is what the claim read; ``claim_next`` has the job's last step claim this
-    holder's next job (see :meth:`Engine.run`).
+    """Run a job this process claimed (with its tenant's state, as the claim read it), and
+    settle it; never raises for a job's failure. ``claim_next`` has the job's last step claim
+    this holder's next job (see :meth:`Engine.run`).
     """
+    job = claimed.job
     try:
         done = engine.run(
             job,
             on_progress=on_progress,
             should_stop=should_stop,
-            tenant_state=tenant_state,
+            tenant_state=claimed.tenant_state,
             claim_next=claim_next,
         )
     except LeaseLost as exc:
@@ -135,12 +134,7 @@ def claim_next_and_run(
         return NothingQueued()
     on_claimed(claimed.job)
     return run_claimed(
-        engine,
-        claimed.job,
-        on_progress=on_progress,
-        should_stop=should_stop,
-        tenant_state=claimed.tenant_state,
-        claim_next=job_types,
+        engine, claimed, on_progress=on_progress, should_stop=should_stop, claim_next=job_types
     )
 
 
@@ -182,13 +176,7 @@ def claim_and_run(
         if should_stop():
             return Busy(current)
         time.sleep(BUSY_POLL_SECONDS)
-    return run_claimed(
-        engine,
-        claimed.job,
-        on_progress=on_progress,
-        should_stop=should_stop,
-        tenant_state=claimed.tenant_state,
-    )
+    return run_claimed(engine, claimed, on_progress=on_progress, should_stop=should_stop)
 
 
 def settled_job(outcome: Outcome) -> Job:

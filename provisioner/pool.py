@@ -19,11 +19,16 @@ A spare is invisible to the application and to users until it is taken:
 
 The ``create_schema`` step takes one (:func:`take`): in the step's transaction it deletes the
 oldest spare row built for the tree state on disk (``FOR UPDATE SKIP LOCKED``: two takers never
-get one spare) and renames the schema to ``tenant_<id>``; the step's own record commits with it.
-A crash before that commit leaves the spare (row and schema); after it, the tenant. A spare built
-for another tree state (the template's head changed, or its files) is never handed out: the
-keeper drops it and builds a new one. When no spare is ready the step creates an empty schema as
-it always did.
+get one spare), reads the spare's grants, and renames the schema to ``tenant_<id>``; the job's
+later steps then join that transaction (``RunMemo.one_transaction``), each with its own record.
+A crash or a failed step before the commit leaves the spare (row and schema); after it, the
+tenant. A spare built for another tree state (the template's head changed, or its files) is
+never handed out: the keeper drops it and builds a new one. When no spare is ready the step
+creates an empty schema as it always did.
+
+Every schema created, renamed or granted on makes PostgreSQL drop all cached plans of every
+session of the database, so the take reads the spare's grants before its rename, with plans
+prepared after each build (:func:`plan_take`).
 """
 
 from __future__ import annotations

@@ -484,9 +484,9 @@ class Engine:
         the row is committed on its own just before the transaction begins, in the same round
         trip. Each step's close opens the next one's row (inside the transaction), and the
         commit begins the next transaction with its tenant lock (one round trip fewer per
-        step). Progress events of finished steps are
-        reported once the commit made them true; a failure raises :class:`StepFailed` naming
-        the step that failed."""
+        step). Progress events of finished steps are reported once the commit made them true;
+        a failure raises :class:`StepFailed` naming the step that failed (or the commit's
+        last step, when the commit failed)."""
         lock = _tenant_lock(ctx.tenant)
         finished: list[StepEvent] = []
         step, started = pending[0], time.monotonic()

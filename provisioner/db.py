@@ -321,12 +321,10 @@ class Database:
         )
 
     @contextmanager
-    def transaction(
-        self, first: sql.Composable | None = None, *, before: sql.Composable | None = None
-    ) -> Iterator[Transaction]:
+    def transaction(self, first: sql.Composable | None = None) -> Iterator[Transaction]:
         """Commit on success, roll back on any exception (which leaves translated); see
-        :meth:`Session.transaction` for ``first`` and ``before``."""
-        with self.session() as session, session.transaction(first, before=before) as tx:
+        :meth:`Session.transaction` for ``first``."""
+        with self.session() as session, session.transaction(first) as tx:
             yield tx
 
     @contextmanager

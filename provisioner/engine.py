@@ -352,10 +352,11 @@ class Engine:
         """A transaction on the running job's session, or on a session of its own outside one.
         On the job's session, ``then`` is the first statement of its next transaction, begun
         by this one's commit; ``before`` is committed on its own just before this one begins
-        (:meth:`db.Session.transaction`)."""
+        (:meth:`db.Session.transaction`; steps run only on the job's session)."""
         if self._session is not None:
             return self._session.transaction(first, then=then, before=before)
-        return self._db.transaction(first, before=before)
+        assert before is None, "a step's journal row is opened on the job's session"
+        return self._db.transaction(first)
 
     def _run_steps(
         self,

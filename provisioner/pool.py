@@ -288,10 +288,9 @@ def spare_grant_statements(schema: str, app_role: str, conn: Any) -> list[sql.Co
     USAGE on the schema: what a spare is built with."""
     tables, sequences = tenant_schema.relations(conn, schema)
     statements = tenant_schema.grant_statements(schema, app_role, tables, sequences)
-    usage = sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-        sql.Identifier(schema), sql.Identifier(app_role)
+    assert statements[0] == tenant_schema.usage_grant(schema, app_role), (
+        "the grant step's first statement is no longer USAGE"
     )
-    assert statements[0] == usage, "the grant step's first statement is no longer USAGE"
     return statements[1:]
 
 
@@ -312,12 +311,9 @@ def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
     USAGE granted and every grant checked, in one round trip. False, with nothing else
     changed, when any other grant is missing: the caller then runs the full grant step (which
     grants USAGE again with the rest, and checks)."""
-    grant = sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-        sql.Identifier(schema), sql.Identifier(app_role)
-    )
     with conn.cursor(row_factory=dict_row) as cur:
         with conn.pipeline():  # the grant and the check in one round trip
-            conn.execute(grant)
+            conn.execute(tenant_schema.usage_grant(schema, app_role))
             cur.execute(GRANTS_HELD, {"schema": schema, "role": app_role})
         row = cur.fetchone()
     if row is None:
@@ -334,12 +330,10 @@ def grant_usage(conn: Any, schema: str, app_role: str) -> bool:
     with conn.cursor() as cur:
         cur.execute(
             sql.SQL(
-                "GRANT USAGE ON SCHEMA {} TO {}; "
-                "SELECT has_schema_privilege({}, {}, 'USAGE')"
+                "{}; SELECT has_schema_privilege({}, {}, 'USAGE')"
                 " AND NOT has_schema_privilege({}, {}, 'CREATE')"
             ).format(
-                sql.Identifier(schema),
-                sql.Identifier(app_role),
+                tenant_schema.usage_grant(schema, app_role),
                 role_literal,
                 schema_literal,
                 role_literal,

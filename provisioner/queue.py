@@ -223,21 +223,23 @@ SELECT claimed.*, t.state AS tenant_state
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """
 
+# A queued job's claim, unless another job of its tenant is running (and, with the condition
+# filled in, only one whose holder is live).
+_CLAIM_QUEUED = _CLAIM_JOB.format("""j.status = 'queued'
+       AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
+                        WHERE r.tenant_id = j.tenant_id AND r.id <> j.id AND r.status = 'running'
+                          {})""")
+
 # Claim one given job that is queued (ready or not) when no other job of its tenant runs: a
 # one-off command does it now. The usual case, and cheap to plan.
-CLAIM_QUEUED_ALONE = _CLAIM_JOB.format("""j.status = 'queued'
-       AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r WHERE r.tenant_id = j.tenant_id
-                                                              AND r.id <> j.id
-                                                              AND r.status = 'running')""")
+CLAIM_QUEUED_ALONE = _CLAIM_QUEUED.format("")
 
 # The same when another job of its tenant runs, unless under a live holder (a holder is live
 # while a session carries its name). pg_stat_activity is costly to plan (a new session's first
 # use of it takes milliseconds), so this runs only when the claim above found another job.
-CLAIM_QUEUED_JOB = _CLAIM_JOB.format("""j.status = 'queued'
-       AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
-                        WHERE r.tenant_id = j.tenant_id AND r.id <> j.id AND r.status = 'running'
-                          AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                                       WHERE a.application_name = r.locked_by))""")
+CLAIM_QUEUED_JOB = _CLAIM_QUEUED.format(
+    "AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.application_name = r.locked_by)"
+)
 
 # Take over one running job whose holder has no live session (a one-off CLI that was killed);
 # only when the claims above found the job running.
@@ -426,8 +428,8 @@ SELECT * FROM control.platform_jobs
 
 # -- the per-attempt record of step runs ---------------------------------------------------------
 
-# A step begins (written on its own autocommit connection, so a crash leaves the trace).
-# Opened by the steps' session just before the step's transaction begins, in the same simple
+# A step begins: its row is committed before its work, so a crash leaves the trace. Opened by
+# the steps' session just before the step's transaction begins, in the same simple
 # query (db.Session.transaction's ``before``), so the values are literals. Its commit does not
 # wait for the disk (the set_config runs before it): a server crash may lose the row with the
 # step's attempt, and recovery requeues the job either way.

@@ -184,6 +184,14 @@ def object_count(conn: Conn, schema: str) -> int | None:
     return None if row is None else int(row[0])
 
 
+def usage_grant(schema: str, app_role: str) -> sql.Composed:
+    """``GRANT USAGE`` on the schema: the grant step's first statement, and all that a taken
+    spare still lacks (:mod:`provisioner.pool`)."""
+    return sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+        sql.Identifier(schema), sql.Identifier(app_role)
+    )
+
+
 def grant_statements(
     schema: str, app_role: str, tables: list[str], sequences: list[str]
 ) -> list[sql.Composable]:
@@ -191,7 +199,7 @@ def grant_statements(
     benchmark baseline, so both measure the same work)."""
     schema_id, role_id = sql.Identifier(schema), sql.Identifier(app_role)
     statements: list[sql.Composable] = [
-        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(schema_id, role_id),
+        usage_grant(schema, app_role),
         sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema_id, role_id),
         sql.SQL(
             "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "

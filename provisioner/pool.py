@@ -2,15 +2,21 @@
 
 With ``PROVISIONER_POOL_SIZE=N`` the worker keeps N spares, built while it is otherwise idle by
 the verified replay of :mod:`provisioner.template_reference` (the stored reference's statements,
-then a fingerprint that must equal the reference's), each in ONE transaction together with its
-row in ``control.tenant_pool``: a crash leaves a verified spare or nothing.
+then a fingerprint that must equal the reference's). A spare is ready only once its row in
+``control.tenant_pool`` is committed, in the build's last transaction, after every check. The
+build before it runs in transactions of :data:`BATCH` statements (:func:`build_spare`): one
+transaction of a large template's DDL sends more catalog invalidations than PostgreSQL's shared
+queue holds, and every other session of the database (the application's too) then drops all
+its caches and reloads them at its next statement. A schema a build left unfinished (its
+process died) has no row: it is never taken, and the next builder drops it
+(:func:`drop_unfinished`).
 
 A spare is invisible to the application and to users until it is taken:
 
 * its name is ``pool_<hex>``, never ``tenant_<id>``, and ``app_rw`` has no USAGE on it: any
   access is refused (``permission denied for schema``). Its tables and sequences already carry
-  ``app_rw``'s grants, and the schema its default privileges (:func:`grant_spare`), so that a
-  take's grant step only grants USAGE and checks the ACLs in one round trip
+  ``app_rw``'s grants, and the schema its default privileges (:func:`spare_grant_batches`), so
+  that a take's grant step only grants USAGE and checks the ACLs in one round trip
   (:func:`grant_usage_if_in_place`) instead of naming every table, whatever the template's size.
   Without USAGE the role cannot look up anything in the schema, so those grants give it nothing
   until the take; the build checks that it holds neither USAGE nor CREATE there;
@@ -36,7 +42,8 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,7 +55,7 @@ from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
 from provisioner.template_reference import TemplateUnusable
-from provisioner.template_replay import keeping_prepared_statements, replay
+from provisioner.template_replay import describe_difference, keeping_prepared_statements
 
 #: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
 SPARE_PREFIX = "pool_"
@@ -76,10 +83,19 @@ INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by)
 VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s)
 """
 
-# Spares ready for this tree state, and the useless ones: built for another tree state, or
-# whose schema is gone (dropped by hand).
-COUNT_SPARES = """
-SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usable) AS stale
+# Spare schemas with no row: being built, or left by a build whose process died.
+UNFINISHED_SPARES = """
+SELECT n.nspname FROM pg_namespace n
+ WHERE starts_with(n.nspname, 'pool_')
+   AND NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = n.nspname)
+ ORDER BY n.nspname
+"""
+
+# Spares ready for this tree state, the useless ones (built for another tree state, or whose
+# schema is gone: dropped by hand), and the unfinished ones.
+COUNT_SPARES = f"""
+SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usable) AS stale,
+       (SELECT count(*) FROM ({UNFINISHED_SPARES}) u) AS unfinished
   FROM (SELECT tree_digest = %(digest)s
                AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name) AS usable
           FROM control.tenant_pool p) s
@@ -146,8 +162,19 @@ TAKE_PLANS: tuple[queue.PlanAhead, ...] = (
     (GRANTS_HELD, {"schema": "", "role": ""}),
 )
 
-# One builder at a time per database (worker replicas share the pool): try, never wait.
-TRY_BUILD_LOCK = "SELECT pg_try_advisory_xact_lock(%(class)s, 0) AS locked"
+# One builder at a time per database (worker replicas share the pool): try, never wait. Held
+# by the session for the whole build, across its transactions.
+TRY_BUILD_LOCK = "SELECT pg_try_advisory_lock(%(class)s, 0) AS locked"
+RELEASE_BUILD_LOCK = "SELECT pg_advisory_unlock(%(class)s, 0)"
+
+#: Statements of the template's replay, and relations granted, per transaction of a spare
+#: build. PostgreSQL's shared invalidation queue holds 4096 messages, and a table with its
+#: indexes sends about a hundred; a session further behind than the queue holds (an idle one
+#: cannot catch up during one commit) resets every cache, and pays for it at its next
+#: statement: the application's enqueue after a 200-table spare built in one transaction took
+#: 2 ms more (docs/PERFORMANCE.md). Ten statements stay far below, and idle sessions catch up
+#: between commits.
+BATCH = 10
 
 #: First key of the pool builders' advisory lock ('pool').
 POOL_LOCK_CLASS = 0x706F6F6C
@@ -181,12 +208,19 @@ class SpareRejected(Exception):
     """A freshly built spare did not match the reference (it was rolled back)."""
 
 
+class BuildStopped(Exception):
+    """A spare build was asked to stop between two of its transactions (its schema dropped)."""
+
+
 @dataclass(frozen=True)
 class PoolCounts:
     #: spares at the tree state on disk: what provisioning can take
     ready: int
     #: spares at another tree state: never handed out, rebuilt by the keeper
     stale: int
+    #: spare schemas with no row: being built, or left by a build that died (dropped by the
+    #: next builder)
+    unfinished: int = 0
 
 
 # -- operations ---------------------------------------------------------------------------------
@@ -263,7 +297,9 @@ def counts(conn: Any) -> PoolCounts:
         cur.execute(COUNT_SPARES, {"digest": migrations.tenant_tree_state().digest})
         row = cur.fetchone()
     assert row is not None
-    return PoolCounts(ready=int(row["ready"]), stale=int(row["stale"]))
+    return PoolCounts(
+        ready=int(row["ready"]), stale=int(row["stale"]), unfinished=int(row["unfinished"])
+    )
 
 
 def grants_held(conn: Any, schema: str, app_role: str) -> GrantsHeld | None:
@@ -283,23 +319,29 @@ def _held(row: dict[str, Any]) -> GrantsHeld:
     )
 
 
-def spare_grant_statements(schema: str, app_role: str, conn: Any) -> list[sql.Composable]:
-    """The grant step's statements (:func:`tenant_schema.grant_statements`) without its first,
-    USAGE on the schema: what a spare is built with."""
-    tables, sequences = tenant_schema.relations(conn, schema)
-    statements = tenant_schema.grant_statements(schema, app_role, tables, sequences)
-    assert statements[0] == tenant_schema.usage_grant(schema, app_role), (
+def spare_grant_batches(schema: str, app_role: str, conn: Any) -> list[sql.Composed]:
+    """The grant step's statements but its first, USAGE on the schema: what a spare is built
+    with, one batch per transaction: the schema's own statements, then the relations'
+    grants, :data:`BATCH` tables and sequences at a time."""
+    schema_wide = tenant_schema.schema_grant_statements(schema, app_role)
+    assert schema_wide[0] == tenant_schema.usage_grant(schema, app_role), (
         "the grant step's first statement is no longer USAGE"
     )
-    return statements[1:]
+    tables, sequences = tenant_schema.relations(conn, schema)
+    batches = [sql.SQL("; ").join(schema_wide[1:])]
+    for start in range(0, max(len(tables), len(sequences)), BATCH):
+        end = start + BATCH
+        statements = tenant_schema.relation_grant_statements(
+            schema, app_role, tables[start:end], sequences[start:end]
+        )
+        batches.append(sql.SQL("; ").join(statements))
+    return batches
 
 
-def grant_spare(conn: Any, schema: str, app_role: str) -> None:
-    """Give the application role its table, sequence and default privileges in a spare, but
-    not USAGE, and check the result: every one of them in place, neither USAGE nor CREATE held
-    (so the role is refused anything in the spare). :class:`SpareRejected` otherwise."""
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("; ").join(spare_grant_statements(schema, app_role, conn)))
+def check_spare_grants(conn: Any, schema: str, app_role: str) -> None:
+    """Every grant of the grant step but USAGE is in place in a spare, and the application role
+    holds neither USAGE nor CREATE (so it is refused anything in it). :class:`SpareRejected`
+    otherwise."""
     held = grants_held(conn, schema, app_role)
     if held is None or held.usage or not held.all_but_usage:
         found = "no schema" if held is None else "; ".join(held.problems()) or "USAGE is held"
@@ -345,48 +387,153 @@ def grant_usage(conn: Any, schema: str, app_role: str) -> bool:
     return bool(row and row[0])
 
 
-def build_spare(tx: Transaction, created_by: str, app_role: str | None = None) -> str:
-    """Build one spare at the head in ``tx`` and record it; its name. The reference is read
-    (or computed once, see :mod:`provisioner.template_reference`) first; with ``app_role`` the
-    spare carries that role's grants but USAGE (:func:`grant_spare`), without it none. Raises
+def build_spare(
+    session: db.Session,
+    created_by: str,
+    app_role: str | None = None,
+    *,
+    stop: Callable[[], bool] = lambda: False,
+) -> str:
+    """Build one spare at the head and record it; its name. The caller holds the builders'
+    lock (:func:`builder_lock`).
+
+    The reference is read (or computed once, see :mod:`provisioner.template_reference`) in the
+    transaction that creates the schema; its statements are replayed :data:`BATCH` per
+    transaction; the schema's fingerprint must then equal the reference's. With ``app_role``
+    the spare gets that role's grants but USAGE, batched the same way, and they are checked
+    (:func:`check_spare_grants`) in the last transaction, which records the spare. Raises
     :class:`SpareRejected` when the replay (or the grants) do not match, :class:`TemplateUnusable`
-    when the tree cannot be replayed; the caller's transaction then rolls back."""
+    when the tree cannot be replayed, :class:`BuildStopped` when ``stop()`` says so between
+    two transactions: the schema is then dropped (by the next builder, if this process dies).
+    """
     tree = migrations.tenant_tree_state()
-    reference, _ = template_reference.obtain(tx, tree, created_by)
     name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
-    with tx.pg.cursor() as cur:
-        cur.execute(
+    with session.transaction() as tx:
+        reference, _ = template_reference.obtain(tx, tree, created_by)
+        tx.pg.execute(
             sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(sql.Identifier(name))
         )
-    problem = replay(tx, name, reference)
-    if problem is not None:
-        raise SpareRejected(problem)
-    if app_role is not None:  # after the fingerprint check: the reference has no grants
-        grant_spare(tx.pg, name, app_role)
-    with tx.pg.cursor() as cur:
-        cur.execute(
-            ADD_SPARE,
-            {
-                "schema": name,
-                "digest": reference.digest,
-                "heads": sorted(reference.heads),
-                "created_by": created_by,
-            },
-        )
+    try:
+        _replay_batches(session, name, reference.template.statements, stop)
+        with session.transaction() as tx:
+            got = tenant_schema.fingerprint(tx.pg, name)
+        if got != reference.fingerprint:
+            difference = describe_difference(reference.fingerprint, got)
+            raise SpareRejected(f"fingerprint mismatch: {difference}")
+        if app_role is not None:  # after the fingerprint check: the reference has no grants
+            with session.transaction() as tx:
+                batches = spare_grant_batches(name, app_role, tx.pg)
+            for batch in batches:
+                _between_batches(stop)
+                with session.transaction() as tx:
+                    tx.pg.execute(batch)
+        with session.transaction() as tx:
+            if app_role is not None:
+                check_spare_grants(tx.pg, name, app_role)
+            tx.pg.execute(
+                ADD_SPARE,
+                {
+                    "schema": name,
+                    "digest": reference.digest,
+                    "heads": sorted(reference.heads),
+                    "created_by": created_by,
+                },
+            )
+    except BaseException:
+        _drop_schema_quietly(session, name)
+        raise
     return name
 
 
-def build_spare_if_short(
-    tx: Transaction, size: int, created_by: str, app_role: str | None = None
-) -> str | None:
-    """Build one spare unless another builder is at work or the pool already holds ``size``
-    ready spares (counted again under the lock); its name, or None."""
-    with tx.pg.cursor(row_factory=dict_row) as cur:
+def _replay_batches(
+    session: db.Session, schema: str, statements: tuple[str, ...], stop: Callable[[], bool]
+) -> None:
+    """The reference's statements into ``schema``, :data:`BATCH` per transaction, each batch
+    one simple query under the schema as ``search_path`` (as Alembic's env.py sets it)."""
+    search_path = sql.SQL("SET LOCAL search_path TO {};\n").format(sql.Identifier(schema))
+    for start in range(0, len(statements), BATCH):
+        _between_batches(stop)
+        try:
+            with session.transaction() as tx, keeping_prepared_statements(tx.pg):
+                text = search_path.as_string(tx.pg) + "\n".join(statements[start : start + BATCH])
+                tx.pg.execute(text.encode())
+        except DatabaseError as exc:
+            raise SpareRejected(f"replay failed: {exc}") from exc
+
+
+def _between_batches(stop: Callable[[], bool]) -> None:
+    if stop():
+        raise BuildStopped("the spare build was stopped")
+
+
+def _drop_schema_quietly(session: db.Session, schema: str) -> None:
+    """Drop a spare schema a build did not finish; when that fails too (the server is gone),
+    the next builder drops it."""
+    with suppress(ProvisionerError), session.transaction() as tx:
+        _drop_schema(tx, schema)
+
+
+def _drop_schema(tx: Transaction, schema: str) -> None:
+    tx.pg.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@contextmanager
+def builder_lock(session: db.Session) -> Iterator[bool]:
+    """The builders' session lock, tried (never waited for): True when this session holds it
+    until the block ends. One builder at a time per database; worker replicas share the pool."""
+    with session.transaction() as tx, tx.pg.cursor(row_factory=dict_row) as cur:
         cur.execute(TRY_BUILD_LOCK, {"class": POOL_LOCK_CLASS})
         row = cur.fetchone()
-    if not (row and row["locked"]) or counts(tx.pg).ready >= size:
-        return None
-    return build_spare(tx, created_by, app_role)
+    locked = bool(row and row["locked"])
+    try:
+        yield locked
+    finally:
+        if locked:
+            with session.transaction() as tx:
+                tx.pg.execute(RELEASE_BUILD_LOCK, {"class": POOL_LOCK_CLASS})
+
+
+def drop_unfinished(session: db.Session) -> list[str]:
+    """Drop every spare schema that has no row, under the builders' lock (the caller holds it:
+    no build is under way, so each was left by a build whose process died); their names."""
+    with session.transaction() as tx:
+        names = [str(row[0]) for row in tx.pg.execute(UNFINISHED_SPARES).fetchall()]
+    for name in names:
+        with session.transaction() as tx:
+            _drop_schema(tx, name)
+    return names
+
+
+@dataclass(frozen=True)
+class Tended:
+    """What :func:`build_spare_if_short` did."""
+
+    #: the spare built, or None
+    built: str | None
+    #: schemas of unfinished builds it dropped first
+    dropped: tuple[str, ...] = ()
+
+
+def build_spare_if_short(
+    session: db.Session,
+    size: int,
+    created_by: str,
+    app_role: str | None = None,
+    *,
+    stop: Callable[[], bool] = lambda: False,
+) -> Tended:
+    """Under the builders' lock (unless another builder holds it: nothing is done), drop the
+    schemas of unfinished builds, then build one spare unless the pool already holds ``size``
+    ready ones (counted again under the lock)."""
+    with builder_lock(session) as locked:
+        if not locked:
+            return Tended(None)
+        dropped = tuple(drop_unfinished(session))
+        with session.transaction() as tx:
+            ready = counts(tx.pg).ready
+        if ready >= size:
+            return Tended(None, dropped)
+        return Tended(build_spare(session, created_by, app_role, stop=stop), dropped)
 
 
 def drop_stale_spare(tx: Transaction) -> str | None:
@@ -396,7 +543,7 @@ def drop_stale_spare(tx: Transaction) -> str | None:
         row = cur.fetchone()
         if row is None:
             return None
-        cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(str(row[0]))))
+    _drop_schema(tx, str(row[0]))
     return str(row[0])
 
 
@@ -406,9 +553,9 @@ def drop_stale_spare(tx: Transaction) -> str | None:
 class PoolKeeper(threading.Thread):
     """The worker's pool thread: keeps ``size`` spares ready while the worker is idle.
 
-    One spare per transaction, then it asks again whether the worker is idle, so a job that
-    arrives waits for no build. It runs Alembic only to compute a missing reference, and it is
-    the only thread of the worker's parent process that does.
+    One spare at a time, then it asks again whether the worker is idle, so a job that arrives
+    waits for no more than the build under way. It runs Alembic only to compute a missing
+    reference, and it is the only thread of the worker's parent process that does.
     """
 
     #: How often a full (or busy) pool is looked at again.
@@ -467,15 +614,21 @@ class PoolKeeper(threading.Thread):
                 if dropped:
                     event(self.log, "pool_spare_dropped", schema=dropped, reason="stale head")
                 return dropped is not None
-            if found.ready >= self.size:
+            if found.ready >= self.size and not found.unfinished:
                 return False
-            with self._db.transaction() as tx:
-                name = build_spare_if_short(tx, self.size, self.holder, self.app_role)
-            if name is None:
-                return False
-            event(self.log, "pool_spare_built", schema=name, ready=found.ready + 1)
+            with self._db.session() as session:
+                tended = build_spare_if_short(
+                    session, self.size, self.holder, self.app_role, stop=self.halt.is_set
+                )
+            for name in tended.dropped:
+                event(self.log, "pool_spare_dropped", schema=name, reason="unfinished build")
+            if tended.built is None:
+                return bool(tended.dropped)
+            event(self.log, "pool_spare_built", schema=tended.built, ready=found.ready + 1)
             self.on_built()
             return True
+        except BuildStopped:
+            return False
         except (SpareRejected, TemplateUnusable) as exc:
             # The replay cannot be trusted for this tree: stop building (provisioning goes on).
             self._problem = f"spares not built: {exc}"

@@ -197,8 +197,16 @@ def grant_statements(
 ) -> list[sql.Composable]:
     """The grant step's statements for the named tables and sequences (also used by the raw-SQL
     benchmark baseline, so both measure the same work)."""
+    return schema_grant_statements(schema, app_role) + relation_grant_statements(
+        schema, app_role, tables, sequences
+    )
+
+
+def schema_grant_statements(schema: str, app_role: str) -> list[sql.Composable]:
+    """The grant step's statements on the schema itself: USAGE (first), no CREATE, and the
+    default privileges of what it will hold."""
     schema_id, role_id = sql.Identifier(schema), sql.Identifier(app_role)
-    statements: list[sql.Composable] = [
+    return [
         usage_grant(schema, app_role),
         sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema_id, role_id),
         sql.SQL(
@@ -210,6 +218,14 @@ def grant_statements(
             "GRANT USAGE, SELECT ON SEQUENCES TO {}"
         ).format(schema_id, role_id),
     ]
+
+
+def relation_grant_statements(
+    schema: str, app_role: str, tables: list[str], sequences: list[str]
+) -> list[sql.Composable]:
+    """The grant step's statements on the named tables and sequences (none for none)."""
+    role_id = sql.Identifier(app_role)
+    statements: list[sql.Composable] = []
     if tables:
         statements.append(
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(

@@ -268,7 +268,8 @@ def build_spare(settings: Settings) -> str:
     """One spare built and committed as a worker's pool keeper builds it; its schema name."""
     owner = db.Database(settings.owner_url)
     try:
-        with owner.transaction() as tx:
-            return pool.build_spare(tx, "test", settings.app_role)
+        with owner.session() as session, pool.builder_lock(session) as locked:
+            assert locked, "another builder holds the pool's lock"
+            return pool.build_spare(session, "test", settings.app_role)
     finally:
         owner.close()

@@ -1,5 +1,6 @@
 """A take from the warm pool killed by SIGKILL at every boundary leaves a spare or a tenant,
-never both, never neither; another worker then finishes the tenant.
+never both, never neither; another worker then finishes the tenant. A spare build killed before
+it recorded the spare leaves no spare, and the next builder drops what it built.
 
 A taken spare's six steps run in one transaction (``RunMemo.one_transaction``), so a kill at
 any point before its commit leaves the spare whole and no tenant. The worker is frozen at each
@@ -28,7 +29,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from provisioner import service
+from provisioner import pool, service, tenant_schema
 from provisioner.engine import TENANT_LOCK_CLASS
 from provisioner.models import STEPS
 from provisioner.settings import Settings
@@ -119,3 +120,53 @@ def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
     ]
     assert taken == [f"taken from the warm pool: {spare}"]
     assert fingerprint(database, TENANT) == clean_fingerprint
+
+
+def keeper_blocked(database: Database) -> bool:
+    """A worker's pool keeper (application_name ``<instance>:pool``) waits on a lock."""
+    with psycopg.connect(database.admin_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE '%%:pool' "
+            "AND wait_event_type = 'Lock'"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def unfinished(database: Database) -> list[str]:
+    with database.owner() as conn:
+        return [str(row[0]) for row in conn.execute(pool.UNFINISHED_SPARES).fetchall()]
+
+
+def test_a_spare_build_killed_before_its_record_leaves_no_spare_and_the_next_builder_drops_it(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    """A spare is built in several transactions and recorded in its last: a worker killed
+    before that leaves a schema with no row. It is never counted ready, the application role is
+    refused in it, and the next builder drops it before building."""
+    size = {"PROVISIONER_POOL_SIZE": "1"}
+    with psycopg.connect(database.owner_url) as blocker:
+        blocker.execute("LOCK TABLE control.tenant_pool IN SHARE MODE")  # the record waits
+        first = workers.start(env=size)
+        wait_until(lambda: keeper_blocked(database), 60, "the build to wait for its record")
+        first.send(signal.SIGKILL)
+        assert first.wait() == -signal.SIGKILL
+        blocker.rollback()
+    (left,) = unfinished(database)
+    with database.owner() as conn:
+        tables, _ = tenant_schema.relations(conn, left)
+        assert "members" in tables  # every batch of the replay was committed
+        assert pool.counts(conn) == pool.PoolCounts(ready=0, stale=0, unfinished=1)
+    with database.app() as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(left, "members")))
+
+    second = workers.start(env=size)
+    second.wait_for("pool_spare_dropped", 60, schema=left, reason="unfinished build")
+    built = second.wait_for("pool_spare_built", 60)
+    assert unfinished(database) == []
+    with database.owner() as conn:
+        assert pool.counts(conn) == pool.PoolCounts(ready=1, stale=0, unfinished=0)
+        row = conn.execute(
+            "SELECT schema_name FROM control.tenant_pool WHERE schema_name = %s", (built["schema"],)
+        ).fetchone()
+        assert row is not None
+    assert second.stop() == 0, second.output()

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from provisioner import db, migrations, pool, queue, service
+from provisioner import db, migrations, pool, queue, service, template_reference
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import ConfigurationError
 from provisioner.models import STEPS, JobStatus, TenantId
@@ -269,19 +269,64 @@ def test_a_spare_whose_schema_was_dropped_by_hand_is_not_counted_and_is_cleared(
 ) -> None:
     owner = db.Database(fast.owner_url)
     try:
-        with owner.transaction() as tx:
-            kept, gone = pool.build_spare(tx, "test"), pool.build_spare(tx, "test")
-        with database.owner() as conn:
-            conn.execute(f'DROP SCHEMA "{gone}" CASCADE')
-        with owner.transaction() as tx:
-            assert pool.counts(tx.pg) == pool.PoolCounts(ready=1, stale=1)
-            assert pool.drop_stale_spare(tx) == gone
-            assert pool.drop_stale_spare(tx) is None
+        with owner.session() as session:
+            with pool.builder_lock(session):
+                kept, gone = pool.build_spare(session, "test"), pool.build_spare(session, "test")
+            with database.owner() as conn:
+                conn.execute(f'DROP SCHEMA "{gone}" CASCADE')
+            with session.transaction() as tx:
+                assert pool.counts(tx.pg) == pool.PoolCounts(ready=1, stale=1)
+                assert pool.drop_stale_spare(tx) == gone
+                assert pool.drop_stale_spare(tx) is None
             # Already full: nothing more is built.
-            assert pool.build_spare_if_short(tx, 1, "test") is None
+            assert pool.build_spare_if_short(session, 1, "test") == pool.Tended(None)
     finally:
         owner.close()
     assert [s["schema_name"] for s in spares(database)] == [kept]
+
+
+def test_a_spare_is_built_in_batches_and_recorded_in_its_own_last_transaction(
+    fast: Settings, database: Database
+) -> None:
+    """One transaction of a large template's DDL would make every other session of the
+    database reset its caches: the replay and the grants commit pool.BATCH at a time, and the
+    spare's row only after every check."""
+    spare = build_spare(fast)
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(DISTINCT c.xmin::text) FROM pg_class c"
+            "         WHERE c.relnamespace = n.oid AND c.relkind IN ('r', 'i', 'S')),"
+            "       (SELECT p.xmin::text FROM control.tenant_pool p WHERE p.schema_name = %(s)s)"
+            "       NOT IN (SELECT c.xmin::text FROM pg_class c WHERE c.relnamespace = n.oid)"
+            "  FROM pg_namespace n WHERE n.nspname = %(s)s",
+            {"s": spare},
+        ).fetchone()
+    assert row is not None
+    transactions, recorded_apart = row
+    statements = len(template_reference.Template.capture().statements)
+    # pg_class rows are rewritten by their grants, in batches too.
+    assert transactions > 1 and statements > pool.BATCH
+    assert recorded_apart
+
+
+def test_a_stopped_or_failed_spare_build_leaves_nothing(fast: Settings, database: Database) -> None:
+    """Between two of its transactions a build can be stopped (the worker is stopping); what
+    it built is dropped, and no row was written."""
+    asked: list[int] = []
+
+    def stop_at_third() -> bool:
+        asked.append(1)
+        return len(asked) == 3
+
+    owner = db.Database(fast.owner_url)
+    try:
+        with owner.session() as session, pytest.raises(pool.BuildStopped):
+            pool.build_spare(session, "test", fast.app_role, stop=stop_at_third)
+    finally:
+        owner.close()
+    with database.owner() as conn:
+        assert conn.execute(pool.UNFINISHED_SPARES).fetchall() == []
+        assert pool.counts(conn) == pool.PoolCounts(ready=0, stale=0, unfinished=0)
 
 
 @pytest.mark.parametrize(("raw", "size"), [(None, 0), ("", 0), ("0", 0), ("3", 3)])
@@ -342,9 +387,10 @@ def test_a_spare_built_without_grants_is_taken_and_granted_in_full(
     step finds a grant missing and names every table, as for a new schema."""
     owner = db.Database(fast.owner_url)
     try:
-        with owner.transaction() as tx:
-            spare = pool.build_spare(tx, "test")  # no app_role: no grants at all
-            held = pool.grants_held(tx.pg, spare, fast.app_role)
+        with owner.session() as session:
+            spare = pool.build_spare(session, "test")  # no app_role: no grants at all
+            with session.transaction() as tx:
+                held = pool.grants_held(tx.pg, spare, fast.app_role)
         assert held is not None and not held.usage and not held.all_but_usage
     finally:
         owner.close()
@@ -419,5 +465,5 @@ def test_a_spare_whose_grants_reach_the_schema_is_rejected(
     with psycopg.connect(database.owner_url) as conn:
         conn.execute(f'GRANT USAGE ON SCHEMA "{spare}" TO app_rw')
         with pytest.raises(pool.SpareRejected, match="USAGE is held"):
-            pool.grant_spare(conn, spare, fast.app_role)
+            pool.check_spare_grants(conn, spare, fast.app_role)
         conn.rollback()

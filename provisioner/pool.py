@@ -43,6 +43,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -53,6 +54,7 @@ from psycopg.rows import dict_row
 from provisioner import db, migrations, queue, template_reference, tenant_schema
 from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
+from provisioner.kinds import Apart
 from provisioner.logs import event
 from provisioner.template_reference import TemplateUnusable
 from provisioner.template_replay import describe_difference, keeping_prepared_statements
@@ -155,11 +157,15 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
 """
 )
 
+#: The take's read of the spare's grants, planned ahead (:func:`plan_take`) on the session that
+#: runs it: the steps' session, or the one the engine reads it on apart (its control session).
+GRANTS_PLAN: tuple[queue.PlanAhead, ...] = ((GRANTS_HELD, {"schema": "", "role": ""}),)
+
 #: A take's statements before its rename, planned ahead on the steps' idle session after a
 #: spare build (:func:`plan_take`): parameters that match nothing.
 TAKE_PLANS: tuple[queue.PlanAhead, ...] = (
     (TAKE_SPARE, {"digest": "", "tenant": ""}),
-    (GRANTS_HELD, {"schema": "", "role": ""}),
+    *GRANTS_PLAN,
 )
 
 # One builder at a time per database (worker replicas share the pool): try, never wait. Held
@@ -231,20 +237,25 @@ class Taken:
     """A spare renamed to a tenant's schema by :func:`take`."""
 
     spare: str
-    #: the application role's grants in the spare, read before the rename: every schema
-    #: change makes each session of the database plan its statements again (PostgreSQL resets
-    #: all cached plans when ``pg_namespace`` changes), so the check costs a planning of its
-    #: catalog query after the rename (1 ms, docs/PERFORMANCE.md), and nothing before it
-    grants: GrantsHeld
+    #: the application role's grants in the spare (None: the read failed), read before the
+    #: rename: every schema change makes each session of the database plan its statements
+    #: again (PostgreSQL resets all cached plans when ``pg_namespace`` changes), and the read
+    #: was planned ahead (:func:`plan_take`). Read apart, on another session, while the take's
+    #: transaction goes on, when the caller has one: it walks every relation of the spare
+    #: (1-2 ms for 400), and the grant step is the first to need it.
+    grants: Future[GrantsHeld | None]
 
     @property
     def detail(self) -> str:
         return f"taken from the warm pool: {self.spare}"
 
 
-def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | None:
+def take(
+    tx: Transaction, tenant_schema_name: str, app_role: str, apart: Apart | None = None
+) -> Taken | None:
     """Rename a ready spare to the tenant's schema in ``tx``; None when no spare is ready (or
-    the tenant's schema already exists)."""
+    the tenant's schema already exists). The spare's grants are read before the rename, by
+    ``apart`` when given."""
     digest = migrations.tenant_tree_state().digest
     with tx.pg.cursor() as cur:
         cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
@@ -252,8 +263,7 @@ def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | Non
         if row is None:
             return None
         spare = str(row[0])
-        grants = grants_held(tx.pg, spare, app_role)
-        assert grants is not None  # the take found the schema, and holds its row
+        grants = _read_grants(tx, spare, app_role, apart)
         # The rename and the catalog's view of the result in one round trip (simple query).
         # The rename touches only this schema, which no prepared statement of the session
         # names: the queue's statements stay prepared (see keeping_prepared_statements).
@@ -280,14 +290,37 @@ def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | Non
     return Taken(spare, grants)
 
 
-def plan_take(conn: Any) -> None:
+def _read_grants(
+    tx: Transaction, spare: str, app_role: str, apart: Apart | None
+) -> Future[GrantsHeld | None]:
+    """The spare's grants: read apart (another session sees the spare as committed, under its
+    name, until the take commits), or here."""
+    if apart is not None:
+        return apart(lambda conn: grants_held(conn, spare, app_role))
+    done: Future[GrantsHeld | None] = Future()
+    done.set_result(grants_held(tx.pg, spare, app_role))
+    return done
+
+
+def settled(grants: Future[GrantsHeld | None] | None) -> GrantsHeld | None:
+    """What a read of the grants found; None when there was none or it failed (the caller then
+    checks every grant in its own transaction)."""
+    if grants is None:
+        return None
+    try:
+        return grants.result()
+    except ProvisionerError:
+        return None
+
+
+def plan_take(conn: Any, plans: tuple[queue.PlanAhead, ...] = TAKE_PLANS) -> None:
     """Run the take's statements that come before its rename (:data:`TAKE_PLANS`), prepared,
     with values that match nothing (they take and change nothing), on a session that keeps
     generic plans (the engine's steps session): the next take binds their plans as they are.
     Every schema change resets each session's plans (a build's too), so this runs after each
     build; the rename resets them again, so what comes after it is planned at the take."""
     with conn.cursor() as cur:
-        for statement, params in TAKE_PLANS:
+        for statement, params in plans:
             cur.execute(statement, params, prepare=True)
 
 

@@ -17,12 +17,12 @@ __all__ = ["PROVISION_STEPS", "Step", "StepContext"]
 
 def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
     # A spare from the warm pool when one is ready at the head (renamed in this transaction).
-    taken = pool.take(tx, ctx.tenant.schema, ctx.app_role)
+    taken = pool.take(tx, ctx.tenant.schema, ctx.app_role, ctx.apart)
     if taken is None:
         tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     tenants.mark_provisioning(tx.pg, ctx.tenant)
     ctx.memo.spare_taken = taken is not None
-    ctx.memo.spare_grants_in_place = taken is not None and taken.grants.all_but_usage
+    ctx.memo.spare_grants = None if taken is None else taken.grants
     # A taken spare's other steps are a few statements each: they join the take's transaction,
     # so that a sign-up's tenant appears whole or not at all (a crash leaves the spare), with
     # one commit where there were six.
@@ -53,7 +53,9 @@ def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
     # a job resumed after its take checks them all here). Otherwise (a new schema, a restore
     # after a revoke, a spare built without grants) name every table and check, as always. A
     # schema this run created has no grant yet: the one-query check is not even tried.
-    if ctx.memo.spare_grants_in_place and pool.grant_usage(tx.pg, ctx.tenant.schema, ctx.app_role):
+    held = pool.settled(ctx.memo.spare_grants)
+    in_place = held is not None and held.all_but_usage
+    if in_place and pool.grant_usage(tx.pg, ctx.tenant.schema, ctx.app_role):
         return TAKEN_GRANTS
     fresh = ctx.memo.spare_taken is False
     if not fresh and pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_role):

@@ -253,9 +253,10 @@ class Taken:
 def take(
     tx: Transaction, tenant_schema_name: str, app_role: str, apart: Apart | None = None
 ) -> Taken | None:
-    """Rename a ready spare to the tenant's schema in ``tx``; None when no spare is ready (or
-    the tenant's schema already exists). The spare's grants are read before the rename, by
-    ``apart`` when given."""
+    """Rename a ready spare to the tenant's schema in ``tx`` and grant ``app_role`` USAGE on it
+    (the job's later steps join this transaction: nothing is visible before they all commit);
+    None when no spare is ready (or the tenant's schema already exists). The spare's grants
+    are read before the rename, by ``apart`` when given."""
     digest = migrations.tenant_tree_state().digest
     with tx.pg.cursor() as cur:
         cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
@@ -264,22 +265,27 @@ def take(
             return None
         spare = str(row[0])
         grants = _read_grants(tx, spare, app_role, apart)
-        # The rename and the catalog's view of the result in one round trip (simple query).
-        # The rename touches only this schema, which no prepared statement of the session
-        # names: the queue's statements stay prepared (see keeping_prepared_statements).
+        # The rename, USAGE for the application role (the grant step's one grant on a spare)
+        # and the catalog's view of the result in one round trip (simple query). Each change
+        # of the schema's catalog row makes every session plan its statements again: made
+        # together, they cost one such reset, not two. The rename touches only this schema,
+        # which no prepared statement of the session names: the queue's statements stay
+        # prepared (see keeping_prepared_statements).
         with keeping_prepared_statements(tx.pg):
             cur.execute(
                 sql.SQL(
-                    "ALTER SCHEMA {} RENAME TO {}; "
+                    "ALTER SCHEMA {} RENAME TO {}; {}; "
                     "SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace"
                     " WHERE nspname = {}), current_user"
                 ).format(
                     sql.Identifier(spare),
                     sql.Identifier(tenant_schema_name),
+                    tenant_schema.usage_grant(tenant_schema_name, app_role),
                     sql.Literal(tenant_schema_name),
                 )
             )
-        cur.nextset()  # past the ALTER's empty result, to the SELECT's row
+        cur.nextset()  # past the ALTER's empty result and the GRANT's, to the SELECT's row
+        cur.nextset()
         checked = cur.fetchone()
     assert checked is not None
     owner, me = checked[0], checked[1]
@@ -397,25 +403,18 @@ def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
     return held.usage and held.all_but_usage
 
 
-def grant_usage(conn: Any, schema: str, app_role: str) -> bool:
-    """The grant step on a taken spare whose other grants :func:`take` found in place: USAGE
-    granted, and checked with CREATE not held, in one simple query (nothing to plan again
-    after the rename). False when the catalog does not show it so."""
+def usage_held(conn: Any, schema: str, app_role: str) -> bool:
+    """The grant step on a taken spare whose other grants :func:`take` found in place (and to
+    whose role the take granted USAGE): USAGE held and CREATE not, in one simple query
+    (nothing to plan again after the rename)."""
     schema_literal, role_literal = sql.Literal(schema), sql.Literal(app_role)
     with conn.cursor() as cur:
         cur.execute(
             sql.SQL(
-                "{}; SELECT has_schema_privilege({}, {}, 'USAGE')"
+                "SELECT has_schema_privilege({}, {}, 'USAGE')"
                 " AND NOT has_schema_privilege({}, {}, 'CREATE')"
-            ).format(
-                tenant_schema.usage_grant(schema, app_role),
-                role_literal,
-                schema_literal,
-                role_literal,
-                schema_literal,
-            )
+            ).format(role_literal, schema_literal, role_literal, schema_literal)
         )
-        cur.nextset()  # past the GRANT's empty result, to the SELECT's row
         row = cur.fetchone()
     return bool(row and row[0])
 

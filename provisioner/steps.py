@@ -43,23 +43,27 @@ def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
     )
 
 
-#: The grant step's detail when a taken spare's grants were in place.
-TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted, every ACL checked"
+#: The grant step's detail when a taken spare's grants were in place (the take granted USAGE).
+TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted with the take, every ACL checked"
+#: ... when a schema's grants were in place but USAGE, read in this step (a resumed job, or a
+#: take whose read of the grants failed): USAGE granted here.
+GRANTS_IN_PLACE = "grants already in place: USAGE granted, every ACL checked"
 
 
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
-    # A taken spare already carries every grant but USAGE: grant it and check, in one round
-    # trip, whatever the number of tables (the take checked every other ACL before its rename;
-    # a job resumed after its take checks them all here). Otherwise (a new schema, a restore
-    # after a revoke, a spare built without grants) name every table and check, as always. A
-    # schema this run created has no grant yet: the one-query check is not even tried.
+    # A taken spare already carries every grant but USAGE, which the take granted: check it,
+    # whatever the number of tables (the take read every other ACL before its rename). A
+    # schema with its other grants in place (a job resumed after its take; a take whose read
+    # failed) gets USAGE and a check of every ACL in one round trip. Otherwise (a new schema,
+    # a restore after a revoke, a spare built without grants) name every table and check, as
+    # always. A schema this run created has no grant yet: the one-query check is not tried.
     held = pool.settled(ctx.memo.spare_grants)
     in_place = held is not None and held.all_but_usage
-    if in_place and pool.grant_usage(tx.pg, ctx.tenant.schema, ctx.app_role):
+    if in_place and pool.usage_held(tx.pg, ctx.tenant.schema, ctx.app_role):
         return TAKEN_GRANTS
     fresh = ctx.memo.spare_taken is False
     if not fresh and pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_role):
-        return TAKEN_GRANTS
+        return GRANTS_IN_PLACE
     tenant_schema.grant_app_role(tx.pg, ctx.tenant.schema, ctx.app_role)
     return None
 

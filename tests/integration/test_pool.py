@@ -20,11 +20,12 @@ from provisioner.engine import Engine, StepEvent
 from provisioner.errors import ConfigurationError
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
+from provisioner.steps import GRANTS_IN_PLACE
 from tests.conftest import Database, build_spare, fingerprint, run_cli
 from tests.workers import Workers, job_row, step_runs, wait_blocked_mid_step, wait_until
 
 POOL = {"PROVISIONER_POOL_SIZE": "2"}
-TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted, every ACL checked"
+TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted with the take, every ACL checked"
 
 
 @pytest.fixture
@@ -272,7 +273,7 @@ def test_a_take_whose_grants_could_not_be_read_apart_checks_them_in_its_transact
     thread.join(60)
     assert outcome["result"].job.status is JobStatus.SUCCEEDED
     assert step_detail(database, "apart", "create_schema") == f"taken from the warm pool: {spare}"
-    assert step_detail(database, "apart", "grant_app_rw") == TAKEN_GRANTS
+    assert step_detail(database, "apart", "grant_app_rw") == GRANTS_IN_PLACE
     assert fingerprint(database, "apart") == clean_fingerprint
 
 

@@ -28,7 +28,6 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -155,8 +154,6 @@ class Engine:
         self._claimed: queue.Claim | None = None
         #: the job whose last step's commit failed after claiming the next one (unknown fate)
         self._unsure_after: UUID | None = None
-        #: runs a step's catalog reads on the control session, in parallel (StepContext.apart)
-        self._apart = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-apart")
 
     @property
     def control(self) -> psycopg.Connection[Any]:
@@ -220,8 +217,7 @@ class Engine:
     def warm(self) -> None:
         """Run :func:`queue.warm` on the open sessions (none opened for it), best effort: the
         control session plans the claim ahead and keeps that plan (:func:`queue.plan_claim`),
-        and the read of a take's grants it runs apart; the steps' session plans the steps' ends
-        and a take.
+        the steps' session plans the steps' ends and a take.
 
         A spare of a large template sends more catalog invalidations than the server's queue
         holds, so every idle session empties its catalog caches and reloads them at its next
@@ -232,11 +228,9 @@ class Engine:
         with suppress(ProvisionerError):
             if self._control is not None and not self._control.closed:
                 with db.translated():
-                    pool.plan_take(self.control, pool.GRANTS_PLAN)  # read apart by a take
                     queue.plan_claim(self.control, self.holder)
                     queue.warm(self.control)
             self._db.on_idle_session(_warm_steps_session)
-        self._apart.submit(lambda: None)  # its thread started before a take needs it
 
     def connect_ahead(self) -> threading.Thread:
         """The steps' session opened in a thread, and the template's stored reference read on
@@ -273,7 +267,6 @@ class Engine:
             claimed, self._claimed = self._claimed, None
             with suppress(ProvisionerError):
                 self.release(claimed.job)
-        self._apart.shutdown(wait=True)
         if self._control is not None:
             self._control.close()
         self._db.close()
@@ -452,19 +445,7 @@ class Engine:
             templates=self.templates,
             upgrades=self.upgrades,
             lock_timeout_ms=self.lock_timeout_ms,
-            apart=self._read_apart,
         )
-
-    def _read_apart(self, read: Callable[[psycopg.Connection[Any]], Any]) -> Future[Any]:
-        """``read`` on the control session (idle while a job's steps run), in the engine's
-        thread for it: the step goes on meanwhile. Failures come back translated."""
-        control = self.control
-
-        def run() -> Any:
-            with db.translated():
-                return read(control)
-
-        return self._apart.submit(run)
 
     def _forget_vanished(
         self, kind: JobKind, job: Job, lease: Lease, ctx: StepContext

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from provisioner.errors import ConfigurationError, InvalidInput
 from provisioner.models import PROVISION_JOB_TYPE, TenantId
@@ -48,10 +47,6 @@ def _new_upgrade_cache() -> UpgradeCache:
     return UpgradeCache()
 
 
-#: ``apart(read)``: ``read(conn)`` run on another session, its result to come
-Apart = Callable[[Callable[[Any], Any]], "Future[Any]"]
-
-
 @dataclass
 class RunMemo:
     """What a step of one run of a job learned for the later steps of the same run. Never
@@ -59,9 +54,8 @@ class RunMemo:
 
     #: create_schema took a spare (True) or created the schema (False); None: not run here
     spare_taken: bool | None = None
-    #: the taken spare's grants for the application role, read by the take (or apart, while
-    #: the take goes on: :attr:`StepContext.apart`)
-    spare_grants: Future[Any] | None = None
+    #: the taken spare carried every grant but USAGE (read by the take, before its rename)
+    spare_grants_in_place: bool = False
     #: set by a step: the run's later steps join its transaction, each with its own checkpoint,
     #: and commit together or not at all (the engine reads it after each step)
     one_transaction: bool = False
@@ -82,9 +76,6 @@ class StepContext:
     lock_timeout_ms: int = 5000
     #: this run's memo (a new one per run of a job)
     memo: RunMemo = field(default_factory=RunMemo)
-    #: run a catalog read on another session of the engine, in parallel with the step's
-    #: transaction (it sees what is committed); None: no such session (read it in the step)
-    apart: Apart | None = None
 
 
 @dataclass(frozen=True)

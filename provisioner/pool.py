@@ -16,17 +16,19 @@ A spare is invisible to the application and to users until it is taken:
 * its name is ``pool_<hex>``, never ``tenant_<id>``, and ``app_rw`` has no USAGE on it: any
   access is refused (``permission denied for schema``). Its tables and sequences already carry
   ``app_rw``'s grants, and the schema its default privileges (:func:`spare_grant_batches`), so
-  that a take's grant step only grants USAGE and checks the ACLs in one round trip
-  (:func:`grant_usage_if_in_place`) instead of naming every table, whatever the template's size.
-  Without USAGE the role cannot look up anything in the schema, so those grants give it nothing
-  until the take; the build checks that it holds neither USAGE nor CREATE there;
+  that a take only grants USAGE (with its rename) and checks the ACLs instead of naming every
+  table, whatever the template's size. Without USAGE the role cannot look up anything in the
+  schema, so those grants give it nothing until the take; the build checks that it holds
+  neither USAGE nor CREATE there;
 * it has no job and no tenant row, so ``jobs list``, ``status`` and ``upgrade --all`` never see
   it; only the worker's heartbeat (and so ``health --json``) reports the pool.
 
 The ``create_schema`` step takes one (:func:`take`): in the step's transaction it deletes the
 oldest spare row built for the tree state on disk (``FOR UPDATE SKIP LOCKED``: two takers never
-get one spare), reads the spare's grants, and renames the schema to ``tenant_<id>``; the job's
-later steps then join that transaction (``RunMemo.one_transaction``), each with its own record.
+get one spare), reads the spare's grants, and renames the schema to ``tenant_<id>`` and grants
+USAGE on it in one statement; the job's later steps then join that transaction
+(``RunMemo.one_transaction``), each with its own record, and the grant step checks what the
+take found.
 A crash or a failed step before the commit leaves the spare (row and schema); after it, the
 tenant. A spare built for another tree state (the template's head changed, or its files) is
 never handed out: the keeper drops it and builds a new one. When no spare is ready the step
@@ -34,7 +36,8 @@ creates an empty schema as it always did.
 
 Every schema created, renamed or granted on makes PostgreSQL drop all cached plans of every
 session of the database, so the take reads the spare's grants before its rename, with plans
-prepared after each build (:func:`plan_take`).
+prepared after each build (:func:`plan_take`), and renames and grants in one statement (one
+reset, not two).
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -54,7 +56,6 @@ from psycopg.rows import dict_row
 from provisioner import db, migrations, queue, template_reference, tenant_schema
 from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
-from provisioner.kinds import Apart
 from provisioner.logs import event
 from provisioner.template_reference import TemplateUnusable
 from provisioner.template_replay import describe_difference, keeping_prepared_statements
@@ -157,15 +158,11 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
 """
 )
 
-#: The take's read of the spare's grants, planned ahead (:func:`plan_take`) on the session that
-#: runs it: the steps' session, or the one the engine reads it on apart (its control session).
-GRANTS_PLAN: tuple[queue.PlanAhead, ...] = ((GRANTS_HELD, {"schema": "", "role": ""}),)
-
 #: A take's statements before its rename, planned ahead on the steps' idle session after a
 #: spare build (:func:`plan_take`): parameters that match nothing.
 TAKE_PLANS: tuple[queue.PlanAhead, ...] = (
     (TAKE_SPARE, {"digest": "", "tenant": ""}),
-    *GRANTS_PLAN,
+    (GRANTS_HELD, {"schema": "", "role": ""}),
 )
 
 # One builder at a time per database (worker replicas share the pool): try, never wait. Held
@@ -237,26 +234,21 @@ class Taken:
     """A spare renamed to a tenant's schema by :func:`take`."""
 
     spare: str
-    #: the application role's grants in the spare (None: the read failed), read before the
-    #: rename: every schema change makes each session of the database plan its statements
-    #: again (PostgreSQL resets all cached plans when ``pg_namespace`` changes), and the read
-    #: was planned ahead (:func:`plan_take`). Read apart, on another session, while the take's
-    #: transaction goes on, when the caller has one: it walks every relation of the spare
-    #: (1-2 ms for 400), and the grant step is the first to need it.
-    grants: Future[GrantsHeld | None]
+    #: the application role's grants in the spare, read before the rename: every schema
+    #: change makes each session of the database plan its statements again (PostgreSQL resets
+    #: all cached plans when ``pg_namespace`` changes), so the check costs a planning of its
+    #: catalog query after the rename (1 ms, docs/PERFORMANCE.md), and nothing before it
+    grants: GrantsHeld
 
     @property
     def detail(self) -> str:
         return f"taken from the warm pool: {self.spare}"
 
 
-def take(
-    tx: Transaction, tenant_schema_name: str, app_role: str, apart: Apart | None = None
-) -> Taken | None:
+def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | None:
     """Rename a ready spare to the tenant's schema in ``tx`` and grant ``app_role`` USAGE on it
     (the job's later steps join this transaction: nothing is visible before they all commit);
-    None when no spare is ready (or the tenant's schema already exists). The spare's grants
-    are read before the rename, by ``apart`` when given."""
+    None when no spare is ready (or the tenant's schema already exists)."""
     digest = migrations.tenant_tree_state().digest
     with tx.pg.cursor() as cur:
         cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
@@ -264,7 +256,8 @@ def take(
         if row is None:
             return None
         spare = str(row[0])
-        grants = _read_grants(tx, spare, app_role, apart)
+        grants = grants_held(tx.pg, spare, app_role)
+        assert grants is not None  # the take found the schema, and holds its row
         # The rename, USAGE for the application role (the grant step's one grant on a spare)
         # and the catalog's view of the result in one round trip (simple query). Each change
         # of the schema's catalog row makes every session plan its statements again: made
@@ -296,37 +289,14 @@ def take(
     return Taken(spare, grants)
 
 
-def _read_grants(
-    tx: Transaction, spare: str, app_role: str, apart: Apart | None
-) -> Future[GrantsHeld | None]:
-    """The spare's grants: read apart (another session sees the spare as committed, under its
-    name, until the take commits), or here."""
-    if apart is not None:
-        return apart(lambda conn: grants_held(conn, spare, app_role))
-    done: Future[GrantsHeld | None] = Future()
-    done.set_result(grants_held(tx.pg, spare, app_role))
-    return done
-
-
-def settled(grants: Future[GrantsHeld | None] | None) -> GrantsHeld | None:
-    """What a read of the grants found; None when there was none or it failed (the caller then
-    checks every grant in its own transaction)."""
-    if grants is None:
-        return None
-    try:
-        return grants.result()
-    except ProvisionerError:
-        return None
-
-
-def plan_take(conn: Any, plans: tuple[queue.PlanAhead, ...] = TAKE_PLANS) -> None:
+def plan_take(conn: Any) -> None:
     """Run the take's statements that come before its rename (:data:`TAKE_PLANS`), prepared,
     with values that match nothing (they take and change nothing), on a session that keeps
     generic plans (the engine's steps session): the next take binds their plans as they are.
     Every schema change resets each session's plans (a build's too), so this runs after each
     build; the rename resets them again, so what comes after it is planned at the take."""
     with conn.cursor() as cur:
-        for statement, params in plans:
+        for statement, params in TAKE_PLANS:
             cur.execute(statement, params, prepare=True)
 
 

@@ -17,12 +17,12 @@ __all__ = ["PROVISION_STEPS", "Step", "StepContext"]
 
 def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
     # A spare from the warm pool when one is ready at the head (renamed in this transaction).
-    taken = pool.take(tx, ctx.tenant.schema, ctx.app_role, ctx.apart)
+    taken = pool.take(tx, ctx.tenant.schema, ctx.app_role)
     if taken is None:
         tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     tenants.mark_provisioning(tx.pg, ctx.tenant)
     ctx.memo.spare_taken = taken is not None
-    ctx.memo.spare_grants = None if taken is None else taken.grants
+    ctx.memo.spare_grants_in_place = taken is not None and taken.grants.all_but_usage
     # A taken spare's other steps are a few statements each: they join the take's transaction,
     # so that a sign-up's tenant appears whole or not at all (a crash leaves the spare), with
     # one commit where there were six.
@@ -45,21 +45,19 @@ def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
 
 #: The grant step's detail when a taken spare's grants were in place (the take granted USAGE).
 TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted with the take, every ACL checked"
-#: ... when a schema's grants were in place but USAGE, read in this step (a resumed job, or a
-#: take whose read of the grants failed): USAGE granted here.
+#: ... when a schema's grants were in place but USAGE, read in this step (a job resumed after
+#: its create_schema step): USAGE granted here.
 GRANTS_IN_PLACE = "grants already in place: USAGE granted, every ACL checked"
 
 
 def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
     # A taken spare already carries every grant but USAGE, which the take granted: check it,
     # whatever the number of tables (the take read every other ACL before its rename). A
-    # schema with its other grants in place (a job resumed after its take; a take whose read
-    # failed) gets USAGE and a check of every ACL in one round trip. Otherwise (a new schema,
-    # a restore after a revoke, a spare built without grants) name every table and check, as
-    # always. A schema this run created has no grant yet: the one-query check is not tried.
-    held = pool.settled(ctx.memo.spare_grants)
-    in_place = held is not None and held.all_but_usage
-    if in_place and pool.usage_held(tx.pg, ctx.tenant.schema, ctx.app_role):
+    # schema with its other grants in place (a job resumed after its take) gets USAGE and a
+    # check of every ACL in one round trip. Otherwise (a new schema, a restore after a revoke,
+    # a spare built without grants) name every table and check, as always. A schema this run
+    # created has no grant yet: the one-query check is not tried.
+    if ctx.memo.spare_grants_in_place and pool.usage_held(tx.pg, ctx.tenant.schema, ctx.app_role):
         return TAKEN_GRANTS
     fresh = ctx.memo.spare_taken is False
     if not fresh and pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_role):

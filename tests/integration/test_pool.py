@@ -5,8 +5,6 @@ refilled; spares invisible to ``app_rw`` and to users; spares of an older head n
 from __future__ import annotations
 
 import json
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,14 +13,12 @@ import psycopg
 import pytest
 
 from provisioner import db, migrations, pool, queue, service, template_reference
-from provisioner import engine as engine_module
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import ConfigurationError
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
-from provisioner.steps import GRANTS_IN_PLACE
 from tests.conftest import Database, build_spare, fingerprint, run_cli
-from tests.workers import Workers, job_row, step_runs, wait_blocked_mid_step, wait_until
+from tests.workers import Workers, job_row, step_runs, wait_until
 
 POOL = {"PROVISIONER_POOL_SIZE": "2"}
 TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted with the take, every ACL checked"
@@ -199,82 +195,10 @@ def test_a_take_binds_the_plans_made_before_it(fast: Settings, database: Databas
         with steps.transaction() as tx:
             assert tx.pg.execute(TAKE_PLANS, patterns).fetchall() == [(False, 1, 0), (True, 1, 0)]
             taken = pool.take(tx, "tenant_bound", fast.app_role)
-            assert taken is not None and taken.spare == spare
-            assert pool.settled(taken.grants) == pool.GrantsHeld(False, False, [], [])
+            assert taken is not None and taken.spare == spare and taken.grants.all_but_usage
             assert tx.pg.execute(TAKE_PLANS, patterns).fetchall() == [(False, 2, 0), (True, 2, 0)]
     finally:
         steps.close()
-
-
-def test_a_take_reads_the_spares_grants_apart_while_its_transaction_goes_on(
-    fast: Settings, database: Database
-) -> None:
-    """Given another session, the take reads the spare's grants there, in parallel: that session
-    still sees the spare as committed (row, name and grants) while the take's transaction has
-    renamed it."""
-    spare = build_spare(fast)
-    steps = db.Database(fast.owner_url)
-    seen: list[str] = []
-    with psycopg.connect(fast.owner_url, autocommit=True) as other, ThreadPoolExecutor(1) as ex:
-
-        def apart(read: Any) -> Any:
-            seen.append("apart")
-            return ex.submit(read, other)
-
-        try:
-            with steps.transaction() as tx:
-                taken = pool.take(tx, "tenant_apart", fast.app_role, apart)
-                assert taken is not None and taken.spare == spare and seen == ["apart"]
-                assert pool.settled(taken.grants) == pool.GrantsHeld(False, False, [], [])
-                # The other session: the spare as it was; this one: renamed.
-                assert other.execute(
-                    "SELECT count(*) FROM control.tenant_pool WHERE schema_name = %s", (spare,)
-                ).fetchone() == (1,)
-                raise _RolledBack
-        except _RolledBack:
-            pass
-        finally:
-            steps.close()
-    assert ready_spares(database) == [spare]
-
-
-class _RolledBack(Exception):
-    """Leaves a transaction block: the transaction rolls back."""
-
-
-def test_a_take_whose_grants_could_not_be_read_apart_checks_them_in_its_transaction(
-    fast: Settings, database: Database, clean_fingerprint: dict
-) -> None:
-    """The engine reads a taken spare's grants on its control session; when that session was
-    lost (here: ended by the server while the step waited for the tenant's lock), the grant
-    step checks every grant in the take's transaction instead, and the tenant is whole."""
-    spare = build_spare(fast)
-    service.enqueue(fast, "apart")
-    outcome: dict[str, Any] = {}
-    with psycopg.connect(database.owner_url, autocommit=True) as locker:
-        locker.execute(
-            "SELECT pg_advisory_lock(%s, hashtext('apart'))", (engine_module.TENANT_LOCK_CLASS,)
-        )
-        thread = threading.Thread(
-            target=lambda: outcome.update(result=service.provision(fast, "apart"))
-        )
-        thread.start()
-        holder = wait_blocked_mid_step(database, "apart")
-        with database.owner() as conn:
-            ended = conn.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = %s AND wait_event_type IS DISTINCT FROM 'Lock'",
-                (holder,),
-            ).fetchone()
-        assert ended == (1,)  # the control session; the steps' one waits for the lock
-        locker.execute(
-            "SELECT pg_advisory_unlock(%s, hashtext('apart'))", (engine_module.TENANT_LOCK_CLASS,)
-        )
-    thread.join(60)
-    assert outcome["result"].job.status is JobStatus.SUCCEEDED
-    assert step_detail(database, "apart", "create_schema") == f"taken from the warm pool: {spare}"
-    assert step_detail(database, "apart", "grant_app_rw") == GRANTS_IN_PLACE
-    assert fingerprint(database, "apart") == clean_fingerprint
 
 
 def test_spares_are_refused_to_app_rw_and_invisible_to_users(

@@ -14,6 +14,7 @@ from provisioner.engine import Engine, StepEvent
 from provisioner.errors import LeaseLost
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
+from provisioner.steps import GRANTS_IN_PLACE
 from provisioner.storage import store_from_settings
 from provisioner.testing import Tenant
 from tests.conftest import Database, downgrade_tenant, fingerprint, run_cli, settings_env
@@ -153,6 +154,28 @@ def test_revoked_grant_is_repaired_and_only_that_step_reruns(
     events: list[StepEvent] = []
     service.provision(settings, "acme", on_progress=events.append)
     assert [e.step for e in events if e.outcome in ("done", "repaired")] == ["grant_app_rw"]
+    with database.app() as conn:
+        conn.execute("DELETE FROM tenant_acme.members")
+
+
+def test_revoked_schema_usage_is_granted_again_in_one_round_trip(
+    settings: Settings, database: Database
+) -> None:
+    """Only USAGE on the schema gone, every other grant in place: the repaired grant step grants
+    USAGE and checks every ACL in one query (it does not name every table), and says so."""
+    service.provision(settings, "acme")
+    with database.owner() as conn:
+        conn.execute("REVOKE USAGE ON SCHEMA tenant_acme FROM app_rw")
+    events: list[StepEvent] = []
+    service.provision(settings, "acme", on_progress=events.append)
+    assert [(e.step, e.outcome) for e in events if e.outcome in ("done", "repaired")] == [
+        ("grant_app_rw", "repaired")
+    ]
+    runs = [r for r in step_runs(database, "acme") if r[1] == "grant_app_rw"]
+    assert runs[-1][2:] == (
+        "succeeded",
+        f"re-ran: its effect was missing from the catalog; {GRANTS_IN_PLACE}",
+    )
     with database.app() as conn:
         conn.execute("DELETE FROM tenant_acme.members")
 

@@ -58,7 +58,7 @@ from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
 from provisioner.template_reference import TemplateUnusable
-from provisioner.template_replay import describe_difference, keeping_prepared_statements
+from provisioner.template_replay import keeping_prepared_statements, mismatch
 
 #: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
 SPARE_PREFIX = "pool_"
@@ -86,12 +86,14 @@ INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by)
 VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s)
 """
 
-# Spare schemas with no row: being built, or left by a build whose process died.
+# Spare schemas with no row: being built, or left by a build whose process died. The names
+# 'pool_' <= n < 'pool`' (the character after '_') are those starting with 'pool_', as a range
+# of pg_namespace's name index: the keeper counts them every half second, in a catalog that
+# holds a schema per tenant.
 UNFINISHED_SPARES = """
 SELECT n.nspname FROM pg_namespace n
- WHERE starts_with(n.nspname, 'pool_')
+ WHERE n.nspname >= 'pool_' AND n.nspname < 'pool`'
    AND NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = n.nspname)
- ORDER BY n.nspname
 """
 
 # Spares ready for this tree state, the useless ones (built for another tree state, or whose
@@ -418,10 +420,9 @@ def build_spare(
     try:
         _replay_batches(session, name, reference.template.statements, stop)
         with session.transaction() as tx:
-            got = tenant_schema.fingerprint(tx.pg, name)
-        if got != reference.fingerprint:
-            difference = describe_difference(reference.fingerprint, got)
-            raise SpareRejected(f"fingerprint mismatch: {difference}")
+            problem = mismatch(reference.fingerprint, tenant_schema.fingerprint(tx.pg, name))
+        if problem is not None:
+            raise SpareRejected(problem)
         if app_role is not None:  # after the fingerprint check: the reference has no grants
             with session.transaction() as tx:
                 batches = spare_grant_batches(name, app_role, tx.pg)

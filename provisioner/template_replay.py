@@ -95,6 +95,14 @@ def describe_difference(expected: Fingerprint, got: Fingerprint) -> str:
     return "; ".join(parts) or "no difference"
 
 
+def mismatch(expected: Fingerprint, got: Fingerprint) -> str | None:
+    """None when a built schema's fingerprint is the expected one, else why not (a replay's
+    and a spare build's verdict)."""
+    if got == expected:
+        return None
+    return f"fingerprint mismatch: {describe_difference(expected, got)}"
+
+
 def replay(tx: Transaction, schema: str, reference: Reference) -> str | None:
     """Replay the reference's statements into the empty ``schema`` under a savepoint; None if
     the result matches the reference, else the reason it was rolled back."""
@@ -147,11 +155,11 @@ def replay_verified(
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
             if reraise(exc):
                 raise
-            problem = f"replay failed: {exc}"
+            problem: str | None = f"replay failed: {exc}"
         else:
-            if got == expected:
+            problem = mismatch(expected, got)
+            if problem is None:
                 return None  # the savepoint is released by the caller's commit
-            problem = f"fingerprint mismatch: {describe_difference(expected, got)}"
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
         cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
     return problem

@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
 def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
     out: list[Goal] = []
     if "provision" in results.figures:
-        goal = goal_ratio(results, "provision", 1.5, "provision median <= 1.5x raw")
+        # Through a running worker the target is 1.5x (the pool scenario's "without the pool"
+        # goals); a one-off run opens its sessions and plans on a cold server process: 2x.
+        goal = goal_ratio(results, "provision", 2.0, "one-off provision median <= 2x raw")
         engine = results.ratio("engine")
         if not goal.met and engine is not None:
             goal.comment += (

@@ -25,6 +25,8 @@ from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, translated
 # Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
 # never migrate (status, enqueue, jobs, health) start without it.
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from alembic.config import Config
 
 CONTROL_SCHEMA = "control"
@@ -266,6 +268,16 @@ def _versions(pg_conn: Any, schema: str) -> frozenset[str] | None:
             return None
         cur.execute(tenant_schema.versions_query(schema))
         return frozenset(row[0] for row in cur)
+
+
+def read_control_versions(pg_conn: Any) -> Iterator[str]:
+    """The control schema's recorded revisions, read with one statement that fails (undefined
+    table or schema) when it was never migrated; in a pipeline the rows come with the next
+    fetch's round trip. :func:`control_at_head` asks the catalog first instead, and never fails.
+    """
+    cur = pg_conn.cursor(row_factory=tuple_row)
+    cur.execute(tenant_schema.versions_query(CONTROL_SCHEMA))
+    return (str(row[0]) for row in cur)
 
 
 def control_at_head(pg_conn: Any) -> bool:

@@ -129,9 +129,28 @@ def require_control_at_head(conn: psycopg.Connection[Any]) -> None:
     """
     with db.translated():
         if not migrations.control_at_head(conn):
-            raise ConfigurationError(
-                "the control schema is not at this release's head: run `provisioner migrate`"
-            )
+            raise ConfigurationError(NOT_AT_HEAD)
+
+
+def _refuse_unready(
+    conn: psycopg.Connection[Any], tenant: TenantId, command: str, *, reuse_deleted: bool
+) -> None:
+    """:func:`require_control_at_head` and :func:`refuse_inactive` in one round trip (a
+    one-off provisioning's first): the control schema's revisions and the tenant's state read
+    in one pipeline. With ``reuse_deleted`` a deleted tenant is made pending first, in the
+    caller's transaction, which rolls it back when a check refuses."""
+    with _control_ready(), db.translated(), conn.pipeline():
+        versions = migrations.read_control_versions(conn)
+        if reuse_deleted:
+            tenants.reuse_deleted(conn, tenant)
+        state = tenants.state_of(conn, tenant)
+        if frozenset(versions) != migrations.control_heads():
+            raise ConfigurationError(NOT_AT_HEAD)
+    _refuse_state(tenant, state, command)
+
+
+#: What a command says of a control schema at another revision than this release's head.
+NOT_AT_HEAD = "the control schema is not at this release's head: run `provisioner migrate`"
 
 
 def refuse_inactive(conn: psycopg.Connection[Any], tenant: TenantId, command: str) -> None:
@@ -139,6 +158,10 @@ def refuse_inactive(conn: psycopg.Connection[Any], tenant: TenantId, command: st
     is authoritative, and provisioning would give the application role its access back."""
     with db.translated():
         state = tenants.state_of(conn, tenant)
+    _refuse_state(tenant, state, command)
+
+
+def _refuse_state(tenant: TenantId, state: str | None, command: str) -> None:
     if state in tenants.INACTIVE_STATES:
         hint = {
             "suspended": "`provisioner restore` it first",
@@ -191,11 +214,8 @@ def provision(
         ahead = engine.connect_ahead()
         try:
             conn = engine.control
-            require_control_at_head(conn)
             with db.translated(), conn.transaction():
-                if reuse_deleted:
-                    tenants.reuse_deleted(conn, tenant)
-                refuse_inactive(conn, tenant, "provision")
+                _refuse_unready(conn, tenant, "provision", reuse_deleted=reuse_deleted)
                 job = queue.ensure_provision_job(
                     conn, tenant, retry_terminal=True, started_by=started_by
                 ).job

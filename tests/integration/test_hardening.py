@@ -163,7 +163,8 @@ def unmigrated(pg_server: Server, settings: Settings) -> Iterator[Settings]:
 
 
 @pytest.mark.parametrize(
-    "args", [("enqueue", "acme"), ("status", "acme"), ("jobs", "list"), ("health",)]
+    "args",
+    [("provision", "acme"), ("enqueue", "acme"), ("status", "acme"), ("jobs", "list"), ("health",)],
 )
 def test_commands_on_an_unmigrated_control_schema_say_so(
     unmigrated: Settings, args: tuple[str, ...]

@@ -337,6 +337,26 @@ def test_provision_refuses_a_control_schema_not_at_head(
         assert conn.execute("SELECT count(*) FROM control.platform_jobs").fetchone() == (0,)
 
 
+def test_a_refused_reuse_of_a_deleted_tenant_leaves_it_deleted(
+    settings: Settings, database: Database
+) -> None:
+    """The deleted tenant is made pending in the same round trip as the head check; the
+    refusal rolls that back."""
+    with database.owner() as conn:
+        conn.execute(
+            "INSERT INTO control.tenants (tenant_id, schema_name, state) "
+            "VALUES ('acme', 'tenant_acme', 'deleted')"
+        )
+        conn.execute("UPDATE control.alembic_version SET version_num = '20260727_c003'")
+    out = run_cli(settings, "provision", "acme", "--reuse-deleted")
+    assert out.returncode == 2
+    assert "not at this release's head" in out.stderr
+    with database.owner() as conn:
+        row = conn.execute("SELECT state FROM control.tenants WHERE tenant_id = 'acme'")
+        assert row.fetchone() == ("deleted",)
+        assert conn.execute("SELECT count(*) FROM control.platform_jobs").fetchone() == (0,)
+
+
 def test_status_shows_what_ran_attempt_by_attempt(settings: Settings) -> None:
     service.provision(settings, "acme")
     runner, env = CliRunner(), settings_env(settings)

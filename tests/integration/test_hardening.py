@@ -164,7 +164,14 @@ def unmigrated(pg_server: Server, settings: Settings) -> Iterator[Settings]:
 
 @pytest.mark.parametrize(
     "args",
-    [("provision", "acme"), ("enqueue", "acme"), ("status", "acme"), ("jobs", "list"), ("health",)],
+    [
+        ("provision", "acme"),
+        ("provision", "acme", "--reuse-deleted"),
+        ("enqueue", "acme"),
+        ("status", "acme"),
+        ("jobs", "list"),
+        ("health",),
+    ],
 )
 def test_commands_on_an_unmigrated_control_schema_say_so(
     unmigrated: Settings, args: tuple[str, ...]

@@ -122,6 +122,10 @@ def migrate(settings: Settings) -> tuple[str | None, str | None]:
     return migrations.upgrade_control(settings.owner_url, settings.app_role)
 
 
+#: What a command says of a control schema at another revision than this release's head.
+NOT_AT_HEAD = "the control schema is not at this release's head: run `provisioner migrate`"
+
+
 def require_control_at_head(conn: psycopg.Connection[Any]) -> None:
     """Refuse to work on a control schema older (or newer) than this release's tree.
 
@@ -138,7 +142,8 @@ def _refuse_unready(
     """:func:`require_control_at_head` and :func:`refuse_inactive` in one round trip (a
     one-off provisioning's first): the control schema's revisions and the tenant's state read
     in one pipeline. With ``reuse_deleted`` a deleted tenant is made pending first, in the
-    caller's transaction, which rolls it back when a check refuses."""
+    caller's transaction (its row read back costs a second round trip), which rolls it back
+    when a check refuses."""
     with _control_ready(), db.translated(), conn.pipeline():
         versions = migrations.read_control_versions(conn)
         if reuse_deleted:
@@ -147,10 +152,6 @@ def _refuse_unready(
         if frozenset(versions) != migrations.control_heads():
             raise ConfigurationError(NOT_AT_HEAD)
     _refuse_state(tenant, state, command)
-
-
-#: What a command says of a control schema at another revision than this release's head.
-NOT_AT_HEAD = "the control schema is not at this release's head: run `provisioner migrate`"
 
 
 def refuse_inactive(conn: psycopg.Connection[Any], tenant: TenantId, command: str) -> None:

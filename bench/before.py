@@ -19,7 +19,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from provisioner import db, fleet, tenant_schema
+from provisioner import db, fleet
+from provisioner.tenant import schema as tenant_schema
 
 FINGERPRINT_QUERIES = (
     """SELECT c.relname, c.relkind::text, coalesce(c.relacl::text, '') FROM pg_class c

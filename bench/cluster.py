@@ -1,7 +1,7 @@
 """The benchmarks' own PostgreSQL: a throwaway durable cluster, and fresh databases in it.
 
 Never the machine's server on 5432: a cluster under a temporary folder, ``fsync`` on (the
-default ``durable=True`` of :class:`provisioner.local_pg.Cluster`), stopped and removed at the
+default ``durable=True`` of :class:`provisioner.local.cluster.Cluster`), stopped and removed at the
 end. Each scenario gets its own database, cloned from a template that has the bootstrap roles
 and a migrated control schema.
 """
@@ -20,8 +20,9 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from provisioner import local_pg, migrations
+from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
+from provisioner.templates import migrations
 
 TEMPLATE_DATABASE = "bench_template"
 

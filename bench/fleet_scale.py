@@ -44,8 +44,10 @@ from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.fleet import RAW_UPGRADE, t005_tree, tenant_tree
 from bench.provisioning import raw_script
-from provisioner import fleet, migrations, service, tenant_schema
-from provisioner.template_replay import Template
+from provisioner import fleet, service
+from provisioner.templates import migrations
+from provisioner.templates.replay import Template
+from provisioner.tenant import schema as tenant_schema
 
 #: Tenants per bulk transaction: each new relation holds a lock until commit (~45 per tenant),
 #: and the server's lock table has room for ~6,400 (64 per connection slot).

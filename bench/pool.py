@@ -30,9 +30,11 @@ from bench import worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
-from provisioner import migrations, queue, tenant_schema
+from provisioner import queue
 from provisioner.models import TenantId
-from provisioner.template_replay import Template
+from provisioner.templates import migrations
+from provisioner.templates.replay import Template
+from provisioner.tenant import schema as tenant_schema
 
 POOL_SIZE = 4
 #: Pause between the pool being full again and the next sign-up (and between no-pool tenants).

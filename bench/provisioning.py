@@ -38,18 +38,14 @@ from psycopg import sql
 from bench import before
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
-from provisioner import (
-    db,
-    local_pg,
-    migrations,
-    queue,
-    service,
-    tenant_schema,
-)
+from provisioner import db, queue, service
 from provisioner.engine import Engine
+from provisioner.local import cluster as local_pg
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.storage import store_from_settings
-from provisioner.template_replay import Template, TemplateCache
+from provisioner.templates import migrations
+from provisioner.templates.replay import Template, TemplateCache
+from provisioner.tenant import schema as tenant_schema
 
 
 def raw_script(

@@ -24,9 +24,10 @@ from bench import before, fleet
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
-from provisioner import service, tenant_schema
+from provisioner import service
 from provisioner.models import JobStatus
-from provisioner.template_replay import Template
+from provisioner.templates.replay import Template
+from provisioner.tenant import schema as tenant_schema
 
 PROBES = 5
 

@@ -30,8 +30,9 @@ import psycopg
 from bench.cluster import BenchCluster, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
-from provisioner import service, tenant_schema
-from provisioner.template_replay import Template
+from provisioner import service
+from provisioner.templates.replay import Template
+from provisioner.tenant import schema as tenant_schema
 from provisioner.testing import PgServer, ProvisionerDatabase, TenantFactory
 
 

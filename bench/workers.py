@@ -19,9 +19,10 @@ from bench import worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
-from provisioner import queue, service, tenant_schema
+from provisioner import queue, service
 from provisioner.models import TenantId
-from provisioner.template_replay import Template
+from provisioner.templates.replay import Template
+from provisioner.tenant import schema as tenant_schema
 
 CONCURRENCY = (1, 2, 4)
 

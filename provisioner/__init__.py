@@ -4,18 +4,8 @@ The public API is what this module exports (see ``__all__`` and README "Using it
 the submodules are the implementation and may change between releases.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-DISTRIBUTION = "pg-tenant-provisioner"
-
-try:
-    __version__ = version(DISTRIBUTION)
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0"
-
-# After __version__: the modules below import it (the CLI shows it).
-from provisioner.api import enqueue, enqueue_async, provision, status, upgrade  # noqa: E402
-from provisioner.errors import (  # noqa: E402
+from provisioner.api import enqueue, enqueue_async, provision, status, upgrade
+from provisioner.errors import (
     ConfigurationError,
     InvalidInput,
     KeyConflict,
@@ -23,9 +13,10 @@ from provisioner.errors import (  # noqa: E402
     UnknownJob,
     UnknownTenant,
 )
-from provisioner.models import Job, JobStatus, TenantId  # noqa: E402
-from provisioner.service import ProvisionResult, TenantStatus, UpgradeReport  # noqa: E402
-from provisioner.settings import Settings  # noqa: E402
+from provisioner.models import Job, JobStatus, TenantId
+from provisioner.service import ProvisionResult, TenantStatus, UpgradeReport
+from provisioner.settings import Settings
+from provisioner.version import __version__
 
 __all__ = [
     "ConfigurationError",

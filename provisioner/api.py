@@ -15,7 +15,8 @@ Everything raises :class:`ProvisionerError` subclasses (see :mod:`provisioner.er
 
 from __future__ import annotations
 
-from provisioner import connections, queue, service
+from provisioner import queue, service
+from provisioner.db import caller as connections
 from provisioner.engine import ProgressCallback, ignore_progress
 from provisioner.models import Job, TenantId
 from provisioner.service import ProvisionResult, TenantStatus, UpgradeReport

@@ -12,7 +12,7 @@ JSON form (``--log-format json``), one object per line::
 
     {"ts": "2026-07-28T10:00:00.123Z", "level": "info", "event": "claimed", "job_id": ...}
 
-Every rendered line passes through :func:`provisioner.settings.redact`, so a URL or connection
+Every rendered line passes through :func:`provisioner.redact.redact`, so a URL or connection
 string that slipped into a message loses its password on the way out.
 """
 
@@ -25,7 +25,7 @@ import time
 from typing import IO, Any
 
 from provisioner.models import Job, JobStatus
-from provisioner.settings import redact
+from provisioner.redact import redact
 
 LOGGER_NAME = "provisioner.worker"
 LOG_FORMATS = ("human", "json")

@@ -23,7 +23,7 @@ PRODUCT_JOB_TYPES: frozenset[str] = frozenset(
 )
 
 #: The six provisioning steps' names, in the order they run (the contract's names; the steps
-#: themselves are ``provisioner.steps.PROVISION_STEPS``).
+#: themselves are ``provisioner.kinds.provision.PROVISION_STEPS``).
 STEPS: tuple[str, ...] = (
     "create_schema",
     "run_tenant_migrations",

@@ -16,20 +16,16 @@ from uuid import UUID
 
 import psycopg
 
-from provisioner import (
-    db,
-    drift,
-    fleet,
-    heartbeats,
-    local_pg,
-    migrations,
-    queue,
-    rollout,
+from provisioner import db, fleet, queue
+from provisioner.control import heartbeats
+from provisioner.engine import (
+    Engine,
+    ProgressCallback,
+    StopRequested,
+    ignore_progress,
+    never_stop,
     runner,
-    tenant_lifecycle,
-    tenants,
 )
-from provisioner.engine import Engine, ProgressCallback, StopRequested, ignore_progress, never_stop
 from provisioner.errors import (
     ConfigurationError,
     InvalidInput,
@@ -38,7 +34,12 @@ from provisioner.errors import (
     UnknownTenant,
     WrongState,
 )
+from provisioner.fleet import drift, rollout
+from provisioner.kinds import lifecycle as tenant_lifecycle
+from provisioner.local import cluster as local_pg
 from provisioner.models import PRODUCT_JOB_TYPES, Job, JobStatus, TenantId
+from provisioner.templates import migrations
+from provisioner.tenant import row as tenants
 
 __all__ = ["TenantId", "local_pg"]
 from provisioner.settings import Settings

@@ -16,14 +16,13 @@ from psycopg.conninfo import conninfo_to_dict
 
 from provisioner import kinds
 from provisioner.errors import ConfigurationError
+from provisioner.redact import redact
 
 DEFAULT_COMPONENT = "provisioner-worker"
 #: What a worker drains without PROVISIONER_WORKER_JOB_TYPES: the kinds the registry marks so.
 DEFAULT_JOB_TYPES = kinds.BUILTIN.default_worker
 OBJECT_STORE_PROVIDERS = ("filesystem", "s3", "azure")
 
-# Greedy up to the last "@" of the run: a password holding an unencoded "@" is hidden whole.
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^\s]*(?P<tail>@)", re.I)
 _URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://", "postgresql+psycopg2://")
 _USERINFO = re.compile(r"[A-Za-z0-9%._~!$&'()*+,;=:-]*")
 _HOSTS = re.compile(r"[A-Za-z0-9%._~\[\]:,-]*")
@@ -33,17 +32,6 @@ URL_HELP = (
     "out of the URL and give it the libpq way: PGPASSWORD, a password file (~/.pgpass or "
     "PGPASSFILE), or a service file entry (PGSERVICE, or ?service=NAME)"
 )
-_KEY_VALUE_SECRET = re.compile(
-    r"(?P<key>AccountKey|SharedAccessSignature|sig|password|secret|token|aws_secret_access_key)"
-    r"(?P<sep>\s*[=:]\s*)(?P<value>[^;&\s'\"]+)",
-    re.I,
-)
-
-
-def redact(text: str) -> str:
-    """Remove passwords in URLs and key=value secrets (connection strings, SAS tokens)."""
-    text = _URL_PASSWORD.sub(r"\g<head>***\g<tail>", text)
-    return _KEY_VALUE_SECRET.sub(r"\g<key>\g<sep>***", text)
 
 
 def check_database_url(name: str, url: str) -> None:

@@ -30,8 +30,10 @@ import sqlalchemy as sa
 from alembic import command as alembic_command
 from psycopg import sql
 
-from provisioner import db, migrations, pool, tenant_schema
+from provisioner import db, pool
 from provisioner.settings import Settings
+from provisioner.templates import migrations
+from provisioner.tenant import schema as tenant_schema
 from provisioner.testing import (
     BOOTSTRAP_LOCK_KEY,
     PgServer,

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import service, tenant_schema
+from provisioner import service
 from provisioner.engine import StepEvent
 from provisioner.models import STEPS, JobStatus
 from provisioner.settings import Settings
+from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database
 from tests.workers import kill_frozen
 

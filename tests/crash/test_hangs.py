@@ -22,7 +22,8 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-from provisioner import local_pg, migrations
+from provisioner.local import cluster as local_pg
+from provisioner.templates import migrations
 from tests.conftest import BOOTSTRAP_SQL, ROOT
 
 PASSWORD = "My Secret@Pw"

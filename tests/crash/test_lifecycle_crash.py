@@ -10,10 +10,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from provisioner import kinds, service, tenant_schema
+from provisioner import kinds, service
 from provisioner.errors import WrongState
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
+from provisioner.tenant import schema as tenant_schema
 from provisioner.testing import Tenant
 from tests.conftest import Database
 from tests.workers import kill_frozen

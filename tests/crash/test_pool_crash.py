@@ -29,10 +29,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from provisioner import pool, service, tenant_schema
+from provisioner import pool, service
 from provisioner.engine import TENANT_LOCK_CLASS
 from provisioner.models import STEPS
 from provisioner.settings import Settings
+from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database, build_spare, fingerprint
 from tests.workers import (
     Workers,

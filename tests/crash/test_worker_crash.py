@@ -17,9 +17,10 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from provisioner import queue, service, tenant_schema
+from provisioner import queue, service
 from provisioner.models import STEPS, TenantId
 from provisioner.settings import Settings
+from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database
 from tests.workers import (
     WorkerProcess,

@@ -16,8 +16,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from provisioner import local_pg, migrations, service
+from provisioner import service
+from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
+from provisioner.templates import migrations
 from tests.workers import running_workers, wait_until
 
 TENANTS = ["after_a", "after_b", "after_c", "after_d", "after_e"]

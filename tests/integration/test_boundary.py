@@ -15,7 +15,8 @@ import pytest
 from psycopg import errors
 from psycopg.rows import dict_row
 
-from provisioner import heartbeats, queue, service
+from provisioner import queue, service
+from provisioner.control import heartbeats
 from provisioner.errors import ConfigurationError, InvalidInput, KeyConflict
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings

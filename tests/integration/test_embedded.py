@@ -14,7 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from provisioner import local_pg, migrations
+from provisioner.local import cluster as local_pg
+from provisioner.templates import migrations
 from tests.conftest import ROOT, run_cli
 
 

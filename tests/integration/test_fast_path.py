@@ -8,10 +8,12 @@ import psycopg
 import sqlalchemy as sa
 from alembic import command
 
-from provisioner import db, migrations, service, tenant_schema
+from provisioner import db, service
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
-from provisioner.template_replay import TemplateCache
+from provisioner.templates import migrations
+from provisioner.templates.replay import TemplateCache
+from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database
 
 HEAD = ",".join(sorted(migrations.tenant_heads()))

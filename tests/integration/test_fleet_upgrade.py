@@ -18,12 +18,13 @@ import pytest
 import sqlalchemy as sa
 from alembic import command as alembic_command
 
-from provisioner import db, migrations, service
+from provisioner import db, service
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
-from provisioner.template_replay import TemplateCache
+from provisioner.templates import migrations
+from provisioner.templates.replay import TemplateCache
+from provisioner.templates.upgrade import UpgradeCache
 from provisioner.testing import Tenant
-from provisioner.upgrade_replay import UpgradeCache
 from tests.conftest import Database, fingerprint, run_cli
 from tests.workers import Workers, job_row, step_runs, wait_until
 

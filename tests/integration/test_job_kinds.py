@@ -14,11 +14,12 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from provisioner import db, queue, runner, tenants
-from provisioner.engine import Engine, StepEvent
+from provisioner import db, queue
+from provisioner.engine import Engine, StepEvent, runner
 from provisioner.kinds import JobKind, Step, StepContext, keyed_by_tenant
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
+from provisioner.tenant import row as tenants
 from tests.conftest import Database
 from tests.workers import Workers
 

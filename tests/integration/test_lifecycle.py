@@ -12,11 +12,12 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from provisioner import queue, runner, service, tenant_schema
+from provisioner import queue, service
 from provisioner.cli import main
-from provisioner.engine import Engine
+from provisioner.engine import Engine, runner
 from provisioner.models import TenantId
 from provisioner.settings import Settings
+from provisioner.tenant import schema as tenant_schema
 from provisioner.testing import Tenant
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import Workers

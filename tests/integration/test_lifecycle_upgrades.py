@@ -7,8 +7,9 @@ import json
 
 import psycopg
 
-from provisioner import migrations, service
+from provisioner import service
 from provisioner.settings import Settings
+from provisioner.templates import migrations
 from tests.conftest import Database, downgrade_tenant, run_cli
 
 

@@ -12,11 +12,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from provisioner import db, migrations, pool, queue, service, template_reference
+from provisioner import db, pool, queue, service
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import ConfigurationError
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
+from provisioner.templates import migrations
+from provisioner.templates import reference as template_reference
 from tests.conftest import Database, build_spare, fingerprint, run_cli
 from tests.workers import Workers, job_row, step_runs, wait_until
 

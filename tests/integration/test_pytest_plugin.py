@@ -1,7 +1,7 @@
 """The pytest plugin's fixtures, used as an application would use them.
 
-``tenant`` and ``tenant_factory`` come from :mod:`provisioner.pytest_plugin` (loaded through its
-``pytest11`` entry point), on the suite's own server.
+``tenant`` and ``tenant_factory`` come from :mod:`provisioner.testing.pytest_plugin` (loaded
+through its ``pytest11`` entry point), on the suite's own server.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import psycopg
 import pytest
 
 import provisioner
-from provisioner import service, tenant_schema
+from provisioner import service
+from provisioner.tenant import schema as tenant_schema
 from provisioner.testing import ProvisionerDatabase, Tenant, TenantFactory
 from tests.conftest import Database
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from provisioner import db, tenant_schema
+from provisioner import db
+from provisioner.kinds.provision import PROVISION_STEPS, StepContext
 from provisioner.models import TenantId
 from provisioner.settings import Settings
-from provisioner.steps import PROVISION_STEPS, StepContext
 from provisioner.storage import store_from_settings
+from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database, build_spare
 
 

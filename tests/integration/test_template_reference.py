@@ -9,9 +9,9 @@ import sys
 
 import psycopg
 
-from provisioner import migrations
 from provisioner.settings import Settings
-from provisioner.template_reference import REFERENCE_LOCK_CLASS, reference_key
+from provisioner.templates import migrations
+from provisioner.templates.reference import REFERENCE_LOCK_CLASS, reference_key
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import step_runs, wait_until
 

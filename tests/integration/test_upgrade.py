@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterator
 import pytest
 from psycopg import sql
 
-from provisioner import db, migrations, queue, service
+from provisioner import db, queue, service
 from provisioner import fleet as fleet_upgrades
 from provisioner.db import DatabaseError
 from provisioner.errors import InvalidInput, UnknownTenant
 from provisioner.models import STEPS, JobStatus, TenantId
 from provisioner.settings import Settings
+from provisioner.templates import migrations
 from provisioner.testing import Tenant
 from tests.conftest import Database, downgrade_tenant, fingerprint, run_cli
 

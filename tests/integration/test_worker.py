@@ -16,11 +16,12 @@ import sqlalchemy as sa
 from alembic import command
 from click.testing import CliRunner
 
-from provisioner import migrations, service
+from provisioner import service
 from provisioner.cli import main
 from provisioner.db import sqlalchemy_url
 from provisioner.models import STEPS
 from provisioner.settings import Settings
+from provisioner.templates import migrations
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import (
     Workers,

@@ -17,8 +17,8 @@ from pytest_alembic.tests import (  # noqa: F401 (collected here)
     test_upgrade,
 )
 
-from provisioner import migrations
 from provisioner.db import sqlalchemy_url
+from provisioner.templates import migrations
 from tests.conftest import Database
 
 

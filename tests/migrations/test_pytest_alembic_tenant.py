@@ -18,8 +18,9 @@ from pytest_alembic.tests import (  # noqa: F401 (collected here)
     test_upgrade,
 )
 
-from provisioner import migrations, tenant_schema
 from provisioner.db import sqlalchemy_url
+from provisioner.templates import migrations
+from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database
 
 SCHEMA = "tenant_pytest_alembic"

@@ -10,10 +10,11 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import command
 
-from provisioner import migrations, service
+from provisioner import service
 from provisioner.db import sqlalchemy_url
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
+from provisioner.templates import migrations
 from tests.conftest import Database
 
 BEFORE = "20260728_c004"

@@ -13,9 +13,11 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from provisioner import migrations, service, tenant_schema
+from provisioner import service
 from provisioner.db import sqlalchemy_url
 from provisioner.settings import Settings
+from provisioner.templates import migrations
+from provisioner.tenant import schema as tenant_schema
 from tests.conftest import ROOT, Database
 
 ALEMBIC = str(Path(sys.executable).with_name("alembic"))
@@ -197,7 +199,7 @@ def test_the_built_wheel_ships_both_alembic_trees(tmp_path: Path) -> None:
     assert "provisioner/py.typed" in names  # mypy in a user's project sees the types
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     declared = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "[pytest11]\nprovisioner = provisioner.pytest_plugin" in declared
+    assert "[pytest11]\nprovisioner = provisioner.testing.pytest_plugin" in declared
 
     # A user's project, type-checked against the installed wheel, sees the API's types.
     site = tmp_path / "site"

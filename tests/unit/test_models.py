@@ -7,7 +7,8 @@ import pytest
 from provisioner import kinds
 from provisioner.errors import ConfigurationError, InvalidInput
 from provisioner.models import PROVISION_JOB_TYPE, STEPS, JobStatus, TenantId
-from provisioner.settings import DEFAULT_JOB_TYPES, Settings, parse_job_types, redact
+from provisioner.redact import redact
+from provisioner.settings import DEFAULT_JOB_TYPES, Settings, parse_job_types
 
 BAD_TENANT_IDS = [
     "",  # empty

@@ -360,7 +360,7 @@ def role_profiles_seeded(conn: Conn, schema: str) -> bool:
 # -- catalog fingerprint --------------------------------------------------------------------------
 
 #: How the fingerprint renders the catalog; part of the key of every stored reference
-#: (:mod:`provisioner.template_reference`, :mod:`provisioner.upgrade_replay`), so a reference
+#: (:mod:`provisioner.templates.reference`, :mod:`provisioner.templates.upgrade`), so a reference
 #: stored by a version that rendered it another way is never compared with this rendering.
 #: v2: read under the session's default ``search_path`` (v1: under the tenant schema's own, as
 #: Alembic leaves it), which names the schema's objects qualified, ``<tenant>.members(id)``.
@@ -439,7 +439,7 @@ def fingerprint(conn: Conn, schema: str, *, versions: Iterable[str] | None = Non
     (a verified replay reads them in the replay's own round trip); else they are read here, one
     more round trip when the table exists. psycopg prepares the catalog query on a session that
     runs it often (``prepare_threshold``, 5 by default): a worker's long-lived session then plans
-    it once instead of once per tenant (see :func:`provisioner.template_replay.replay_verified`).
+    it once instead of once per tenant (see :func:`provisioner.templates.replay.replay_verified`).
     """
 
     with conn.cursor(row_factory=dict_row) as cur:

@@ -17,7 +17,7 @@ closed with ``assert_never`` on both ends):
                       Claimed(job)     the child claimed this job and runs it
                       StepReport(...)  each StepEvent of the running job
                       JobEnded(outcome, claiming)
-                                       the job's :data:`~provisioner.runner.Outcome`: settled
+                                       the job's :data:`~provisioner.engine.runner.Outcome`: settled
                                        (also a job the child released after the drain timeout
                                        cut its step short), lease lost, or unsettled (the
                                        database was down: the parent settles it), nothing
@@ -52,8 +52,8 @@ from multiprocessing.process import BaseProcess
 from typing import assert_never
 from uuid import UUID
 
-from provisioner import runner, service
-from provisioner.engine import Engine, StepEvent, describe
+from provisioner import service
+from provisioner.engine import Engine, StepEvent, describe, runner
 from provisioner.models import Job
 from provisioner.settings import Settings
 

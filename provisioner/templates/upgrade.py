@@ -4,7 +4,7 @@
 worker re-runs ``run_tenant_migrations`` on a schema that already holds the tenant's tables and
 data. Running Alembic there costs ~13 ms a tenant (loading ``env.py`` and every revision file,
 one round trip per statement) for DDL that takes ~1 ms. Here, as for an empty schema
-(:mod:`provisioner.template_replay`), the statements Alembic's offline mode emits for
+(:mod:`provisioner.templates.replay`), the statements Alembic's offline mode emits for
 ``FROM:head`` are replayed in ONE round trip under a savepoint, and the result is proven equal
 to what Alembic builds. The step record says which path ran and why::
 
@@ -47,16 +47,17 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from provisioner import migrations, tenant_schema
 from provisioner.db import Transaction, translated
 from provisioner.models import Job
-from provisioner.template_reference import PLACEHOLDER_SCHEMA, Fingerprint, reference_key
-from provisioner.template_replay import (
+from provisioner.templates import migrations
+from provisioner.templates.reference import PLACEHOLDER_SCHEMA, Fingerprint, reference_key
+from provisioner.templates.replay import (
     Outcome,
     TemplateCache,
     database_key,
     replay_verified,
 )
+from provisioner.tenant import schema as tenant_schema
 
 SAVEPOINT = "tenant_upgrade_replay"
 SCRATCH_SAVEPOINT = "tenant_upgrade_reference"
@@ -161,7 +162,7 @@ def _set_lock_timeout_and_read_versions(
     tx: Transaction, schema: str, lock_timeout_ms: int, *, versioned: bool = False
 ) -> frozenset[str] | None:
     """Set the step's ``lock_timeout``; the revisions the schema records, None when it has no
-    version table (what :func:`provisioner.migrations.tenant_versions` says), in two round
+    version table (what :func:`provisioner.templates.migrations.tenant_versions` says), in two round
     trips, one when there is no version table. With ``versioned`` (a spare this run took: the
     pool built it with its version table) both in one simple query, one round trip; a table
     that is gone after all fails the step, and its retry looks as above."""

@@ -25,9 +25,10 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from provisioner import queue, upgrade_replay
+from provisioner import queue
 from provisioner.errors import InvalidInput
 from provisioner.models import PROVISION_JOB_TYPE, STEPS, Job
+from provisioner.templates import upgrade as upgrade_replay
 
 MIGRATION_STEP = "run_tenant_migrations"
 

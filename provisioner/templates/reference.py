@@ -1,9 +1,9 @@
 """The tenant template's reference: what Alembic builds for the head, stored once per database.
 
-The fast path of ``run_tenant_migrations`` (:mod:`provisioner.template_replay`) and the
+The fast path of ``run_tenant_migrations`` (:mod:`provisioner.templates.replay`) and the
 warm pool (:mod:`provisioner.pool`) replay the tree's DDL instead of running Alembic, and prove
 the result against a reference: the catalog fingerprint
-(:func:`provisioner.tenant_schema.fingerprint`, schema name abstracted) of a schema that Alembic
+(:func:`provisioner.tenant.schema.fingerprint`, schema name abstracted) of a schema that Alembic
 itself built for the same tree state in the same database. The reference, and the statements to
 replay, live in ``control.tenant_template_references``, keyed by the tree's digest (a SHA-256 over
 ``env.py`` and the revision files, so another head or an edited file is another key) and the
@@ -29,8 +29,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from provisioner import migrations, tenant_schema
 from provisioner.db import Transaction
+from provisioner.templates import migrations
+from provisioner.tenant import schema as tenant_schema
 
 #: The schema name the template is captured for; it must match env.py's ``tenant_<id>`` rule.
 #: It never reaches the database: capture is offline, and the name is stripped from the SQL.
@@ -134,7 +135,7 @@ class Reference:
 
 def reference_key(digest: str) -> str:
     """Where a reference of the tree state ``digest`` is stored: the digest and the format of
-    the fingerprint it holds (:data:`provisioner.tenant_schema.FINGERPRINT_FORMAT`)."""
+    the fingerprint it holds (:data:`provisioner.tenant.schema.FINGERPRINT_FORMAT`)."""
     return f"{digest}/{tenant_schema.FINGERPRINT_FORMAT}"
 
 

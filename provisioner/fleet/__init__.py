@@ -8,7 +8,7 @@ at once (the lock table would run out). Every answer is read from the schema's o
 ``alembic_version`` table, never from a cache a hand-run Alembic could leave stale.
 
 A worker then re-runs ``run_tenant_migrations`` alone for each queued tenant, replaying the new
-revisions' DDL when :mod:`provisioner.upgrade_replay` can verify it, else through Alembic.
+revisions' DDL when :mod:`provisioner.templates.upgrade` can verify it, else through Alembic.
 Tenants whose lifecycle state is suspended, archived or deleted are left alone and reported.
 """
 
@@ -29,10 +29,13 @@ from psycopg import pq, sql
 from psycopg.errors import error_from_result
 from psycopg.rows import tuple_row
 
-from provisioner import db, migrations, queue, rollout, tenants
+from provisioner import db, queue
 from provisioner.errors import InvalidInput, UnknownTenant, WrongState
+from provisioner.fleet import rollout
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
+from provisioner.templates import migrations
+from provisioner.tenant import row as tenants
 
 #: Version tables per string of ``COPY`` statements (one round trip, one implicit transaction,
 #: so as many table locks). ``COPY table TO STDOUT`` is not planned: a ``UNION ALL`` of the same
@@ -265,7 +268,7 @@ def upgrade(
 
     ``tenant_ids`` None means all tenants. A named tenant that is suspended, archived or
     deleted is refused (:class:`WrongState`); with all tenants, such tenants are skipped and
-    reported. The jobs found behind are recorded as a rollout (:mod:`provisioner.rollout`) and
+    reported. The jobs found behind are recorded as a rollout (:mod:`provisioner.fleet.rollout`) and
     queued in one transaction: all of them (or the ``canary`` first ones), or none (and none
     with ``dry_run``). ``max_failures`` halts the rollout at that many failed tenants.
     """

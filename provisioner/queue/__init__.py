@@ -32,7 +32,7 @@ from provisioner.models import (
     Lease,
     TenantId,
 )
-from provisioner.settings import redact
+from provisioner.redact import redact
 
 NOTIFY_CHANNEL = "provisioner_jobs"
 ERROR_DETAIL_LIMIT = 4000

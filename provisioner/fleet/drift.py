@@ -2,7 +2,7 @@
 
 The expected shape is built, never kept: a scratch schema is created, migrated by Alembic to the
 head and granted to the application role exactly as provisioning does, fingerprinted
-(:func:`provisioner.tenant_schema.fingerprint`, schema name abstracted), and the transaction is
+(:func:`provisioner.tenant.schema.fingerprint`, schema name abstracted), and the transaction is
 rolled back. Nothing is written. Each tenant's fingerprint (one catalog query and its version
 read, in a transaction of its own) is then compared with it, section by section, and every
 difference is named: an extra object (a hand-made index), a missing one (a dropped column), an
@@ -21,11 +21,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from provisioner import db, migrations, queue, tenant_schema
+from provisioner import db, queue
 from provisioner.errors import UnknownTenant
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
-from provisioner.template_reference import Fingerprint
+from provisioner.templates import migrations
+from provisioner.templates.reference import Fingerprint
+from provisioner.tenant import schema as tenant_schema
 
 #: The scratch schema the expected shape is built in (rolled back; never committed).
 SCRATCH_SCHEMA = "tenant_zz_drift_expected"

@@ -13,11 +13,13 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, heartbeats, migrations, service
+from provisioner import db, service
+from provisioner.control import heartbeats
 from provisioner.errors import ConfigurationError, DatabaseUnavailable
 from provisioner.logs import event
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
+from provisioner.templates import migrations
 
 
 def check_configuration(settings: Settings) -> None:

@@ -1,7 +1,7 @@
 """The warm pool: spare tenant schemas built ahead of demand, taken by a rename.
 
 With ``PROVISIONER_POOL_SIZE=N`` the worker keeps N spares, built while it is otherwise idle by
-the verified replay of :mod:`provisioner.template_reference` (the stored reference's statements,
+the verified replay of :mod:`provisioner.templates.reference` (the stored reference's statements,
 then a fingerprint that must equal the reference's). A spare is ready only once its row in
 ``control.tenant_pool`` is committed, in the build's last transaction, after every check. The
 build before it runs in transactions of :data:`BATCH` statements (:func:`build_spare`): one
@@ -53,12 +53,15 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from provisioner import db, migrations, queue, template_reference, tenant_schema
+from provisioner import db, queue
 from provisioner.db import DatabaseError, Transaction
 from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
 from provisioner.logs import event
-from provisioner.template_reference import TemplateUnusable
-from provisioner.template_replay import keeping_prepared_statements, mismatch
+from provisioner.templates import migrations
+from provisioner.templates import reference as template_reference
+from provisioner.templates.reference import TemplateUnusable
+from provisioner.templates.replay import keeping_prepared_statements, mismatch
+from provisioner.tenant import schema as tenant_schema
 
 #: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
 SPARE_PREFIX = "pool_"
@@ -401,7 +404,7 @@ def build_spare(
     """Build one spare at the head and record it; its name. The caller holds the builders'
     lock (:func:`builder_lock`).
 
-    The reference is read (or computed once, see :mod:`provisioner.template_reference`) in the
+    The reference is read (or computed once, see :mod:`provisioner.templates.reference`) in the
     transaction that creates the schema; its statements are replayed :data:`BATCH` per
     transaction; the schema's fingerprint must then equal the reference's. With ``app_role``
     the spare gets that role's grants but USAGE, batched the same way, and they are checked

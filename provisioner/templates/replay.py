@@ -17,7 +17,7 @@ The checks, in order:
    resume) needs nothing; one that holds objects at another revision (a resume after the tree
    moved on, a repair) is upgraded in place by Alembic.
 2. **A reference exists for the tree as it is on disk.** The reference
-   (:mod:`provisioner.template_reference`) is stored in the control schema once per database
+   (:mod:`provisioner.templates.reference`) is stored in the control schema once per database
    and tree state (a digest of ``env.py`` and the revision files, so another head or an edited
    file is another reference). A process reads it once; when there is none yet, the step
    computes it first (Alembic builds a scratch schema that is rolled back) and stores it, so
@@ -42,14 +42,16 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from provisioner import migrations, template_reference, tenant_schema
 from provisioner.db import DatabaseError, Transaction, translated
-from provisioner.template_reference import (
+from provisioner.templates import migrations
+from provisioner.templates import reference as template_reference
+from provisioner.templates.reference import (
     Fingerprint,
     Reference,
     Template,
     TemplateUnusable,
 )
+from provisioner.tenant import schema as tenant_schema
 
 __all__ = ["Outcome", "Reference", "Template", "TemplateCache", "TemplateUnusable"]
 
@@ -125,7 +127,7 @@ def replay_verified(
 
     Two round trips: (1) the savepoint, the ``search_path`` (the schema alone, as Alembic's
     env.py sets it), the statements, the ``search_path`` back to the session default (the
-    fingerprint is read under it, see :data:`provisioner.tenant_schema.FINGERPRINT`) and the
+    fingerprint is read under it, see :data:`provisioner.tenant.schema.FINGERPRINT`) and the
     version table's rows, as one simple query; (2) the fingerprint's prepared catalog query.
     A replay that matches leaves its savepoint open: the caller's commit releases it with the
     rest (a ``RELEASE`` would be a third round trip, at every tenant of a fleet upgrade), and a

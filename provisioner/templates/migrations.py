@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from psycopg.rows import tuple_row
 
-from provisioner import tenant_schema
 from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, translated
+from provisioner.tenant import schema as tenant_schema
 
 # Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
 # never migrate (status, enqueue, jobs, health) start without it.

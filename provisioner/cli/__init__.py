@@ -18,11 +18,14 @@ from typing import Any, TypeVar
 
 import click
 
-from provisioner import __version__, kinds, logs, migrations, service, tenant_lifecycle
+from provisioner import kinds, logs, service
 from provisioner.engine import StepEvent
 from provisioner.errors import InvalidInput, ProvisionerError
+from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.models import Job
 from provisioner.settings import DEFAULT_COMPONENT, DEFAULT_JOB_TYPES, Settings, parse_job_types
+from provisioner.templates import migrations
+from provisioner.version import __version__
 from provisioner.worker import WorkerOptions, run_worker
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -21,7 +21,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from provisioner.errors import DatabaseUnavailable, ProvisionerError
-from provisioner.settings import redact
+from provisioner.redact import redact
 
 #: Every connection of the package (psycopg, SQLAlchemy, Alembic) gives up after this long, so
 #: a server that accepts connections but never answers (stopped, overloaded) fails a command

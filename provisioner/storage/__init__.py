@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
 
 from provisioner.errors import ConfigurationError, StorageMisconfigured, StorageUnavailable
-from provisioner.settings import OBJECT_STORE_PROVIDERS, Settings, redact
+from provisioner.redact import redact
+from provisioner.settings import OBJECT_STORE_PROVIDERS, Settings
 
 S3_ADDRESSING_STYLES = ("path", "virtual", "auto")
 AZURE_CREDENTIAL_ENV = "AZURE_STORAGE_CREDENTIAL"

@@ -1,6 +1,6 @@
 """Real tenant schemas for an application's tests: a server, a migrated database, and tenants
-handed out in milliseconds. The pytest plugin (:mod:`provisioner.pytest_plugin`) is a thin layer
-of fixtures over this module; nothing here depends on pytest.
+handed out in milliseconds. The pytest plugin (:mod:`provisioner.testing.pytest_plugin`) is a
+thin layer of fixtures over this module; nothing here depends on pytest.
 
 Why spares: provisioning a tenant (schema, template DDL, grants, seeds, control rows) costs tens
 of milliseconds of catalog writes, too much to pay for every test. The factory builds *spare*
@@ -50,11 +50,14 @@ import sqlalchemy as sa
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from provisioner import db, local_pg, migrations, queue, service, tenant_schema
+from provisioner import db, queue, service
 from provisioner.errors import InvalidInput, ProvisionerError
+from provisioner.local import cluster as local_pg
 from provisioner.models import TenantId
 from provisioner.settings import Settings
-from provisioner.template_replay import Template, TemplateUnusable, describe_difference
+from provisioner.templates import migrations
+from provisioner.templates.replay import Template, TemplateUnusable, describe_difference
+from provisioner.tenant import schema as tenant_schema
 
 #: A superuser URL of a server to use instead of a throwaway cluster.
 SERVER_URL_ENV = "PROVISIONER_TEST_DATABASE_URL"

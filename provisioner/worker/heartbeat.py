@@ -18,7 +18,8 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, heartbeats, queue
+from provisioner import db, queue
+from provisioner.control import heartbeats
 from provisioner.db import DatabaseError
 from provisioner.errors import DatabaseUnavailable, ProvisionerError
 from provisioner.logs import event

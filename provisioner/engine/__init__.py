@@ -36,7 +36,7 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-from provisioner import db, kinds, migrations, pool, queue, tenants, upgrade_replay
+from provisioner import db, kinds, pool, queue
 from provisioner.errors import (
     InvalidInput,
     LeaseLost,
@@ -48,7 +48,10 @@ from provisioner.kinds import JobKind, KindRegistry, Step, StepContext
 from provisioner.models import PROVISION_JOB_TYPE, Job, JobStatus, Lease, TenantId
 from provisioner.settings import Settings
 from provisioner.storage import ObjectStore, store_from_settings
-from provisioner.template_replay import TemplateCache
+from provisioner.templates import migrations
+from provisioner.templates import upgrade as upgrade_replay
+from provisioner.templates.replay import TemplateCache
+from provisioner.tenant import row as tenants
 
 #: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
 TENANT_LOCK_CLASS = 0x70726F76

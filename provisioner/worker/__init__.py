@@ -1,6 +1,6 @@
 """The provisioner worker: recover, heartbeat, listen, claim, run, finish, drain.
 
-One parent process and ``concurrency`` engine processes (:mod:`provisioner.engine_processes`).
+One parent process and ``concurrency`` engine processes (:mod:`provisioner.worker.processes`).
 
 * The **parent** supervises: stale recovery at start and every quarter of the stale
   threshold; ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the
@@ -8,10 +8,10 @@ One parent process and ``concurrency`` engine processes (:mod:`provisioner.engin
   ``concurrency`` jobs at once); settling only what a child could not (the child died, or the
   database was down when the step failed) and handing back a dead child's claim it never
   reported; signals and the drain.
-* Each **engine process** owns its jobs' lives (:mod:`provisioner.runner`): it claims a job
+* Each **engine process** owns its jobs' lives (:mod:`provisioner.engine.runner`): it claims a job
   under its own holder id, runs its kind's steps, settles it, and reports a typed outcome; the
   job's last step claims the next one, and the child goes on unasked until a claim finds
-  nothing (:mod:`provisioner.engine_processes`).
+  nothing (:mod:`provisioner.worker.processes`).
 * A **heartbeat thread**, on its own connection, upserts the component's row in
   ``control.runtime_heartbeats`` every interval and, in the same transaction, renews
   ``locked_at`` of every job the children hold: a long step on a live worker is never taken for
@@ -54,9 +54,21 @@ from uuid import UUID
 
 import psycopg
 
-from provisioner import __version__, db, heartbeats, logs, pool, queue, runner, service
-from provisioner.engine import describe
-from provisioner.engine_processes import (
+from provisioner import db, logs, pool, queue, service
+from provisioner.control import heartbeats
+from provisioner.engine import describe, runner
+from provisioner.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    LeaseLost,
+    ProvisionerError,
+)
+from provisioner.logs import event, job_fields
+from provisioner.models import Job
+from provisioner.settings import Settings
+from provisioner.version import __version__
+from provisioner.worker.heartbeat import DB_ERRORS, Heartbeat, Outage
+from provisioner.worker.processes import (
     Claimed,
     ClaimNext,
     EngineProcess,
@@ -68,17 +80,7 @@ from provisioner.engine_processes import (
     Stop,
     Warm,
 )
-from provisioner.errors import (
-    ConfigurationError,
-    DatabaseUnavailable,
-    LeaseLost,
-    ProvisionerError,
-)
-from provisioner.logs import event, job_fields
-from provisioner.models import Job
-from provisioner.settings import Settings
-from provisioner.startup_checks import check_configuration, check_database, storage_status
-from provisioner.worker_heartbeat import DB_ERRORS, Heartbeat, Outage
+from provisioner.worker.startup import check_configuration, check_database, storage_status
 
 #: Longest wait between two reconnection attempts after the database went away.
 RECONNECT_CAP_SECONDS = 5.0

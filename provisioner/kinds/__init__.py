@@ -28,21 +28,21 @@ from provisioner.models import PROVISION_JOB_TYPE, TenantId
 if TYPE_CHECKING:
     from provisioner.db import Transaction
     from provisioner.storage import ObjectStore
-    from provisioner.template_replay import TemplateCache
-    from provisioner.upgrade_replay import UpgradeCache
+    from provisioner.templates.replay import TemplateCache
+    from provisioner.templates.upgrade import UpgradeCache
 
 
 def _new_template_cache() -> TemplateCache:
     """A fresh cache for a context built without an engine's (imported late: it loads the
     template reference machinery, which this light module must not)."""
-    from provisioner.template_replay import TemplateCache
+    from provisioner.templates.replay import TemplateCache
 
     return TemplateCache()
 
 
 def _new_upgrade_cache() -> UpgradeCache:
     """A fresh upgrade cache for a context built without an engine's (imported late)."""
-    from provisioner.upgrade_replay import UpgradeCache
+    from provisioner.templates.upgrade import UpgradeCache
 
     return UpgradeCache()
 
@@ -165,7 +165,7 @@ class JobKind:
 BUILTIN_KINDS: tuple[JobKind, ...] = (
     JobKind(
         PROVISION_JOB_TYPE,
-        "provisioner.steps:PROVISION_STEPS",
+        "provisioner.kinds.provision:PROVISION_STEPS",
         idempotency_key=keyed_by_tenant("provision"),
         default_worker=True,
         command="provision",
@@ -174,28 +174,28 @@ BUILTIN_KINDS: tuple[JobKind, ...] = (
     ),
     JobKind(
         "suspend_tenant",
-        "provisioner.tenant_lifecycle:SUSPEND_STEPS",
+        "provisioner.kinds.lifecycle:SUSPEND_STEPS",
         idempotency_key=keyed_by_tenant("suspend_tenant"),
         command="suspend",
         description="revoke the application role's access; data untouched",
     ),
     JobKind(
         "restore_tenant",
-        "provisioner.tenant_lifecycle:RESTORE_STEPS",
+        "provisioner.kinds.lifecycle:RESTORE_STEPS",
         idempotency_key=keyed_by_tenant("restore_tenant"),
         command="restore",
         description="grant the application role's access again; back to the earlier state",
     ),
     JobKind(
         "deprovision_tenant",
-        "provisioner.tenant_lifecycle:DEPROVISION_STEPS",
+        "provisioner.kinds.lifecycle:DEPROVISION_STEPS",
         idempotency_key=keyed_by_tenant("deprovision_tenant"),
         command="deprovision",
         description="revoke access and archive; data kept, restorable",
     ),
     JobKind(
         "purge_tenant",
-        "provisioner.tenant_lifecycle:PURGE_STEPS",
+        "provisioner.kinds.lifecycle:PURGE_STEPS",
         idempotency_key=keyed_by_tenant("purge_tenant"),
         command="deprovision --purge",
         description="revoke access and drop the schema; control rows and history kept",

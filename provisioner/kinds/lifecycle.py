@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from provisioner import tenant_schema, tenants
 from provisioner.db import Transaction
 from provisioner.kinds import Step, StepContext
-from provisioner.steps import PROVISION_STEPS
+from provisioner.kinds.provision import PROVISION_STEPS
+from provisioner.tenant import row as tenants
+from provisioner.tenant import schema as tenant_schema
 
 SUSPEND_JOB_TYPE = "suspend_tenant"
 RESTORE_JOB_TYPE = "restore_tenant"

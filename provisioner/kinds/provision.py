@@ -7,10 +7,13 @@ present; a step whose effect vanished (a dropped schema, revoked grants) runs ag
 
 from __future__ import annotations
 
-from provisioner import migrations, pool, tenant_schema, tenants
+from provisioner import pool
 from provisioner.db import Transaction
 from provisioner.kinds import Step, StepContext
 from provisioner.models import STEPS
+from provisioner.templates import migrations
+from provisioner.tenant import row as tenants
+from provisioner.tenant import schema as tenant_schema
 
 __all__ = ["PROVISION_STEPS", "Step", "StepContext"]
 

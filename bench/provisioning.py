@@ -40,8 +40,9 @@ from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from provisioner import db, queue, service
 from provisioner.engine import Engine
+from provisioner.kinds.provision import STEPS
 from provisioner.local import cluster as local_pg
-from provisioner.models import STEPS, JobStatus, TenantId
+from provisioner.models import JobStatus, TenantId
 from provisioner.storage import store_from_settings
 from provisioner.templates import migrations
 from provisioner.templates.replay import Template, TemplateCache

@@ -9,15 +9,23 @@
     ├── LeaseLost (1)               another process took this job over; record nothing
     ├── TenantBusy (1)              another live engine works on this tenant right now
     ├── KeyConflict (1)             an idempotency key is held by another tenant's or kind's job
+    ├── StepFailed (1)              a job's step raised; the cause is chained, the step named
+    ├── DatabaseError (1)           a statement failed (provisioner.db.translate raises it)
+    ├── TemplateUnusable (1)        the tenant tree cannot be replayed (Alembic runs instead)
+    ├── NotReplayable (1)           an upgrade cannot be replayed (Alembic runs instead)
+    ├── SpareRejected (1)           a spare built for the warm pool did not verify
+    ├── BuildStopped (1)            a spare build was asked to stop between transactions
     ├── TransientError (1)          worth retrying later: the queue's backoff handles it
     │   ├── DatabaseUnavailable
+    │   │   └── LockNotAvailable    SQLSTATE 55P03: a lock timeout (provisioner.db.translate)
     │   └── StorageUnavailable
     └── PermanentError (1)          retrying cannot help until someone changes something
         ├── StorageMisconfigured
         └── GrantVerificationFailed
 
-Retry decisions use ``isinstance`` on these classes, never the message text. Messages never
-carry secrets: adapters redact before raising.
+Retry decisions use ``isinstance`` on these classes, never the message text
+(:func:`is_permanent` says which failures fail a job at once). Messages never carry secrets:
+adapters redact before raising.
 """
 
 from __future__ import annotations
@@ -73,12 +81,49 @@ class KeyConflict(ProvisionerError):
     """The idempotency key is held by a job of another tenant or kind: nothing was queued."""
 
 
+class StepFailed(ProvisionerError):
+    """A step (or the resume check before the steps) raised; the cause is chained, and
+    ``step`` names where it happened."""
+
+    def __init__(self, step: str) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+class DatabaseError(ProvisionerError):
+    """A statement failed for a reason other than connectivity (retried with backoff)."""
+
+
+class TemplateUnusable(ProvisionerError):
+    """The tree's offline SQL cannot be replayed into another schema (internal to the fast path:
+    Alembic runs instead)."""
+
+
+class NotReplayable(ProvisionerError):
+    """The revisions between a schema's version and the head cannot be replayed (internal to
+    the upgrade's fast path: Alembic runs instead)."""
+
+
+class SpareRejected(ProvisionerError):
+    """A freshly built spare did not match the reference (it was rolled back)."""
+
+
+class BuildStopped(ProvisionerError):
+    """A spare build was asked to stop between two of its transactions (its schema dropped)."""
+
+
 class TransientError(ProvisionerError):
     """A failure that may go away by itself: retry with backoff."""
 
 
 class DatabaseUnavailable(TransientError):
     """The database could not be reached or dropped the connection."""
+
+
+class LockNotAvailable(DatabaseUnavailable):
+    """A statement gave up waiting for a lock (``lock_timeout``, SQLSTATE 55P03): another
+    session holds it. Retried later like an outage, never worked around (another path would
+    wait for the same lock)."""
 
 
 class StorageUnavailable(TransientError):
@@ -95,3 +140,10 @@ class StorageMisconfigured(PermanentError):
 
 class GrantVerificationFailed(PermanentError):
     """After granting, the application role still lacks a privilege it needs."""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True for a failure that fails its job at once, without retries: a permanent error, a
+    value that breaks a rule, a tenant state that refuses the job. Everything else is retried
+    with backoff until the job's attempts run out."""
+    return isinstance(exc, PermanentError | InvalidInput | WrongState)

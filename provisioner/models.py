@@ -1,4 +1,4 @@
-"""Values that cross module boundaries: tenant ids, job rows, step names, the ``--json`` view."""
+"""Values that cross module boundaries: tenant ids, job rows, the ``--json`` view."""
 
 from __future__ import annotations
 
@@ -20,17 +20,6 @@ PROVISION_JOB_TYPE = "provision_tenant"
 #: c005 lists the same names in its row-level security policies).
 PRODUCT_JOB_TYPES: frozenset[str] = frozenset(
     {"train_tenant_model", "materialize_insights", "send_email"}
-)
-
-#: The six provisioning steps' names, in the order they run (the contract's names; the steps
-#: themselves are ``provisioner.kinds.provision.PROVISION_STEPS``).
-STEPS: tuple[str, ...] = (
-    "create_schema",
-    "run_tenant_migrations",
-    "grant_app_rw",
-    "seed_role_profiles",
-    "verify_object_storage",
-    "activate_onboarding",
 )
 
 TENANT_ID_RULE = (

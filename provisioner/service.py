@@ -16,7 +16,7 @@ from uuid import UUID
 
 import psycopg
 
-from provisioner import db, fleet, queue
+from provisioner import db, fleet, kinds, queue
 from provisioner.control import heartbeats
 from provisioner.engine import (
     Engine,
@@ -37,7 +37,7 @@ from provisioner.errors import (
 from provisioner.fleet import drift, rollout
 from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.local import cluster as local_pg
-from provisioner.models import PRODUCT_JOB_TYPES, Job, JobStatus, TenantId
+from provisioner.models import PRODUCT_JOB_TYPES, PROVISION_JOB_TYPE, Job, JobStatus, TenantId
 from provisioner.templates import migrations
 from provisioner.tenant import row as tenants
 
@@ -224,7 +224,7 @@ def provision(
         finally:
             ahead.join()
         if job.status is JobStatus.SUCCEEDED:
-            if not engine.missing_effects(tenant):
+            if not engine.missing_effects(tenant, PROVISION_JOB_TYPE):
                 return ProvisionResult(job, already_provisioned=True)
             with db.translated():
                 job = queue.reopen(conn, job.id, started_by=f"{started_by} (repair)")
@@ -268,7 +268,7 @@ def change_lifecycle(
     request of the same kind is resumed.
     """
     tenant = TenantId(tenant_id)
-    kind = settings.job_kinds[job_type]
+    kind = kinds.for_settings(settings)[job_type]
     rule = tenant_lifecycle.RULES[job_type]
     holder = holder or holder_id("cli")
     command = f"{kind.command or job_type}{' (queued)' if queue_only else ''}"
@@ -437,6 +437,6 @@ def check_storage(settings: Settings) -> dict[str, Any]:
 
 
 def health(settings: Settings) -> heartbeats.HealthReport:
-    required = {settings.worker_component: frozenset(settings.worker_job_types)}
+    required = {settings.worker_component: frozenset(kinds.worker_job_types(settings))}
     with app_connection(settings) as conn:
         return heartbeats.readiness(conn, required, settings.heartbeat_seconds)

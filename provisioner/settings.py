@@ -14,13 +14,17 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from provisioner import kinds
 from provisioner.errors import ConfigurationError
 from provisioner.redact import redact
 
 DEFAULT_COMPONENT = "provisioner-worker"
-#: What a worker drains without PROVISIONER_WORKER_JOB_TYPES: the kinds the registry marks so.
-DEFAULT_JOB_TYPES = kinds.BUILTIN.default_worker
+#: What a worker drains without PROVISIONER_WORKER_JOB_TYPES when no kind module is named: the
+#: built-in kinds the registry marks so (``kinds.BUILTIN.default_worker``; a test pins that the
+#: two agree, and the registry resolves the default when kind modules may add to it).
+DEFAULT_JOB_TYPES: tuple[str, ...] = ("provision_tenant",)
+#: A tenant tree to use instead of the packaged one (a deployment's own tree; the bench and
+#: the tests use it to add a revision in a copy without touching the shipped tree).
+TENANT_TREE_ENV = "PROVISIONER_TENANT_TREE"
 OBJECT_STORE_PROVIDERS = ("filesystem", "s3", "azure")
 
 _URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://", "postgresql+psycopg2://")
@@ -115,6 +119,9 @@ class Settings:
     app_database_url: str | None = field(default=None, repr=False)
     app_role: str = "app_rw"
     worker_component: str = DEFAULT_COMPONENT
+    #: the job types a worker drains; empty: the registry's default kinds, resolved where the
+    #: registry is built (:func:`provisioner.kinds.worker_job_types`), as ``from_env`` leaves
+    #: it when kind modules are named and PROVISIONER_WORKER_JOB_TYPES is not set
     worker_job_types: tuple[str, ...] = DEFAULT_JOB_TYPES
     #: importable modules whose ``JOB_KINDS`` join the registry (PROVISIONER_JOB_KIND_MODULES)
     job_kind_modules: tuple[str, ...] = ()
@@ -170,7 +177,7 @@ class Settings:
             app_role=env.get("PROVISIONER_APP_ROLE") or cls.app_role,
             worker_component=env.get("PROVISIONER_WORKER_COMPONENT") or DEFAULT_COMPONENT,
             worker_job_types=parse_job_types(env.get("PROVISIONER_WORKER_JOB_TYPES") or "")
-            or kinds.registry(kind_modules).default_worker,
+            or (() if kind_modules else DEFAULT_JOB_TYPES),
             job_kind_modules=kind_modules,
             job_stale_after_seconds=_float(
                 env, "PROVISIONER_JOB_STALE_AFTER_SECONDS", cls.job_stale_after_seconds
@@ -219,12 +226,6 @@ class Settings:
             raise ConfigurationError("APP_DATABASE_URL is not set (the app_rw role's URL)")
         return url
 
-    @property
-    def job_kinds(self) -> kinds.KindRegistry:
-        """The job kinds this process knows: the built-in ones and those of
-        ``job_kind_modules`` (a worker's spawned children rebuild it from the same settings)."""
-        return kinds.registry(self.job_kind_modules)
-
     def describe(self) -> dict[str, object]:
         """Settings for logs and ``--json`` output; fields hidden from ``repr`` are redacted."""
         out: dict[str, object] = {}
@@ -235,3 +236,11 @@ class Settings:
             else:
                 out[f.name] = str(value) if isinstance(value, Path) else value
         return out
+
+
+def tenant_tree_override(env: Mapping[str, str] | None = None) -> Path | None:
+    """``$PROVISIONER_TENANT_TREE``: the tenant Alembic tree to use instead of the packaged one
+    (None: the packaged one). Read at each use, not once: the tree's digest is looked at for
+    every job, and a test or the bench points a running process at another copy."""
+    raw = (os.environ if env is None else env).get(TENANT_TREE_ENV)
+    return Path(raw) if raw else None

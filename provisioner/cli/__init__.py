@@ -240,7 +240,7 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: 
     result = service.provision(
         settings,
         tenant_id,
-        on_progress=StepPrinter(as_json, settings.job_kinds),
+        on_progress=StepPrinter(as_json, kinds.for_settings(settings)),
         reuse_deleted=reuse_deleted,
     )
     job = result.job
@@ -251,7 +251,7 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: 
             click.echo(f"tenant {tenant_id} is already provisioned; nothing to do")
         else:
             click.echo(f"finished in {time.monotonic() - started:.2f} s")
-        render_job(job, settings.job_kinds)
+        render_job(job, kinds.for_settings(settings))
     sys.exit(0 if job.status.value == "succeeded" else 1)
 
 
@@ -612,7 +612,7 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
             return
         snapshot = (job.status, job.progress, job.attempts, job.error_detail)
         if not watch:
-            render_job(job, settings.job_kinds)
+            render_job(job, kinds.for_settings(settings))
             if current.tenant:
                 click.echo(f"state     {current.tenant.state}")
             render_history(current.runs, current.step_runs)
@@ -640,7 +640,7 @@ def run_lifecycle(
     """Run (or queue) one lifecycle kind for the tenant and report it; exits with its code."""
     service.TenantId(tenant_id)
     settings = settings_of(ctx)
-    kind = settings.job_kinds[job_type]
+    kind = kinds.for_settings(settings)[job_type]
     quiet = as_json or queue_only
     if not quiet:
         click.echo(f"{kind.command} tenant {tenant_id}")
@@ -650,7 +650,7 @@ def run_lifecycle(
         tenant_id,
         job_type,
         queue_only=queue_only,
-        on_progress=StepPrinter(quiet, settings.job_kinds),
+        on_progress=StepPrinter(quiet, kinds.for_settings(settings)),
     )
     job = result.job
     ok = result.already or result.queued or (job is not None and job.status.value == "succeeded")
@@ -672,7 +672,7 @@ def run_lifecycle(
     else:
         click.echo(f"finished in {time.monotonic() - started:.2f} s; state {result.state}")
         if job is not None:
-            render_job(job, settings.job_kinds)
+            render_job(job, kinds.for_settings(settings))
     sys.exit(0 if ok else 1)
 
 

@@ -1,405 +1,62 @@
-"""Connections for the two roles, transactions, and the one place psycopg errors are translated.
+"""The database adapter: the owner role's sessions, the one driver-error translation, the
+plan-cache tricks, and the caller's connection checks.
 
-Nothing above this module catches ``psycopg.Error`` or SQLAlchemy's errors: they leave here as
-:class:`DatabaseUnavailable` (the server or the connection went away; retry later) or as
-:class:`DatabaseError` (the statement itself failed), with any password removed.
+* :mod:`provisioner.db.sessions`: :class:`Database`, :class:`Session`, :class:`Transaction`,
+  plain connections, and the chained commit;
+* :mod:`provisioner.db.translate`: :func:`translated`, the only place ``psycopg.Error`` and
+  SQLAlchemy's errors are caught and turned into the package's;
+* :mod:`provisioner.db.plans`: generic plans, plans made ahead, prepared statements kept;
+* :mod:`provisioner.db.caller`: the application's own connection, refused before anything is
+  sent when it cannot work.
+
+Callers use the names below (``db.Database``, ``db.translated``...), which stay here whatever
+module they live in.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from typing import Any
-
-import psycopg
-import sqlalchemy as sa
-from psycopg import sql
-from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
-
-from provisioner.errors import DatabaseUnavailable, ProvisionerError
-from provisioner.redact import redact
-
-#: Every connection of the package (psycopg, SQLAlchemy, Alembic) gives up after this long, so
-#: a server that accepts connections but never answers (stopped, overloaded) fails a command
-#: instead of hanging it. libpq applies it to each host of a multi-host URL.
-CONNECT_TIMEOUT_SECONDS = 5
-#: The same bound as SQLAlchemy ``connect_args``.
-SA_CONNECT_ARGS: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-#: A pooled session used this long ago or less needs no liveness check before a job.
-FRESH_SECONDS = 1.0
-
-# What libpq says when the server answered but refused this login: retrying cannot help.
-_LOGIN_REFUSED = (
-    "password authentication failed",
-    "no password supplied",
-    "authentication failed",
-    "does not exist",
-    "pg_hba.conf",
-    "permission denied for database",
+from provisioner.db.sessions import (
+    BEGIN,
+    CONNECT_TIMEOUT_SECONDS,
+    FRESH_SECONDS,
+    SA_CONNECT_ARGS,
+    ChainingConnection,
+    Database,
+    Session,
+    Transaction,
+    connect,
+    is_alive,
+    libpq_url,
+    sqlalchemy_url,
 )
-# SQLSTATEs of a control schema that is missing or older than this release.
-_CONTROL_MISSING = {"3F000", "42P01", "42703", "42883"}
+from provisioner.db.translate import (
+    DatabaseError,
+    DatabaseUnavailable,
+    LockNotAvailable,
+    control_missing,
+    login_refused,
+    translate,
+    translated,
+)
 
-
-class DatabaseError(ProvisionerError):
-    """A statement failed for a reason other than connectivity (retried with backoff)."""
-
-
-def libpq_url(url: str) -> str:
-    """The URL psycopg accepts: no SQLAlchemy driver suffix."""
-    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix) :]
-    return url
-
-
-def sqlalchemy_url(url: str) -> str:
-    """The URL SQLAlchemy needs to pick the psycopg 3 driver."""
-    return "postgresql+psycopg://" + libpq_url(url)[len("postgresql://") :]
-
-
-def _is_connectivity(exc: BaseException) -> bool:
-    if isinstance(exc, psycopg.OperationalError):
-        return True
-    if isinstance(exc, sa.exc.DBAPIError):
-        return bool(exc.connection_invalidated) or isinstance(exc.orig, psycopg.OperationalError)
-    return isinstance(exc, sa.exc.OperationalError)
-
-
-def translate(exc: BaseException) -> ProvisionerError:
-    """Map a driver error to the package's tree, message redacted and on one line."""
-    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
-    message = " ".join(redact(str(orig)).split()) or type(orig).__name__
-    if _is_connectivity(exc):
-        return DatabaseUnavailable(f"database unavailable: {message}")
-    return DatabaseError(f"database error: {message}")
-
-
-def login_refused(exc: BaseException) -> bool:
-    """True for a connection the server refused (wrong password, unknown role or database)."""
-    cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
-    if not isinstance(cause, psycopg.OperationalError):
-        return False
-    text = str(cause).lower()
-    return any(marker in text for marker in _LOGIN_REFUSED)
-
-
-def control_missing(exc: BaseException) -> bool:
-    """True when a statement failed because the control schema is missing or not migrated.
-
-    The application role sees an unmigrated schema as ``permission denied for schema control``
-    (it has no USAGE yet); the owner sees missing tables or columns.
-    """
-    cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
-    if not isinstance(cause, psycopg.Error) or cause.sqlstate is None:
-        return False
-    if cause.sqlstate == "42501":
-        return "schema control" in str(cause)
-    return cause.sqlstate in _CONTROL_MISSING
-
-
-@contextmanager
-def translated() -> Iterator[None]:
-    """Run a block, re-raising driver errors as package errors."""
-    try:
-        yield
-    except (psycopg.Error, sa.exc.SQLAlchemyError) as exc:
-        raise translate(exc) from exc
-
-
-def connect(
-    url: str,
-    *,
-    application_name: str = "provisioner",
-    autocommit: bool = False,
-    options: dict[str, Any] | None = None,
-) -> psycopg.Connection[dict[str, Any]]:
-    """A new psycopg connection returning dict rows; close it (``with``) when done."""
-    with translated():
-        return psycopg.connect(
-            libpq_url(url),
-            autocommit=autocommit,
-            row_factory=dict_row,
-            connect_timeout=CONNECT_TIMEOUT_SECONDS,
-            application_name=application_name[:63],
-            options=_options(options),
-        )
-
-
-def is_alive(conn: psycopg.Connection[Any]) -> bool:
-    """One cheap round trip: False when the server or the network dropped the session."""
-    if conn.closed or conn.broken:
-        return False
-    try:
-        conn.execute("SELECT 1")
-    except psycopg.Error:
-        return False
-    return True
-
-
-def _options(options: dict[str, Any] | None) -> str:
-    return " ".join(f"-c {key}={value}" for key, value in (options or {}).items())
-
-
-@dataclass
-class Transaction:
-    """One open transaction seen through both drivers: ``pg`` for our SQL, ``sa`` for Alembic."""
-
-    pg: psycopg.Connection[Any]
-    sa: sa.Connection
-    #: the first statement of the session's next transaction, which the commit begins
-    #: (:meth:`Session.transaction`'s ``then``); its holder may change its mind before the commit
-    then: sql.Composable | None = None
-    #: the first row of :meth:`Session.transaction`'s ``before`` statement, committed already
-    before_row: tuple[Any, ...] | None = None
-
-
-#: How :meth:`Session.transaction` opens a transaction that has no first statement to send.
-BEGIN = sql.SQL("BEGIN")
-
-
-class ChainingConnection(psycopg.Connection[Any]):
-    """psycopg's connection, whose commit can also begin the next transaction, with that
-    transaction's first statement, in the same simple query: ``COMMIT; BEGIN; <first>`` (see
-    :meth:`Session.transaction`'s ``then``). One round trip where two were spent.
-    """
-
-    #: the first statement of the transaction the next commit is to begin
-    chain: sql.Composable | None = None
-    #: the first statement of the transaction the last commit began, still open
-    chained: sql.Composable | None = None
-
-    def commit(self) -> None:
-        chain, self.chain = self.chain, None
-        if chain is None or self.pgconn.transaction_status != TransactionStatus.INTRANS:
-            super().commit()
-            return
-        try:
-            self.execute(sql.SQL("COMMIT; BEGIN; {}").format(chain))
-        except psycopg.Error:
-            if self.pgconn.transaction_status != TransactionStatus.INERROR:
-                raise  # the COMMIT itself failed (or the connection): as a plain commit would
-            # Committed; the next transaction's first statement failed. That transaction
-            # begins again when it is asked for, and meets its error there.
-            super().rollback()
-            return
-        self.chained = chain
-
-    def rollback(self) -> None:
-        self.chained = None
-        super().rollback()
-
-
-def _chaining(conn: sa.Connection) -> ChainingConnection | None:
-    """The pooled session's psycopg connection (None: a connection this module did not make)."""
-    driver = conn.connection.driver_connection
-    return driver if isinstance(driver, ChainingConnection) else None
-
-
-def _end_chained(conn: sa.Connection) -> None:
-    """Roll back a transaction the session's last commit began that nobody took (best effort:
-    a broken connection is discarded by the pool anyway)."""
-    if conn.closed or conn.invalidated:
-        return
-    driver = _chaining(conn)
-    if driver is not None and driver.chained is not None:
-        with suppress(psycopg.Error):
-            driver.rollback()
-
-
-@dataclass(frozen=True)
-class Session:
-    """One checked-out session of a :class:`Database` (see :meth:`Database.session`). A
-    connection the server dropped is replaced at the next transaction, once the failed one has
-    rolled back (SQLAlchemy reconnects it)."""
-
-    conn: sa.Connection
-
-    @property
-    def driver(self) -> ChainingConnection:
-        driver = _chaining(self.conn)
-        assert driver is not None
-        return driver
-
-    @contextmanager
-    def transaction(
-        self,
-        first: sql.Composable | None = None,
-        *,
-        then: sql.Composable | None = None,
-        before: sql.Composable | None = None,
-    ) -> Iterator[Transaction]:
-        """Commit on success, roll back on any exception (which leaves translated).
-
-        ``first`` is the transaction's first statement, sent with its ``BEGIN`` in one simple
-        query (one round trip): composed with :mod:`psycopg.sql`, values as ``sql.Literal``,
-        since a simple query carries no bound parameters.
-
-        ``then`` is the first statement of this session's next transaction, known now: the
-        commit begins that transaction too, in the same round trip (``COMMIT; BEGIN; then``),
-        and the next call with ``first=then`` finds it open. A call with another ``first`` (or
-        none) rolls it back and begins its own; so does the end of the session. When ``then``
-        fails after the commit succeeded, this transaction is still committed, and the next
-        one begins afresh and meets the error itself.
-
-        ``before`` is a statement committed on its own just before this transaction begins, in
-        the same round trip (``before; COMMIT; BEGIN; first``); its first row is the
-        transaction's ``before_row``. When it fails, nothing else runs. (The step engine opens
-        a job's first journal row so.)
-        """
-        with translated(), self.conn.begin():
-            driver = self.driver
-            before_row = None
-            if before is not None or driver.chained is None or driver.chained != first:
-                if driver.chained is not None:  # begun for another first statement
-                    driver.rollback()
-                begin = BEGIN if first is None else sql.SQL("BEGIN; {}").format(first)
-                if before is None:
-                    driver.execute(begin)
-                else:
-                    cursor = driver.execute(sql.SQL("{}; COMMIT; {}").format(before, begin))
-                    before_row = cursor.fetchone()
-            driver.chained = None
-            tx = Transaction(pg=driver, sa=self.conn, then=then, before_row=before_row)
-            yield tx
-            driver.chain = tx.then  # the commit, as the block is left, begins it
-
-
-class Database:
-    """The owner role's connections for the step engine: pooled, one connection kept open.
-
-    Keeping one session open for a whole job lets other processes see that the job's holder is
-    alive (``pg_stat_activity.application_name``), and ``idle_in_transaction_session_timeout``
-    makes the server end a transaction whose process was frozen or lost, releasing its locks.
-
-    Its sessions are in psycopg's autocommit mode, and every :meth:`transaction` sends its own
-    ``BEGIN``: together with the transaction's first statement when the caller has one (the
-    step engine's tenant lock), so that opening a step costs one round trip, not two (psycopg
-    would send its implicit ``BEGIN`` alone). Nothing runs on them outside a transaction but
-    :meth:`on_idle_session`'s work, which wants autocommit anyway.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        application_name: str = "provisioner",
-        idle_in_transaction_timeout_ms: int | None = None,
-    ) -> None:
-        # Generic plans: the statements planned ahead on an idle session (on_idle_session, the
-        # warm-up after a spare build) are used as they are, not planned again for their values.
-        options: dict[str, Any] = {"plan_cache_mode": "force_generic_plan"}
-        if idle_in_transaction_timeout_ms:
-            options["idle_in_transaction_session_timeout"] = idle_in_transaction_timeout_ms
-        self.url = url
-        self.application_name = application_name[:63]
-        #: until when the pooled session counts as just checked (see connect_ahead)
-        self._fresh_until = 0.0
-        connect_args: dict[str, Any] = {
-            **SA_CONNECT_ARGS,
-            "autocommit": True,  # every transaction() begins explicitly (see above)
-            "application_name": self.application_name,
-            "options": _options(options),
-        }
-        self._engine = sa.create_engine(
-            sqlalchemy_url(url),
-            # psycopg's connection, whose commit can begin the next transaction
-            creator=lambda: ChainingConnection.connect(libpq_url(url), **connect_args),
-            pool_size=1,
-            max_overflow=1,
-            # No ping before every transaction (it was ~8 round trips per tenant): the engine
-            # calls ensure_alive() once before each job, and a connection that dies mid-job
-            # fails that job's transaction, is invalidated by SQLAlchemy and replaced at the
-            # next checkout (the job is retried like any failed attempt).
-            pool_pre_ping=False,
-            # Nothing here maps hstore columns: no catalog lookup of its type on first connect.
-            use_native_hstore=False,
-        )
-
-    @contextmanager
-    def transaction(self, first: sql.Composable | None = None) -> Iterator[Transaction]:
-        """Commit on success, roll back on any exception (which leaves translated); see
-        :meth:`Session.transaction` for ``first``."""
-        with self.session() as session, session.transaction(first) as tx:
-            yield tx
-
-    @contextmanager
-    def session(self) -> Iterator[Session]:
-        """The pooled session checked out for several transactions (a job's): each then costs
-        no checkout and check-in of the pool, 40-50 us apiece (docs/PERFORMANCE.md). A
-        transaction its last commit began and nobody took is rolled back at its end."""
-        with translated(), self._engine.connect() as conn:
-            try:
-                yield Session(conn)
-            finally:
-                _end_chained(conn)
-
-    def connect_ahead(
-        self, prepare: Callable[[Transaction], object] | None = None
-    ) -> threading.Thread:
-        """Open the pooled session in a thread, started now, and run ``prepare`` in a first
-        transaction on it (e.g. read what the steps will need); join the thread before the
-        first transaction of your own. A one-off run opens two sessions (this one and the
-        bookkeeping session), each a new server process and, here, SQLAlchemy's first-connect
-        dialect set-up (a few round trips): made side by side, the bookkeeping's own round
-        trips hide this one's. A failure is left for the real work to meet and report (it
-        connects, or reads, again)."""
-
-        def connect() -> None:
-            # Hand the interpreter back at once: the caller goes on with its own session while
-            # this one connects. Without it, this thread kept the GIL through SQLAlchemy's
-            # first-connect set-up until its first wait on the network, and the caller's
-            # ``start()`` returned 3.1 ms later (docs/PERFORMANCE.md).
-            time.sleep(0)
-            # Any failure is met again, and reported, by the real work.
-            with suppress(Exception):
-                if prepare is None:
-                    with self._engine.connect():
-                        pass  # checked in again: the first transaction takes it
-                else:
-                    with self.transaction() as tx:
-                        prepare(tx)
-                self._fresh_until = time.monotonic() + FRESH_SECONDS
-
-        thread = threading.Thread(target=connect, name="connect-ahead", daemon=True)
-        thread.start()
-        return thread
-
-    def on_idle_session(self, work: Callable[[psycopg.Connection[Any]], object]) -> None:
-        """Run ``work`` on the pooled session in autocommit, if one is open (none is opened for
-        it). In autocommit nothing opens a transaction, so handing the connection back to the
-        pool costs no ROLLBACK. A session found closed, or for which ``work`` returns False,
-        is discarded: the next transaction opens a fresh one."""
-        if self._engine.pool.checkedin() == 0:  # type: ignore[attr-defined]
-            return
-        with translated(), self._engine.connect() as conn:
-            driver = conn.connection.driver_connection
-            assert isinstance(driver, psycopg.Connection)
-            if driver.closed or driver.broken:
-                conn.invalidate()
-                return
-            result = work(driver)
-            if result is False:
-                conn.invalidate()
-
-    def ensure_alive(self) -> None:
-        """One round trip on the pooled connection; a dropped one (the server restarted since
-        the last job) is discarded, so the job's first transaction opens a fresh session. A
-        pool with no idle connection yet has nothing to check (the next checkout connects),
-        nor has one :meth:`connect_ahead` used successfully an instant ago."""
-        if time.monotonic() < self._fresh_until:
-            return
-        self.on_idle_session(is_alive)
-
-    def close(self) -> None:
-        self._engine.dispose()
-
-    def __enter__(self) -> Database:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+__all__ = [
+    "BEGIN",
+    "CONNECT_TIMEOUT_SECONDS",
+    "FRESH_SECONDS",
+    "SA_CONNECT_ARGS",
+    "ChainingConnection",
+    "Database",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "LockNotAvailable",
+    "Session",
+    "Transaction",
+    "connect",
+    "control_missing",
+    "is_alive",
+    "libpq_url",
+    "login_refused",
+    "sqlalchemy_url",
+    "translate",
+    "translated",
+]

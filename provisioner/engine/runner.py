@@ -17,16 +17,10 @@ from typing import assert_never
 from uuid import UUID
 
 from provisioner import db, queue
-from provisioner.engine import Engine, ProgressCallback, StopRequested, describe
-from provisioner.errors import (
-    InvalidInput,
-    LeaseLost,
-    PermanentError,
-    ProvisionerError,
-    TenantBusy,
-    WrongState,
-)
-from provisioner.models import Job
+from provisioner.engine.engine import Engine
+from provisioner.engine.events import ProgressCallback, StopRequested, describe
+from provisioner.errors import LeaseLost, ProvisionerError, TenantBusy, is_permanent
+from provisioner.models import Job, JobStatus
 
 
 @dataclass(frozen=True)
@@ -104,9 +98,8 @@ def run_claimed(
     except LeaseLost as exc:
         return LostLease(job.id, describe(exc))
     except Exception as exc:
-        permanent = isinstance(exc, PermanentError | InvalidInput | WrongState)
-        return Unsettled(job, describe(exc), permanent)
-    return Settled(done, stopped=done.status.value == "queued" and should_stop())
+        return Unsettled(job, describe(exc), is_permanent(exc))
+    return Settled(done, stopped=done.status is JobStatus.QUEUED and should_stop())
 
 
 def claim_next_and_run(

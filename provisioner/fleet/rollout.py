@@ -27,10 +27,9 @@ from psycopg.types.json import Jsonb
 
 from provisioner import queue
 from provisioner.errors import InvalidInput
-from provisioner.models import PROVISION_JOB_TYPE, STEPS, Job
+from provisioner.kinds.provision import MIGRATION_STEP, STEPS
+from provisioner.models import PROVISION_JOB_TYPE, Job
 from provisioner.templates import upgrade as upgrade_replay
-
-MIGRATION_STEP = "run_tenant_migrations"
 
 # The newest rollout that still needs an operator or a worker.
 ACTIVE = """

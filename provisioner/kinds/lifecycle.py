@@ -1,6 +1,7 @@
 """The steps of a tenant's life after onboarding: suspend, restore, deprovision, purge.
 
-Each kind (registered in :mod:`provisioner.kinds`) runs through a job row like provisioning:
+Each kind (:data:`JOB_KINDS`, registered in :mod:`provisioner.kinds.registry`) runs through a
+job row like provisioning:
 every step in one transaction with its record, skipped on a resume only when the catalog (or
 ``control.tenants``) still shows its effect, so a SIGKILL at any point resumes to the same end.
 
@@ -18,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from provisioner.db import Transaction
-from provisioner.kinds import Step, StepContext
 from provisioner.kinds.provision import PROVISION_STEPS
+from provisioner.kinds.registry import JobKind, keyed_by_tenant
+from provisioner.kinds.step import Step, StepContext
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 
@@ -107,4 +109,36 @@ PURGE_STEPS: tuple[Step, ...] = (
     REVOKE_APP_RW,
     DROP_SCHEMA,
     _mark("mark_deleted", tenants.DELETE, ("deleted",)),
+)
+
+
+JOB_KINDS: tuple[JobKind, ...] = (
+    JobKind(
+        SUSPEND_JOB_TYPE,
+        f"{__name__}:SUSPEND_STEPS",
+        idempotency_key=keyed_by_tenant(SUSPEND_JOB_TYPE),
+        command="suspend",
+        description="revoke the application role's access; data untouched",
+    ),
+    JobKind(
+        RESTORE_JOB_TYPE,
+        f"{__name__}:RESTORE_STEPS",
+        idempotency_key=keyed_by_tenant(RESTORE_JOB_TYPE),
+        command="restore",
+        description="grant the application role's access again; back to the earlier state",
+    ),
+    JobKind(
+        DEPROVISION_JOB_TYPE,
+        f"{__name__}:DEPROVISION_STEPS",
+        idempotency_key=keyed_by_tenant(DEPROVISION_JOB_TYPE),
+        command="deprovision",
+        description="revoke access and archive; data kept, restorable",
+    ),
+    JobKind(
+        PURGE_JOB_TYPE,
+        f"{__name__}:PURGE_STEPS",
+        idempotency_key=keyed_by_tenant(PURGE_JOB_TYPE),
+        command="deprovision --purge",
+        description="revoke access and drop the schema; control rows and history kept",
+    ),
 )

@@ -1,39 +1,87 @@
-"""The six provisioning steps, in order, each safe to run again on its own.
+"""The provisioning kind (``provision_tenant``): six steps, in order, each safe to run again on
+its own, and everything else the kind is (:data:`JOB_KINDS`).
 
 A step has ``run`` (do the work inside the engine's transaction) and ``effect_present`` (read
 the catalog: is the work still there?). The engine skips a recorded step only when its effect is
 present; a step whose effect vanished (a dropped schema, revoked grants) runs again.
+
+The kind also owns what the warm pool adds to a run: the take's memo (:class:`SpareMemo`: a
+spare was taken, its grants were in place), which has the later steps join the take's
+transaction; the take's statements, prepared ahead on the steps' session
+(:data:`provisioner.pool.TAKE_PLANS`); and a fleet upgrade's scope (:func:`upgrade_scope`: the
+migration step alone).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from provisioner import pool
 from provisioner.db import Transaction
-from provisioner.kinds import Step, StepContext
-from provisioner.models import STEPS
+from provisioner.kinds import step
+from provisioner.kinds.registry import JobKind, Scope, keyed_by_tenant
+from provisioner.kinds.step import RunMemo, Step
+from provisioner.models import PROVISION_JOB_TYPE, Job
 from provisioner.templates import migrations
+from provisioner.templates.upgrade import UPGRADE_TO
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 
-__all__ = ["PROVISION_STEPS", "Step", "StepContext"]
+__all__ = [
+    "JOB_KINDS",
+    "MIGRATION_STEP",
+    "PROVISION_STEPS",
+    "STEPS",
+    "SpareMemo",
+    "Step",
+    "StepContext",
+]
+
+#: The migration step's name (a fleet upgrade re-opens a job to run it alone).
+MIGRATION_STEP = "run_tenant_migrations"
 
 
-def _create_schema(tx: Transaction, ctx: StepContext) -> str | None:
+@dataclass
+class SpareMemo(RunMemo):
+    """A provisioning run's memo: what the take from the warm pool found, for the later steps."""
+
+    #: create_schema took a spare (True) or created the schema (False); None: not run here
+    spare_taken: bool | None = None
+    #: the taken spare carried every grant but USAGE (read by the take, before its rename)
+    spare_grants_in_place: bool = False
+
+
+@dataclass(frozen=True)
+class StepContext(step.StepContext):
+    """A provisioning step's context, built outside the engine (a test, a one-off check): its
+    memo is the kind's. The engine builds its contexts with :attr:`JobKind.memo`."""
+
+    memo: SpareMemo = field(default_factory=SpareMemo)
+
+
+def spares(ctx: step.StepContext) -> SpareMemo:
+    """The run's warm-pool memo. A run of another kind (restore reuses the grant step) has
+    none: a fresh one says that no spare was taken in this run, which is true."""
+    return ctx.memo if isinstance(ctx.memo, SpareMemo) else SpareMemo()
+
+
+def _create_schema(tx: Transaction, ctx: step.StepContext) -> str | None:
     # A spare from the warm pool when one is ready at the head (renamed in this transaction).
     taken = pool.take(tx, ctx.tenant.schema, ctx.app_role)
     if taken is None:
         tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     tenants.mark_provisioning(tx.pg, ctx.tenant)
-    ctx.memo.spare_taken = taken is not None
-    ctx.memo.spare_grants_in_place = taken is not None and taken.grants.all_but_usage
+    memo = spares(ctx)
+    memo.spare_taken = taken is not None
+    memo.spare_grants_in_place = taken is not None and taken.grants.all_but_usage
     # A taken spare's other steps are a few statements each: they join the take's transaction,
     # so that a sign-up's tenant appears whole or not at all (a crash leaves the spare), with
     # one commit where there were six.
-    ctx.memo.one_transaction = ctx.memo.spare_taken
+    ctx.memo.one_transaction = memo.spare_taken
     return None if taken is None else taken.detail
 
 
-def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
+def _run_tenant_migrations(tx: Transaction, ctx: step.StepContext) -> str | None:
     # A verified replay when it applies (the template for a new schema, the new revisions' DDL
     # for one behind the head), else Alembic; the detail says which ran and why.
     return ctx.upgrades.migrate(
@@ -42,7 +90,7 @@ def _run_tenant_migrations(tx: Transaction, ctx: StepContext) -> str | None:
         lock_timeout_ms=ctx.lock_timeout_ms,
         templates=ctx.templates,
         app_role=ctx.app_role,
-        versioned=ctx.memo.spare_taken is True,
+        versioned=spares(ctx).spare_taken is True,
     )
 
 
@@ -53,38 +101,39 @@ TAKEN_GRANTS = "grants already in place (warm pool): USAGE granted with the take
 GRANTS_IN_PLACE = "grants already in place: USAGE granted, every ACL checked"
 
 
-def _grant_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
+def _grant_app_rw(tx: Transaction, ctx: step.StepContext) -> str | None:
     # A taken spare already carries every grant but USAGE, which the take granted: check it,
     # whatever the number of tables (the take read every other ACL before its rename). A
     # schema with its other grants in place (a job resumed after its take) gets USAGE and a
     # check of every ACL in one round trip. Otherwise (a new schema, a restore after a revoke,
     # a spare built without grants) name every table and check, as always. A schema this run
     # created has no grant yet: the one-query check is not tried.
-    if ctx.memo.spare_grants_in_place and pool.usage_held(tx.pg, ctx.tenant.schema, ctx.app_role):
+    memo = spares(ctx)
+    if memo.spare_grants_in_place and pool.usage_held(tx.pg, ctx.tenant.schema, ctx.app_role):
         return TAKEN_GRANTS
-    fresh = ctx.memo.spare_taken is False
+    fresh = memo.spare_taken is False
     if not fresh and pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_role):
         return GRANTS_IN_PLACE
     tenant_schema.grant_app_role(tx.pg, ctx.tenant.schema, ctx.app_role)
     return None
 
 
-def _seed_role_profiles(tx: Transaction, ctx: StepContext) -> str | None:
+def _seed_role_profiles(tx: Transaction, ctx: step.StepContext) -> str | None:
     tenant_schema.seed_role_profiles(tx.pg, ctx.tenant.schema)
     return None
 
 
-def _verify_object_storage(tx: Transaction, ctx: StepContext) -> str | None:
+def _verify_object_storage(tx: Transaction, ctx: step.StepContext) -> str | None:
     ctx.store.check()
     return ctx.store.describe()
 
 
-def _activate_onboarding(tx: Transaction, ctx: StepContext) -> str | None:
+def _activate_onboarding(tx: Transaction, ctx: step.StepContext) -> str | None:
     tenants.activate_onboarding(tx.pg, ctx.tenant)
     return None
 
 
-def _always(tx: Transaction, ctx: StepContext) -> bool:
+def _always(tx: Transaction, ctx: step.StepContext) -> bool:
     return True
 
 
@@ -95,7 +144,7 @@ PROVISION_STEPS: tuple[Step, ...] = (
         lambda tx, ctx: tenant_schema.schema_ready(tx.pg, ctx.tenant.schema),
     ),
     Step(
-        "run_tenant_migrations",
+        MIGRATION_STEP,
         _run_tenant_migrations,
         lambda tx, ctx: migrations.tenant_at_head(tx.pg, ctx.tenant.schema),
     ),
@@ -119,4 +168,34 @@ PROVISION_STEPS: tuple[Step, ...] = (
     ),
 )
 
-assert tuple(step.name for step in PROVISION_STEPS) == STEPS, "steps out of sync with STEPS"
+#: The six provisioning steps' names, in the order they run (the contract's names: a job's
+#: ``steps_completed`` holds them).
+STEPS: tuple[str, ...] = tuple(s.name for s in PROVISION_STEPS)
+
+
+def upgrade_scope(job: Job) -> Scope:
+    """A job a fleet upgrade re-opened, for the head the tree has now, runs the migration step
+    alone and trusts the other recorded steps without re-checking them (a repair is
+    ``provisioner provision``'s job). Re-opened another way, or after the head moved again, the
+    job is re-checked as usual."""
+    upgrading = (
+        job.payload.get(UPGRADE_TO) == migrations.head_label(migrations.tenant_heads())
+        and MIGRATION_STEP not in job.steps_completed
+    )
+    return Scope.PENDING if upgrading else Scope.ALL
+
+
+JOB_KINDS: tuple[JobKind, ...] = (
+    JobKind(
+        PROVISION_JOB_TYPE,
+        f"{__name__}:PROVISION_STEPS",
+        idempotency_key=keyed_by_tenant("provision"),
+        default_worker=True,
+        command="provision",
+        refused_states=("suspended", "archived", "deleted"),
+        description="create, migrate, grant, seed, check storage, start onboarding",
+        scope=upgrade_scope,
+        memo=SpareMemo,
+        prepared_plans=pool.TAKE_PLANS,
+    ),
+)

@@ -1,656 +1,82 @@
 """The warm pool: spare tenant schemas built ahead of demand, taken by a rename.
 
-With ``PROVISIONER_POOL_SIZE=N`` the worker keeps N spares, built while it is otherwise idle by
-the verified replay of :mod:`provisioner.templates.reference` (the stored reference's statements,
-then a fingerprint that must equal the reference's). A spare is ready only once its row in
-``control.tenant_pool`` is committed, in the build's last transaction, after every check. The
-build before it runs in transactions of :data:`BATCH` statements (:func:`build_spare`): one
-transaction of a large template's DDL sends more catalog invalidations than PostgreSQL's shared
-queue holds, and every other session of the database (the application's too) then drops all
-its caches and reloads them at its next statement. A schema a build left unfinished (its
-process died) has no row: it is never taken, and the next builder drops it
-(:func:`drop_unfinished`).
-
-A spare is invisible to the application and to users until it is taken:
-
-* its name is ``pool_<hex>``, never ``tenant_<id>``, and ``app_rw`` has no USAGE on it: any
-  access is refused (``permission denied for schema``). Its tables and sequences already carry
-  ``app_rw``'s grants, and the schema its default privileges (:func:`spare_grant_batches`), so
-  that a take only grants USAGE (with its rename) and checks the ACLs instead of naming every
-  table, whatever the template's size. Without USAGE the role cannot look up anything in the
-  schema, so those grants give it nothing until the take; the build checks that it holds
-  neither USAGE nor CREATE there;
-* it has no job and no tenant row, so ``jobs list``, ``status`` and ``upgrade --all`` never see
-  it; only the worker's heartbeat (and so ``health --json``) reports the pool.
-
-The ``create_schema`` step takes one (:func:`take`): in the step's transaction it deletes the
-oldest spare row built for the tree state on disk (``FOR UPDATE SKIP LOCKED``: two takers never
-get one spare), reads the spare's grants, and renames the schema to ``tenant_<id>`` and grants
-USAGE on it in one statement; the job's later steps then join that transaction
-(``RunMemo.one_transaction``), each with its own record, and the grant step checks what the
-take found.
-A crash or a failed step before the commit leaves the spare (row and schema); after it, the
-tenant. A spare built for another tree state (the template's head changed, or its files) is
-never handed out: the keeper drops it and builds a new one. When no spare is ready the step
-creates an empty schema as it always did.
-
-Every schema created, renamed or granted on makes PostgreSQL drop all cached plans of every
-session of the database, so the take reads the spare's grants before its rename, with plans
-prepared after each build (:func:`plan_take`), and renames and grants in one statement (one
-reset, not two).
+* :mod:`provisioner.pool.spares`: a spare's statements, its build and its take (and the grant
+  checks the take makes);
+* :mod:`provisioner.pool.keeper`: the worker's keeper thread, which refills the pool while
+  idle, one builder per database.
 """
 
 from __future__ import annotations
 
-import logging
-import secrets
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
-from typing import Any
-
-from psycopg import sql
-from psycopg.rows import dict_row
-
-from provisioner import db, queue
-from provisioner.db import DatabaseError, Transaction
-from provisioner.errors import DatabaseUnavailable, PermanentError, ProvisionerError
-from provisioner.logs import event
-from provisioner.templates import migrations
-from provisioner.templates import reference as template_reference
-from provisioner.templates.reference import TemplateUnusable
-from provisioner.templates.replay import keeping_prepared_statements, mismatch
-from provisioner.tenant import schema as tenant_schema
-
-#: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
-SPARE_PREFIX = "pool_"
-
-# -- statements ---------------------------------------------------------------------------------
-
-# Take the oldest spare of this tree state whose schema exists, unless the tenant's schema
-# already does (a resume): the row goes, the caller renames the schema in the same transaction.
-TAKE_SPARE = """
-DELETE FROM control.tenant_pool
- WHERE schema_name = (
-       SELECT p.schema_name FROM control.tenant_pool p
-        WHERE p.tree_digest = %(digest)s
-          AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
-          AND NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = %(tenant)s)
-        ORDER BY p.created_at
-        LIMIT 1
-          FOR UPDATE SKIP LOCKED)
-RETURNING schema_name
-"""
-
-# Record a spare built (and verified) in the same transaction.
-ADD_SPARE = """
-INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by)
-VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s)
-"""
-
-# Spare schemas with no row: being built, or left by a build whose process died. The names
-# 'pool_' <= n < 'pool`' (the character after '_') are those starting with 'pool_', as a range
-# of pg_namespace's name index: the keeper counts them every half second, in a catalog that
-# holds a schema per tenant.
-UNFINISHED_SPARES = """
-SELECT n.nspname FROM pg_namespace n
- WHERE n.nspname >= 'pool_' AND n.nspname < 'pool`'
-   AND NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = n.nspname)
-"""
-
-# Spares ready for this tree state, the useless ones (built for another tree state, or whose
-# schema is gone: dropped by hand), and the unfinished ones.
-COUNT_SPARES = f"""
-SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usable) AS stale,
-       (SELECT count(*) FROM ({UNFINISHED_SPARES}) u) AS unfinished
-  FROM (SELECT tree_digest = %(digest)s
-               AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name) AS usable
-          FROM control.tenant_pool p) s
-"""
-
-# One useless spare, to drop (with its schema, if any) in the same transaction.
-CLAIM_STALE_SPARE = """
-DELETE FROM control.tenant_pool
- WHERE schema_name = (
-       SELECT p.schema_name FROM control.tenant_pool p
-        WHERE p.tree_digest <> %(digest)s
-           OR NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
-        ORDER BY p.created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING schema_name
-"""
-
-# What the application role holds in one schema, read from the ACLs themselves in one round
-# trip. A relation is listed unless its ACL holds every privilege the grant step gives the
-# role, granted to the role itself by the relation's owner (as the grant step, run by the
-# owner, records them; a superuser's grant is recorded as the owner's); which implies
-# has_table_privilege for each of them. aclcontains on the ACL as stored costs half what
-# expanding it with aclexplode did: 1.7 against 3.1-4.4 ms for 400 relations
-# (docs/PERFORMANCE.md). A grant by another grantor is not counted: the caller then runs the
-# full grant step, which grants again as the owner.
-GRANTS_HELD = (
-    tenant_schema.SCHEMA_RELATIONS_CTE
-    + """
-, role AS (SELECT oid FROM pg_roles WHERE rolname = %(role)s)
-SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
-       has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
-       ARRAY(SELECT r.relname FROM rels r
-              WHERE r.relkind IN ('r', 'p', 'S')
-                AND (CASE r.relkind
-                     WHEN 'S' THEN aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                                      r.relowner, 'USAGE', false))
-                               AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                                      r.relowner, 'SELECT', false))
-                     ELSE aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'SELECT', false))
-                      AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'INSERT', false))
-                      AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'UPDATE', false))
-                      AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'DELETE', false))
-                     END) IS NOT TRUE
-              ORDER BY r.relname) AS lacking,
-       ARRAY(SELECT t.kind FROM (VALUES ('r', ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']),
-                                        ('S', ARRAY['USAGE', 'SELECT'])) AS t(kind, wanted)
-              WHERE NOT EXISTS (
-                    SELECT 1 FROM pg_default_acl d
-                     WHERE d.defaclrole = (SELECT oid FROM pg_roles WHERE rolname = current_user)
-                       AND d.defaclnamespace = n.oid AND d.defaclobjtype::text = t.kind
-                       AND ARRAY(SELECT a.privilege_type FROM aclexplode(d.defaclacl) a, role
-                                  WHERE a.grantee = role.oid) @> t.wanted)) AS lacking_defaults
-  FROM pg_namespace n WHERE n.nspname = %(schema)s
-"""
+from provisioner.errors import BuildStopped, SpareRejected
+from provisioner.pool.keeper import (
+    POOL_LOCK_CLASS,
+    RELEASE_BUILD_LOCK,
+    TRY_BUILD_LOCK,
+    PoolKeeper,
+    Tended,
+    build_spare_if_short,
+    builder_lock,
+    drop_stale_spare,
+    drop_unfinished,
+)
+from provisioner.pool.spares import (
+    ADD_SPARE,
+    BATCH,
+    CLAIM_STALE_SPARE,
+    COUNT_SPARES,
+    GRANTS_HELD,
+    SPARE_PREFIX,
+    TAKE_PLANS,
+    TAKE_SPARE,
+    UNFINISHED_SPARES,
+    GrantsHeld,
+    PoolCounts,
+    Taken,
+    build_spare,
+    check_spare_grants,
+    counts,
+    drop_schema,
+    grant_usage_if_in_place,
+    grants_held,
+    plan_take,
+    spare_grant_batches,
+    take,
+    usage_held,
 )
 
-#: A take's statements before its rename, planned ahead on the steps' idle session after a
-#: spare build (:func:`plan_take`): parameters that match nothing.
-TAKE_PLANS: tuple[queue.PlanAhead, ...] = (
-    (TAKE_SPARE, {"digest": "", "tenant": ""}),
-    (GRANTS_HELD, {"schema": "", "role": ""}),
-)
-
-# One builder at a time per database (worker replicas share the pool): try, never wait. Held
-# by the session for the whole build, across its transactions.
-TRY_BUILD_LOCK = "SELECT pg_try_advisory_lock(%(class)s, 0) AS locked"
-RELEASE_BUILD_LOCK = "SELECT pg_advisory_unlock(%(class)s, 0)"
-
-#: Statements of the template's replay, and relations granted, per transaction of a spare
-#: build. PostgreSQL's shared invalidation queue holds 4096 messages, and a table with its
-#: indexes sends about a hundred; a session further behind than the queue holds (an idle one
-#: cannot catch up during one commit) resets every cache, and pays for it at its next
-#: statement: the application's enqueue after a 200-table spare built in one transaction took
-#: 2 ms more (docs/PERFORMANCE.md). Ten statements stay far below, and idle sessions catch up
-#: between commits.
-BATCH = 10
-
-#: First key of the pool builders' advisory lock ('pool').
-POOL_LOCK_CLASS = 0x706F6F6C
-
-
-@dataclass(frozen=True)
-class GrantsHeld:
-    """What :data:`GRANTS_HELD` found for the application role in one schema."""
-
-    usage: bool
-    can_create: bool
-    #: tables and sequences lacking one of the grant step's privileges
-    lacking: list[str]
-    #: 'r' / 'S': the schema's default privileges for tables / sequences are not in place
-    lacking_defaults: list[str]
-
-    @property
-    def all_but_usage(self) -> bool:
-        """Every grant of the grant step is in place except (perhaps) USAGE; no CREATE."""
-        return not (self.can_create or self.lacking or self.lacking_defaults)
-
-    def problems(self) -> list[str]:
-        return [
-            *(["CREATE must NOT be held"] if self.can_create else []),
-            *(f"{name}: not every privilege" for name in self.lacking),
-            *(f"default privileges ({kind}): missing" for kind in self.lacking_defaults),
-        ]
-
-
-class SpareRejected(Exception):
-    """A freshly built spare did not match the reference (it was rolled back)."""
-
-
-class BuildStopped(Exception):
-    """A spare build was asked to stop between two of its transactions (its schema dropped)."""
-
-
-@dataclass(frozen=True)
-class PoolCounts:
-    #: spares at the tree state on disk: what provisioning can take
-    ready: int
-    #: spares at another tree state: never handed out, rebuilt by the keeper
-    stale: int
-    #: spare schemas with no row: being built, or left by a build that died (dropped by the
-    #: next builder)
-    unfinished: int = 0
-
-
-# -- operations ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Taken:
-    """A spare renamed to a tenant's schema by :func:`take`."""
-
-    spare: str
-    #: the application role's grants in the spare, read before the rename: every schema
-    #: change makes each session of the database plan its statements again (PostgreSQL resets
-    #: all cached plans when ``pg_namespace`` changes), so the check costs a planning of its
-    #: catalog query after the rename (1 ms, docs/PERFORMANCE.md), and nothing before it
-    grants: GrantsHeld
-
-    @property
-    def detail(self) -> str:
-        return f"taken from the warm pool: {self.spare}"
-
-
-def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | None:
-    """Rename a ready spare to the tenant's schema in ``tx`` and grant ``app_role`` USAGE on it
-    (the job's later steps join this transaction: nothing is visible before they all commit);
-    None when no spare is ready (or the tenant's schema already exists)."""
-    digest = migrations.tenant_tree_state().digest
-    with tx.pg.cursor() as cur:
-        cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
-        row = cur.fetchone()
-        if row is None:
-            return None
-        spare = str(row[0])
-        grants = grants_held(tx.pg, spare, app_role)
-        assert grants is not None  # the take found the schema, and holds its row
-        # The rename, USAGE for the application role (the grant step's one grant on a spare)
-        # and the catalog's view of the result in one round trip (simple query). Each change
-        # of the schema's catalog row makes every session plan its statements again: made
-        # together, they cost one such reset, not two. The rename touches only this schema,
-        # which no prepared statement of the session names: the queue's statements stay
-        # prepared (see keeping_prepared_statements).
-        with keeping_prepared_statements(tx.pg):
-            cur.execute(
-                sql.SQL(
-                    "ALTER SCHEMA {} RENAME TO {}; {}; "
-                    "SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace"
-                    " WHERE nspname = {}), current_user"
-                ).format(
-                    sql.Identifier(spare),
-                    sql.Identifier(tenant_schema_name),
-                    tenant_schema.usage_grant(tenant_schema_name, app_role),
-                    sql.Literal(tenant_schema_name),
-                )
-            )
-        cur.nextset()  # past the ALTER's empty result and the GRANT's, to the SELECT's row
-        cur.nextset()
-        checked = cur.fetchone()
-    assert checked is not None
-    owner, me = checked[0], checked[1]
-    if owner != me:  # as create_schema checks: the catalog must show the schema as ours
-        raise PermanentError(
-            f"spare {spare} is owned by role {owner}, not {me}; drop it from control.tenant_pool"
-        )
-    return Taken(spare, grants)
-
-
-def plan_take(conn: Any) -> None:
-    """Run the take's statements that come before its rename (:data:`TAKE_PLANS`), prepared,
-    with values that match nothing (they take and change nothing), on a session that keeps
-    generic plans (the engine's steps session): the next take binds their plans as they are.
-    Every schema change resets each session's plans (a build's too), so this runs after each
-    build; the rename resets them again, so what comes after it is planned at the take."""
-    with conn.cursor() as cur:
-        for statement, params in TAKE_PLANS:
-            cur.execute(statement, params, prepare=True)
-
-
-def counts(conn: Any) -> PoolCounts:
-    """How many spares are ready for the tree on disk, and how many are stale."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(COUNT_SPARES, {"digest": migrations.tenant_tree_state().digest})
-        row = cur.fetchone()
-    assert row is not None
-    return PoolCounts(
-        ready=int(row["ready"]), stale=int(row["stale"]), unfinished=int(row["unfinished"])
-    )
-
-
-def grants_held(conn: Any, schema: str, app_role: str) -> GrantsHeld | None:
-    """The application role's privileges in ``schema`` (None: no such schema)."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(GRANTS_HELD, {"schema": schema, "role": app_role})
-        row = cur.fetchone()
-    return None if row is None else _held(row)
-
-
-def _held(row: dict[str, Any]) -> GrantsHeld:
-    return GrantsHeld(
-        usage=bool(row["usage"]),
-        can_create=bool(row["can_create"]),
-        lacking=list(row["lacking"]),
-        lacking_defaults=list(row["lacking_defaults"]),
-    )
-
-
-def spare_grant_batches(schema: str, app_role: str, conn: Any) -> list[sql.Composed]:
-    """The grant step's statements but its first, USAGE on the schema: what a spare is built
-    with, one batch per transaction: the schema's own statements, then the relations'
-    grants, :data:`BATCH` tables and sequences at a time."""
-    schema_wide = tenant_schema.schema_grant_statements(schema, app_role)
-    assert schema_wide[0] == tenant_schema.usage_grant(schema, app_role), (
-        "the grant step's first statement is no longer USAGE"
-    )
-    tables, sequences = tenant_schema.relations(conn, schema)
-    batches = [sql.SQL("; ").join(schema_wide[1:])]
-    for start in range(0, max(len(tables), len(sequences)), BATCH):
-        end = start + BATCH
-        statements = tenant_schema.relation_grant_statements(
-            schema, app_role, tables[start:end], sequences[start:end]
-        )
-        batches.append(sql.SQL("; ").join(statements))
-    return batches
-
-
-def check_spare_grants(conn: Any, schema: str, app_role: str) -> None:
-    """Every grant of the grant step but USAGE is in place in a spare, and the application role
-    holds neither USAGE nor CREATE (so it is refused anything in it). :class:`SpareRejected`
-    otherwise."""
-    held = grants_held(conn, schema, app_role)
-    if held is None or held.usage or not held.all_but_usage:
-        found = "no schema" if held is None else "; ".join(held.problems()) or "USAGE is held"
-        raise SpareRejected(f"spare {schema}: grants for {app_role} not as built: {found}")
-
-
-def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
-    """The grant step on a schema whose other grants are already in place (a taken spare):
-    USAGE granted and every grant checked, in one round trip. False, with nothing else
-    changed, when any other grant is missing: the caller then runs the full grant step (which
-    grants USAGE again with the rest, and checks)."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        with conn.pipeline():  # the grant and the check in one round trip
-            conn.execute(tenant_schema.usage_grant(schema, app_role))
-            cur.execute(GRANTS_HELD, {"schema": schema, "role": app_role})
-        row = cur.fetchone()
-    if row is None:
-        return False
-    held = _held(row)
-    return held.usage and held.all_but_usage
-
-
-def usage_held(conn: Any, schema: str, app_role: str) -> bool:
-    """The grant step on a taken spare whose other grants :func:`take` found in place (and to
-    whose role the take granted USAGE): USAGE held and CREATE not, in one simple query
-    (nothing to plan again after the rename)."""
-    schema_literal, role_literal = sql.Literal(schema), sql.Literal(app_role)
-    with conn.cursor() as cur:
-        cur.execute(
-            sql.SQL(
-                "SELECT has_schema_privilege({}, {}, 'USAGE')"
-                " AND NOT has_schema_privilege({}, {}, 'CREATE')"
-            ).format(role_literal, schema_literal, role_literal, schema_literal)
-        )
-        row = cur.fetchone()
-    return bool(row and row[0])
-
-
-def build_spare(
-    session: db.Session,
-    created_by: str,
-    app_role: str | None = None,
-    *,
-    stop: Callable[[], bool] = lambda: False,
-) -> str:
-    """Build one spare at the head and record it; its name. The caller holds the builders'
-    lock (:func:`builder_lock`).
-
-    The reference is read (or computed once, see :mod:`provisioner.templates.reference`) in the
-    transaction that creates the schema; its statements are replayed :data:`BATCH` per
-    transaction; the schema's fingerprint must then equal the reference's. With ``app_role``
-    the spare gets that role's grants but USAGE, batched the same way, and they are checked
-    (:func:`check_spare_grants`) in the last transaction, which records the spare. Raises
-    :class:`SpareRejected` when the replay (or the grants) do not match, :class:`TemplateUnusable`
-    when the tree cannot be replayed, :class:`BuildStopped` when ``stop()`` says so between
-    two transactions: the schema is then dropped (by the next builder, if this process dies).
-    """
-    tree = migrations.tenant_tree_state()
-    name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
-    with session.transaction() as tx:
-        reference, _ = template_reference.obtain(tx, tree, created_by)
-        tx.pg.execute(
-            sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(sql.Identifier(name))
-        )
-    try:
-        _replay_batches(session, name, reference.template.statements, stop)
-        with session.transaction() as tx:
-            problem = mismatch(reference.fingerprint, tenant_schema.fingerprint(tx.pg, name))
-        if problem is not None:
-            raise SpareRejected(problem)
-        if app_role is not None:  # after the fingerprint check: the reference has no grants
-            with session.transaction() as tx:
-                batches = spare_grant_batches(name, app_role, tx.pg)
-            for batch in batches:
-                _between_batches(stop)
-                with session.transaction() as tx:
-                    tx.pg.execute(batch)
-        with session.transaction() as tx:
-            if app_role is not None:
-                check_spare_grants(tx.pg, name, app_role)
-            tx.pg.execute(
-                ADD_SPARE,
-                {
-                    "schema": name,
-                    "digest": reference.digest,
-                    "heads": sorted(reference.heads),
-                    "created_by": created_by,
-                },
-            )
-    except BaseException:
-        _drop_schema_quietly(session, name)
-        raise
-    return name
-
-
-def _replay_batches(
-    session: db.Session, schema: str, statements: tuple[str, ...], stop: Callable[[], bool]
-) -> None:
-    """The reference's statements into ``schema``, :data:`BATCH` per transaction, each batch
-    one simple query under the schema as ``search_path`` (as Alembic's env.py sets it)."""
-    search_path = sql.SQL("SET LOCAL search_path TO {};\n").format(sql.Identifier(schema))
-    for start in range(0, len(statements), BATCH):
-        _between_batches(stop)
-        try:
-            with session.transaction() as tx, keeping_prepared_statements(tx.pg):
-                text = search_path.as_string(tx.pg) + "\n".join(statements[start : start + BATCH])
-                tx.pg.execute(text.encode())
-        except DatabaseError as exc:
-            raise SpareRejected(f"replay failed: {exc}") from exc
-
-
-def _between_batches(stop: Callable[[], bool]) -> None:
-    if stop():
-        raise BuildStopped("the spare build was stopped")
-
-
-def _drop_schema_quietly(session: db.Session, schema: str) -> None:
-    """Drop a spare schema a build did not finish; when that fails too (the server is gone),
-    the next builder drops it."""
-    with suppress(ProvisionerError), session.transaction() as tx:
-        _drop_schema(tx, schema)
-
-
-def _drop_schema(tx: Transaction, schema: str) -> None:
-    tx.pg.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-
-
-@contextmanager
-def builder_lock(session: db.Session) -> Iterator[bool]:
-    """The builders' session lock, tried (never waited for): True when this session holds it
-    until the block ends. One builder at a time per database; worker replicas share the pool."""
-    with session.transaction() as tx, tx.pg.cursor(row_factory=dict_row) as cur:
-        cur.execute(TRY_BUILD_LOCK, {"class": POOL_LOCK_CLASS})
-        row = cur.fetchone()
-    locked = bool(row and row["locked"])
-    try:
-        yield locked
-    finally:
-        if locked:
-            with session.transaction() as tx:
-                tx.pg.execute(RELEASE_BUILD_LOCK, {"class": POOL_LOCK_CLASS})
-
-
-def drop_unfinished(session: db.Session) -> list[str]:
-    """Drop every spare schema that has no row, under the builders' lock (the caller holds it:
-    no build is under way, so each was left by a build whose process died); their names."""
-    with session.transaction() as tx:
-        names = [str(row[0]) for row in tx.pg.execute(UNFINISHED_SPARES).fetchall()]
-    for name in names:
-        with session.transaction() as tx:
-            _drop_schema(tx, name)
-    return names
-
-
-@dataclass(frozen=True)
-class Tended:
-    """What :func:`build_spare_if_short` did."""
-
-    #: the spare built, or None
-    built: str | None
-    #: schemas of unfinished builds it dropped first
-    dropped: tuple[str, ...] = ()
-
-
-def build_spare_if_short(
-    session: db.Session,
-    size: int,
-    created_by: str,
-    app_role: str | None = None,
-    *,
-    stop: Callable[[], bool] = lambda: False,
-) -> Tended:
-    """Under the builders' lock (unless another builder holds it: nothing is done), drop the
-    schemas of unfinished builds, then build one spare unless the pool already holds ``size``
-    ready ones (counted again under the lock)."""
-    with builder_lock(session) as locked:
-        if not locked:
-            return Tended(None)
-        dropped = tuple(drop_unfinished(session))
-        with session.transaction() as tx:
-            ready = counts(tx.pg).ready
-        if ready >= size:
-            return Tended(None, dropped)
-        return Tended(build_spare(session, created_by, app_role, stop=stop), dropped)
-
-
-def drop_stale_spare(tx: Transaction) -> str | None:
-    """Drop one useless spare (row and schema, if any); its name, or None."""
-    with tx.pg.cursor() as cur:
-        cur.execute(CLAIM_STALE_SPARE, {"digest": migrations.tenant_tree_state().digest})
-        row = cur.fetchone()
-        if row is None:
-            return None
-    _drop_schema(tx, str(row[0]))
-    return str(row[0])
-
-
-# -- the keeper ---------------------------------------------------------------------------------
-
-
-class PoolKeeper(threading.Thread):
-    """The worker's pool thread: keeps ``size`` spares ready while the worker is idle.
-
-    One spare at a time, then it asks again whether the worker is idle, so a job that arrives
-    waits for no more than the build under way. It runs Alembic only to compute a missing
-    reference, and it is the only thread of the worker's parent process that does.
-    """
-
-    #: How often a full (or busy) pool is looked at again.
-    CHECK_SECONDS = 0.5
-
-    def __init__(
-        self,
-        owner_url: str,
-        size: int,
-        holder: str,
-        is_idle: Callable[[], bool],
-        log: logging.Logger,
-        app_role: str | None = None,
-        on_built: Callable[[], None] = lambda: None,
-    ) -> None:
-        super().__init__(name="pool-keeper", daemon=True)
-        #: called in this thread after each spare is built (the worker warms its children)
-        self.on_built = on_built
-        self.size = size
-        self.holder = holder
-        self.is_idle = is_idle
-        self.log = log
-        #: the role spares are built with grants for (None: no grants, as before)
-        self.app_role = app_role
-        self.halt = threading.Event()
-        self.wake = threading.Event()
-        self._db = db.Database(owner_url, application_name=holder)
-        self._status: dict[str, Any] = {"size": size, "ready": None, "stale": None}
-        self._problem: str | None = None
-
-    def status(self) -> dict[str, Any]:
-        """The heartbeat's ``pool`` entry."""
-        return dict(self._status)
-
-    def run(self) -> None:
-        try:
-            while not self.halt.is_set():
-                busy = self._tend()
-                if not busy:
-                    self.wake.wait(self.CHECK_SECONDS)
-                    self.wake.clear()
-        finally:
-            self._db.close()
-
-    def _tend(self) -> bool:
-        """One unit of work; True when there may be more to do at once."""
-        try:
-            with self._db.transaction() as tx:
-                found = counts(tx.pg)
-            self._status.update(asdict(found), size=self.size, error=self._problem)
-            if not self.is_idle() or self._problem is not None:
-                return False
-            if found.stale:
-                with self._db.transaction() as tx:
-                    dropped = drop_stale_spare(tx)
-                if dropped:
-                    event(self.log, "pool_spare_dropped", schema=dropped, reason="stale head")
-                return dropped is not None
-            if found.ready >= self.size and not found.unfinished:
-                return False
-            with self._db.session() as session:
-                tended = build_spare_if_short(
-                    session, self.size, self.holder, self.app_role, stop=self.halt.is_set
-                )
-            for name in tended.dropped:
-                event(self.log, "pool_spare_dropped", schema=name, reason="unfinished build")
-            if tended.built is None:
-                return bool(tended.dropped)
-            event(self.log, "pool_spare_built", schema=tended.built, ready=found.ready + 1)
-            self.on_built()
-            return True
-        except BuildStopped:
-            return False
-        except (SpareRejected, TemplateUnusable) as exc:
-            # The replay cannot be trusted for this tree: stop building (provisioning goes on).
-            self._problem = f"spares not built: {exc}"
-            event(self.log, "pool_disabled", logging.ERROR, error=self._problem)
-            return False
-        except (DatabaseUnavailable, DatabaseError) as exc:
-            self._status["error"] = str(exc)
-            self.halt.wait(2.0)  # the worker logs outages; try again later
-            return False
-        except ProvisionerError as exc:  # e.g. a spare's owner is wrong: say so, go on later
-            self._status["error"] = str(exc)
-            event(self.log, "pool_error", logging.WARNING, error=str(exc))
-            self.halt.wait(2.0)
-            return False
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.wake.set()
-        self.join(10)
+__all__ = [
+    "ADD_SPARE",
+    "BATCH",
+    "CLAIM_STALE_SPARE",
+    "COUNT_SPARES",
+    "GRANTS_HELD",
+    "POOL_LOCK_CLASS",
+    "RELEASE_BUILD_LOCK",
+    "SPARE_PREFIX",
+    "TAKE_PLANS",
+    "TAKE_SPARE",
+    "TRY_BUILD_LOCK",
+    "UNFINISHED_SPARES",
+    "BuildStopped",
+    "GrantsHeld",
+    "PoolCounts",
+    "PoolKeeper",
+    "SpareRejected",
+    "Taken",
+    "Tended",
+    "build_spare",
+    "build_spare_if_short",
+    "builder_lock",
+    "check_spare_grants",
+    "counts",
+    "drop_schema",
+    "drop_stale_spare",
+    "drop_unfinished",
+    "grant_usage_if_in_place",
+    "grants_held",
+    "plan_take",
+    "spare_grant_batches",
+    "take",
+    "usage_held",
+]

@@ -20,6 +20,8 @@ import sqlalchemy as sa
 from psycopg.rows import tuple_row
 
 from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, translated
+from provisioner.settings import TENANT_TREE_ENV as TENANT_TREE_ENV
+from provisioner.settings import tenant_tree_override
 from provisioner.tenant import schema as tenant_schema
 
 # Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
@@ -58,16 +60,11 @@ def control_config(**attributes: Any) -> Config:
     return _no_sys_path_change(config)
 
 
-#: A tenant tree to use instead of the packaged one (a deployment's own tree; the bench and
-#: the tests use it to add a revision in a copy without touching the shipped tree).
-TENANT_TREE_ENV = "PROVISIONER_TENANT_TREE"
-
-
 def tenant_tree() -> Path:
-    """The folder of the tenant Alembic tree: ``$PROVISIONER_TENANT_TREE``, else the one shipped
-    with the package."""
-    override = os.environ.get(TENANT_TREE_ENV)
-    return Path(override) if override else _tree("provisioner.tenant_template")
+    """The folder of the tenant Alembic tree: ``$PROVISIONER_TENANT_TREE``
+    (:func:`provisioner.settings.tenant_tree_override`), else the one shipped with the
+    package."""
+    return tenant_tree_override() or _tree("provisioner.tenant_template")
 
 
 def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -> Config:

@@ -30,6 +30,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from provisioner.db import Transaction
+from provisioner.errors import TemplateUnusable
 from provisioner.templates import migrations
 from provisioner.tenant import schema as tenant_schema
 
@@ -62,10 +63,6 @@ ON CONFLICT (tree_digest) DO NOTHING
 
 # Serialise the computation of one tree state's reference until the transaction ends.
 LOCK_REFERENCE = "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(digest)s))"
-
-
-class TemplateUnusable(Exception):
-    """The tree's offline SQL cannot be replayed into another schema (internal to the fast path)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The verified fast path of ``run_tenant_migrations``: replay the tenant template's DDL.
+"""The verified fast path of the migration step: replay the tenant template's DDL.
 
 Running the ``tenant_template`` revisions through Alembic costs several times the SQL they
 issue (Alembic loads ``env.py`` and every revision file, then sends each statement on its own).
@@ -34,23 +34,16 @@ one-migration-at-a-time rule as the step itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
-import psycopg
 from psycopg import sql
 
 from provisioner.db import DatabaseError, Transaction, translated
+from provisioner.db.plans import keeping_prepared_statements
+from provisioner.errors import TemplateUnusable
 from provisioner.templates import migrations
 from provisioner.templates import reference as template_reference
-from provisioner.templates.reference import (
-    Fingerprint,
-    Reference,
-    Template,
-    TemplateUnusable,
-)
+from provisioner.templates.reference import Fingerprint, Reference, Template
 from provisioner.tenant import schema as tenant_schema
 
 __all__ = ["Outcome", "Reference", "Template", "TemplateCache", "TemplateUnusable"]
@@ -118,12 +111,12 @@ def replay_verified(
     expected: Fingerprint,
     *,
     savepoint: str = SAVEPOINT,
-    reraise: Callable[[DatabaseError], bool] = lambda exc: False,
 ) -> str | None:
     """Run ``script`` in ``schema`` under a savepoint and prove the result: None when the
-    schema's fingerprint equals ``expected``, else the reason it was rolled back. An error
-    ``reraise`` accepts (a lock timeout, for an upgrade) propagates after the rollback instead
-    of becoming a reason. The template replay and the upgrade replay both verify this way.
+    schema's fingerprint equals ``expected``, else the reason it was rolled back. Only a
+    :class:`DatabaseError` becomes a reason: a transient error (an outage, a lock timeout for
+    an upgrade: :class:`LockNotAvailable`) propagates and fails the step, to be retried. The
+    template replay and the upgrade replay both verify this way.
 
     Two round trips: (1) the savepoint, the ``search_path`` (the schema alone, as Alembic's
     env.py sets it), the statements, the ``search_path`` back to the session default (the
@@ -155,8 +148,6 @@ def replay_verified(
                 got = tenant_schema.fingerprint(tx.pg, schema, versions=versions)
         except DatabaseError as exc:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
-            if reraise(exc):
-                raise
             problem: str | None = f"replay failed: {exc}"
         else:
             problem = mismatch(expected, got)
@@ -165,26 +156,6 @@ def replay_verified(
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
         cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(name))
     return problem
-
-
-@contextmanager
-def keeping_prepared_statements(conn: psycopg.Connection[Any]) -> Iterator[None]:
-    """Run a replayed script without psycopg forgetting the session's prepared statements.
-
-    psycopg deallocates every prepared statement of the session (``DEALLOCATE ALL``) when a
-    result it tracks says ``ALTER`` or ``DROP``, in case a prepared statement names a dropped
-    object; a replayed revision says it for every tenant, and the fingerprint's query and the
-    queue's statements would be planned again for every job. The script changes only the
-    tenant schema, which no statement of the session prepares (the fingerprint reads the
-    catalog, the queue the control schema), and the server itself re-plans a prepared statement
-    whose tables changed. With no ``prepare_threshold`` psycopg leaves the query untracked.
-    """
-    threshold = conn.prepare_threshold
-    conn.prepare_threshold = None
-    try:
-        yield
-    finally:
-        conn.prepare_threshold = threshold
 
 
 @dataclass

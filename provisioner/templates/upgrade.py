@@ -1,7 +1,7 @@
 """The verified fast path of a fleet upgrade: replay the new revisions' DDL in place.
 
 ``provisioner upgrade`` re-opens the provisioning job of every tenant behind the head, and a
-worker re-runs ``run_tenant_migrations`` on a schema that already holds the tenant's tables and
+worker re-runs the migration step on a schema that already holds the tenant's tables and
 data. Running Alembic there costs ~13 ms a tenant (loading ``env.py`` and every revision file,
 one round trip per statement) for DDL that takes ~1 ms. Here, as for an empty schema
 (:mod:`provisioner.templates.replay`), the statements Alembic's offline mode emits for
@@ -42,13 +42,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from provisioner.db import Transaction, translated
-from provisioner.models import Job
+from provisioner.errors import NotReplayable
 from provisioner.templates import migrations
 from provisioner.templates.reference import PLACEHOLDER_SCHEMA, Fingerprint, reference_key
 from provisioner.templates.replay import (
@@ -98,10 +97,6 @@ VERSION_ROW = re.compile(
 SESSION_LINES = re.compile(r"(BEGIN|COMMIT|SET LOCAL (search_path|lock_timeout)\b.*);?$", re.I)
 
 
-class NotReplayable(Exception):
-    """The revisions between a schema's version and the head cannot be replayed."""
-
-
 @dataclass(frozen=True)
 class UpgradeScript:
     """The DDL that brings a schema from ``start`` to ``heads``, schema-less, as one script."""
@@ -147,17 +142,6 @@ class UpgradeScript:
         return cls(before.digest, start, before.heads, tuple(kept))
 
 
-def upgrade_only(job: Job) -> bool:
-    """A job a fleet upgrade re-opened, for the head the tree has now: its engine runs the
-    migration step alone and trusts the other recorded steps without re-checking them (a
-    repair is ``provisioner provision``'s job). Re-opened another way, or after the head moved
-    again, the job is re-checked as usual."""
-    return (
-        job.payload.get(UPGRADE_TO) == migrations.head_label(migrations.tenant_heads())
-        and "run_tenant_migrations" not in job.steps_completed
-    )
-
-
 def _set_lock_timeout_and_read_versions(
     tx: Transaction, schema: str, lock_timeout_ms: int, *, versioned: bool = False
 ) -> frozenset[str] | None:
@@ -192,11 +176,6 @@ def _set_lock_timeout_and_read_versions(
 
 def _only_comments(text: str) -> bool:
     return all(not line.strip() or line.lstrip().startswith("--") for line in text.splitlines())
-
-
-def _is_lock_timeout(exc: BaseException) -> bool:
-    cause = exc.__cause__
-    return isinstance(cause, psycopg.Error) and cause.sqlstate == "55P03"
 
 
 @dataclass(frozen=True)
@@ -371,10 +350,9 @@ class UpgradeCache:
         self, tx: Transaction, schema: str, script: UpgradeScript, reference: Fingerprint
     ) -> str | None:
         """Replay under a savepoint; None when the result matches the reference, else why it
-        was rolled back. A lock timeout is raised, not turned into a fallback."""
-        return replay_verified(
-            tx, schema, script.script, reference, savepoint=SAVEPOINT, reraise=_is_lock_timeout
-        )
+        was rolled back. A lock timeout (:class:`LockNotAvailable`, a transient error and no
+        :class:`DatabaseError`) is raised, not turned into a fallback."""
+        return replay_verified(tx, schema, script.script, reference, savepoint=SAVEPOINT)
 
     def _alembic(
         self, tx: Transaction, schema: str, start: frozenset[str], *, reason: str

@@ -54,7 +54,7 @@ from uuid import UUID
 
 import psycopg
 
-from provisioner import db, logs, pool, queue, service
+from provisioner import db, kinds, logs, pool, queue, service
 from provisioner.control import heartbeats
 from provisioner.engine import describe, runner
 from provisioner.errors import (
@@ -163,7 +163,7 @@ class Worker:
         self.options = options
         self.log = log
         self.storage = storage
-        self.job_types = list(settings.worker_job_types)
+        self.job_types = list(kinds.worker_job_types(settings))
         self.instance_id = service.holder_id("worker")
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.stats: Counter[str] = Counter()

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, service
+from provisioner import db, kinds, service
 from provisioner.control import heartbeats
 from provisioner.errors import ConfigurationError, DatabaseUnavailable
 from provisioner.logs import event
@@ -24,15 +24,16 @@ from provisioner.templates import migrations
 
 def check_configuration(settings: Settings) -> None:
     """Refuse settings this worker cannot run with; touches nothing outside the process."""
-    registry = settings.job_kinds  # ConfigurationError for a kind module that cannot load
-    registry.check(settings.worker_job_types)  # InvalidInput for an unknown type
-    unhandled = sorted(set(settings.worker_job_types) - registry.handled)
+    registry = kinds.for_settings(settings)  # ConfigurationError: a kind module did not load
+    job_types = settings.worker_job_types or registry.default_worker
+    registry.check(job_types)  # InvalidInput for an unknown type
+    unhandled = sorted(set(job_types) - registry.handled)
     if unhandled:
         raise ConfigurationError(
             f"this worker has no handler for job type(s) {', '.join(unhandled)}: it runs "
             f"{', '.join(sorted(registry.handled))} only (PROVISIONER_WORKER_JOB_TYPES)"
         )
-    for name in settings.worker_job_types:
+    for name in job_types:
         registry[name].steps  # noqa: B018 -- a step module that does not import refuses here
     for name, value in (
         ("MIGRATIONS_DATABASE_URL", settings.migrations_database_url),

@@ -13,7 +13,8 @@ import pytest
 
 from provisioner import service
 from provisioner.engine import StepEvent
-from provisioner.models import STEPS, JobStatus
+from provisioner.kinds.provision import STEPS
+from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database

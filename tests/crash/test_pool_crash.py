@@ -31,7 +31,7 @@ from psycopg import sql
 
 from provisioner import pool, service
 from provisioner.engine import TENANT_LOCK_CLASS
-from provisioner.models import STEPS
+from provisioner.kinds.provision import STEPS
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database, build_spare, fingerprint

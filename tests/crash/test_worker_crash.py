@@ -18,7 +18,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from provisioner import queue, service
-from provisioner.models import STEPS, TenantId
+from provisioner.kinds.provision import STEPS
+from provisioner.models import TenantId
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from provisioner import db, queue
+from provisioner import db, kinds, queue
 from provisioner.engine import Engine, StepEvent, runner
 from provisioner.kinds import JobKind, Step, StepContext, keyed_by_tenant
 from provisioner.models import JobStatus, TenantId
@@ -79,7 +79,7 @@ def display_name(database: Database, tenant: str) -> str | None:
 
 
 def test_a_registered_kind_runs_through_the_engine(fast: Settings, database: Database) -> None:
-    registry = fast.job_kinds
+    registry = kinds.for_settings(fast)
     assert KIND in registry and registry[KIND].step_names == ("stamp_one", "stamp_two")
     assert KIND not in registry.default_worker
     job = enqueue(database, "acme")

@@ -15,7 +15,8 @@ import pytest
 from provisioner import db, pool, queue, service
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import ConfigurationError
-from provisioner.models import STEPS, JobStatus, TenantId
+from provisioner.kinds.provision import STEPS
+from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.templates import reference as template_reference

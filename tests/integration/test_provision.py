@@ -12,8 +12,8 @@ from provisioner import db, queue, service
 from provisioner.cli import main
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import LeaseLost
-from provisioner.kinds.provision import GRANTS_IN_PLACE
-from provisioner.models import STEPS, JobStatus, TenantId
+from provisioner.kinds.provision import GRANTS_IN_PLACE, STEPS
+from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
 from provisioner.testing import Tenant

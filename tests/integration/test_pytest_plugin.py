@@ -28,7 +28,7 @@ def test_the_tenant_fixture_is_a_provisioned_tenant_the_app_role_can_use(
         assert conn.execute("SELECT count(*) FROM role_profiles").fetchone() == (4,)
     current = provisioner.status(tenant.id, settings=provisioner_settings)
     assert current.job.status is provisioner.JobStatus.SUCCEEDED
-    assert current.job.steps_completed == list(provisioner.models.STEPS)
+    assert current.job.steps_completed == list(provisioner.kinds.provision.STEPS)
     assert current.tenant is not None and current.tenant.state == "onboarding"
     assert current.tenant.schema_name == tenant.schema
 

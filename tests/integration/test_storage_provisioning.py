@@ -18,7 +18,8 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from provisioner import service
 from provisioner.engine import StepEvent
-from provisioner.models import STEPS, JobStatus
+from provisioner.kinds.provision import STEPS
+from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from tests.object_servers import AZURITE_KEY, AzuriteServer, MotoS3Server
 from tests.storage_fixtures import MOTO_SECRET_KEY, AzureContainer, S3Bucket, unique_name

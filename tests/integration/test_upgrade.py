@@ -13,7 +13,8 @@ from provisioner import db, queue, service
 from provisioner import fleet as fleet_upgrades
 from provisioner.db import DatabaseError
 from provisioner.errors import InvalidInput, UnknownTenant
-from provisioner.models import STEPS, JobStatus, TenantId
+from provisioner.kinds.provision import STEPS
+from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.testing import Tenant

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from provisioner import service
 from provisioner.cli import main
 from provisioner.db import sqlalchemy_url
-from provisioner.models import STEPS
+from provisioner.kinds.provision import STEPS
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from tests.conftest import Database, run_cli, settings_env

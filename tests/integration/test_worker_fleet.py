@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from provisioner import service
-from provisioner.models import STEPS
+from provisioner.kinds.provision import STEPS
 from provisioner.settings import Settings
 from tests.conftest import Database
 from tests.workers import Workers, overlapping_step_runs, wait_until

@@ -1,0 +1,577 @@
+"""The step engine: check the checkpoint, run, record; classify failures; report progress.
+
+For one claimed job it
+1. reads ``steps_completed`` and asks the catalog whether each recorded step's effect is still
+   there, forgetting the ones that vanished (they run again, and the step record says why),
+   unless the kind's scope trusts the recorded steps for this job (:class:`kinds.Scope`);
+2. runs every missing step in order, each in ONE transaction together with its entry in
+   ``steps_completed`` and the new ``progress`` (PostgreSQL DDL is transactional): a crash leaves
+   a step done and recorded, or neither. The transaction holds the tenant's advisory lock, so two
+   engines never run a step of one tenant at the same time, whatever the jobs' kinds (and the
+   queue never claims a job while another job of its tenant runs). A step may ask for the steps
+   after it to join its transaction (:attr:`kinds.RunMemo.one_transaction`: a spare taken from
+   the warm pool); each still records its own entry, and they commit together or not at all;
+3. completes the job in the transaction of its last step (so a job is never left with every
+   step done but not complete), or hands the failure to the queue (backoff, or failed at once
+   when :func:`errors.is_permanent` says so). A worker child's engine also claims its next job
+   in that transaction (:meth:`Engine.claim`).
+
+The engine knows no kind by name: a job's kind (:class:`kinds.JobKind`) gives its steps, the
+states it refuses, its scope, its memo and its plans made ahead.
+
+Every step but a job's last commits asynchronously; the last one commits durably, and that
+flush makes the earlier ones durable with it (see :data:`LOCK_ASYNC_COMMIT`). Each step's
+journal row is opened by the step before it, and each commit begins the next step's
+transaction (one round trip fewer per step each): pinned by
+``tests/integration/test_job_kinds.py::
+test_each_step_after_the_first_starts_in_the_journal_when_the_one_before_finished`` and
+``tests/integration/test_pool.py::test_a_taken_spares_steps_commit_together_or_leave_the_spare``.
+
+Every write to the job row is fenced by the lease: if recovery, a take-over or a cancel changed
+the row, the step's transaction rolls back and :class:`LeaseLost` propagates.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from provisioner import db, kinds, queue
+from provisioner.engine.events import (
+    ProgressCallback,
+    StepEvent,
+    StepOutcome,
+    StopRequested,
+    describe,
+    ignore_progress,
+    never_stop,
+)
+from provisioner.engine.sessions import EngineSessions
+from provisioner.errors import (
+    LeaseLost,
+    PermanentError,
+    ProvisionerError,
+    StepFailed,
+    WrongState,
+    is_permanent,
+)
+from provisioner.kinds import JobKind, KindRegistry, Scope, Step, StepContext
+from provisioner.models import Job, JobStatus, Lease, TenantId
+from provisioner.settings import Settings
+from provisioner.storage import ObjectStore, store_from_settings
+from provisioner.templates import migrations
+from provisioner.templates import upgrade as upgrade_replay
+from provisioner.templates.replay import TemplateCache
+from provisioner.tenant import row as tenants
+
+#: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
+TENANT_LOCK_CLASS = 0x70726F76
+
+
+class Unread:
+    """The type of :data:`UNREAD`: a value the caller did not read (the engine reads it)."""
+
+
+#: ``Engine.run(tenant_state=UNREAD)``: the claim did not read the tenant's state.
+UNREAD = Unread()
+
+
+# A step's transaction starts by taking its tenant's lock, in the same simple query as its
+# BEGIN (db.Database.transaction): the values are composed as literals. It also sets the
+# transaction to commit without waiting for its WAL flush. Safe: WAL is replayed in order, so a
+# server crash can lose only a tail of such commits, each one atomically (the step's work
+# together with its checkpoint): the job then resumes from an earlier, consistent checkpoint
+# (its claim is asynchronous too). The statement that completes the job, in its last step's
+# transaction, sets the commit back to durable (queue.RECORD_LAST_STEP): what a caller is told
+# succeeded is durable, and that flush makes every earlier step of the job durable with it.
+# One statement, not two: one execute costs psycopg less than a pipeline of two.
+LOCK_ASYNC_COMMIT = sql.SQL(
+    "SELECT pg_advisory_xact_lock({}, hashtext({})), set_config('synchronous_commit', 'off', true)"
+)
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One run of one job: everything its steps and their records need besides the job row,
+    built once by :meth:`Engine.run`."""
+
+    kind: JobKind
+    lease: Lease
+    context: StepContext
+    #: the control session: the tenant's state, the journal's closes after a failure
+    journal: psycopg.Connection[Any]
+    on_progress: ProgressCallback
+    should_stop: StopRequested
+    #: the job types whose next job the last step claims with its commit (empty: none)
+    claim_next: tuple[str, ...]
+    #: every step transaction's first statement: the tenant's lock, the commit mode
+    lock: sql.Composed
+
+
+@dataclass
+class RunState:
+    """Where a run stands between two step transactions."""
+
+    #: the job as its last checkpoint left it
+    job: Job
+    #: recorded steps whose effect was gone: they run again, and say so
+    repaired: frozenset[str] = frozenset()
+    #: the journal row the last step opened for the next one (close_step's ``open_next``)
+    opened: int | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One step's turn inside a step transaction."""
+
+    job: Job
+    step: Step
+    #: its journal row (opened before the transaction, or by the step before it)
+    run_id: int
+    #: the step after it (None: the job's last)
+    following: str | None
+    repairing: bool
+
+
+@dataclass
+class _InFlight:
+    """The step transaction under way, for its failure handling: the step it began with, the
+    step running, the journal row committed before it."""
+
+    first: Step
+    step: Step
+    started: float = field(default_factory=time.monotonic)
+    #: the journal row committed before the transaction began
+    committed_run: int | None = None
+    claim_sent: bool = False
+
+
+class Engine:
+    """Runs jobs of every kind in its registry for one lease holder (a CLI process or a worker
+    child); the steps of a job are its kind's (:mod:`provisioner.kinds`)."""
+
+    def __init__(
+        self,
+        owner_url: str,
+        *,
+        holder: str,
+        app_role: str,
+        store: ObjectStore,
+        stale_after_seconds: float = 900.0,
+        job_kinds: KindRegistry = kinds.BUILTIN,
+        lock_timeout_seconds: float = 5.0,
+    ) -> None:
+        self.holder = holder
+        self.lock_timeout_ms = max(1, int(lock_timeout_seconds * 1000))
+        self.app_role = app_role
+        self.store = store
+        self.kinds = job_kinds
+        #: the verified template replay's references, read once per engine (see the module)
+        self.templates = TemplateCache(holder=holder)
+        #: the fleet upgrade replay's scripts and references (see upgrade_replay)
+        self.upgrades = upgrade_replay.UpgradeCache()
+        self.sessions = EngineSessions(
+            owner_url, holder=holder, stale_after_seconds=stale_after_seconds
+        )
+        #: the next job, claimed by the last step of the previous one (``claim_next``)
+        self._claimed: queue.Claim | None = None
+        #: the job whose last step's commit failed after claiming the next one (unknown fate)
+        self._unsure_after: UUID | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, holder: str) -> Engine:
+        """The engine a worker child or a one-off provisioning runs, from the settings."""
+        return cls(
+            settings.owner_url,
+            holder=holder,
+            app_role=settings.app_role,
+            store=store_from_settings(settings),
+            stale_after_seconds=settings.job_stale_after_seconds,
+            job_kinds=kinds.for_settings(settings),
+            lock_timeout_seconds=settings.lock_timeout_seconds,
+        )
+
+    # -- sessions (engine/sessions.py) ---------------------------------------------------------
+
+    @property
+    def control(self) -> psycopg.Connection[Any]:
+        """The engine's autocommit owner session (:attr:`EngineSessions.control`)."""
+        return self.sessions.control
+
+    def refresh_sessions(self) -> None:
+        """Reopen the sessions the server dropped since the last job
+        (:meth:`EngineSessions.refresh`)."""
+        self.sessions.refresh()
+
+    def warm(self) -> None:
+        """Warm the idle sessions after a spare build, best effort
+        (:meth:`EngineSessions.warm`), with every kind's plans made ahead."""
+        self.sessions.warm(self.kinds.prepared_plans)
+
+    def connect_ahead(self) -> threading.Thread:
+        """The steps' session opened in a thread, and the template's stored reference read on
+        it; a one-off provisioning joins it before its first step. A reference that cannot be
+        read is left for the migration step to meet."""
+        return self.sessions.connect_ahead(
+            lambda tx: self.templates.reference(tx, migrations.tenant_tree_state())
+        )
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def holds_claim(self) -> bool:
+        """True when the last job's final step claimed a next job that has not been taken."""
+        return self._claimed is not None
+
+    def claim(self, job_types: tuple[str, ...]) -> queue.Claim | None:
+        """This holder's next job of ``job_types`` (a worker child's): the one the previous
+        job's last step claimed with its commit (see :meth:`run`), else one claimed now on the
+        control session (its commit is asynchronous).
+
+        When that last step's commit failed after the claim was sent, the server may or may not
+        have committed it: such a job is handed back first (untouched), so it never sits
+        claimed by a live holder that does not know it.
+        """
+        if self._claimed is not None:
+            claimed, self._claimed = self._claimed, None
+            return claimed
+        with db.translated():
+            if self._unsure_after is not None:
+                queue.release_unreported(self.control, self.holder, [self._unsure_after])
+                self._unsure_after = None
+            return queue.claim_next_with_state(self.control, job_types, self.holder)
+
+    def close(self) -> None:
+        if self._claimed is not None:  # claimed by the last job, never started: hand it back
+            claimed, self._claimed = self._claimed, None
+            with suppress(ProvisionerError):
+                self.release(claimed.job)
+        self.sessions.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- catalog --------------------------------------------------------------------------------
+
+    def missing_effects(self, tenant: TenantId, job_type: str) -> list[str]:
+        """Steps of the kind whose effect the catalog does not show."""
+        kind = self.kinds[job_type]
+        with self.sessions.transaction() as tx:
+            return _vanished(tx, self._context(tenant, kind), kind.steps, kind.step_names)
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run(
+        self,
+        job: Job,
+        *,
+        on_progress: ProgressCallback = ignore_progress,
+        should_stop: StopRequested = never_stop,
+        tenant_state: str | Unread | None = UNREAD,
+        claim_next: tuple[str, ...] = (),
+    ) -> Job:
+        """Run the job's missing steps, then complete it; on failure, retry or fail it.
+
+        Returns the job as the queue left it (succeeded, queued again, or failed). If
+        ``should_stop`` turns true between steps, the job is released back to the queue with its
+        progress. Raises :class:`LeaseLost` if the job stopped being ours.
+
+        ``tenant_state`` is the tenant's state as the claim read it (else it is read here).
+        With ``claim_next``, the transaction of the job's last step also claims this holder's
+        next job of those kinds (:meth:`claim`): the claim commits with the step, and a
+        worker child goes on to it without a round trip or a commit of its own.
+        """
+        if job.tenant_id is None:
+            raise PermanentError(f"job {job.id} has no tenant_id")
+        tenant = TenantId(job.tenant_id)
+        lease = job.lease
+        journal = self.control
+        with self.sessions.job():
+            try:
+                kind = self.kinds[job.job_type]
+                run = JobRun(
+                    kind=kind,
+                    lease=lease,
+                    context=self._context(tenant, kind),
+                    journal=journal,
+                    on_progress=on_progress,
+                    should_stop=should_stop,
+                    claim_next=claim_next,
+                    lock=_tenant_lock(tenant),
+                )
+                return self._run_steps(run, job, tenant_state)
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                where, cause = (
+                    (exc.step, exc.__cause__) if isinstance(exc, StepFailed) else ("", exc)
+                )
+                permanent = is_permanent(cause or exc)
+                message = f"{where or 'start'}: {describe(cause or exc)}"
+                return self._finish(
+                    lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
+                )
+
+    def _run_steps(self, run: JobRun, job: Job, tenant_state: str | Unread | None) -> Job:
+        current = "resume check"
+        state = RunState(job)
+        try:
+            self._check_state(run, tenant_state)
+            # A scope of the pending steps alone (a fleet upgrade's job: its migration step)
+            # leaves the recorded steps unchecked and unreported: five messages and log lines
+            # per tenant of a rollout would say what the claim's ``steps_done`` already says.
+            scope = run.kind.scope(job)
+            if scope is Scope.ALL:
+                self._forget_vanished(run, state)
+            recorded = set(state.job.steps_completed)
+            pending = [step for step in run.kind.steps if step.name not in recorded]
+            for step in run.kind.steps:
+                if step.name in recorded:
+                    if scope is Scope.ALL:
+                        run.on_progress(StepEvent(state.job, step.name, StepOutcome.SKIPPED))
+                    continue
+                if not pending or pending[0] is not step:
+                    continue  # it ran in the transaction of a step before it
+                if run.should_stop():
+                    return self._release(run.lease, state.opened)
+                current = step.name
+                pending = pending[self._run_transaction(run, state, pending) :]
+            if state.job.status is JobStatus.SUCCEEDED:
+                return state.job  # the last step's transaction completed it
+            current = "complete"
+            return self._finish(lambda c: queue.complete(c, run.lease))
+        except BaseException as exc:
+            if state.opened is not None:  # the next step's journal row, opened ahead: unused
+                self._discard_run(run.journal, state.opened)
+            if isinstance(exc, LeaseLost | StepFailed) or not isinstance(exc, Exception):
+                raise
+            raise StepFailed(current) from exc
+
+    @staticmethod
+    def _check_state(run: JobRun, state: str | Unread | None) -> None:
+        """WrongState (the job fails at once) when the tenant's state refuses the kind."""
+        kind, tenant = run.kind, run.context.tenant
+        if not kind.refused_states:
+            return
+        if isinstance(state, Unread):
+            with db.translated():
+                state = tenants.state_of(run.journal, tenant)
+        if state in kind.refused_states:
+            raise WrongState(f"tenant {tenant} is {state}: {kind.name} leaves it alone")
+
+    def _context(self, tenant: TenantId, kind: JobKind) -> StepContext:
+        return StepContext(
+            tenant=tenant,
+            app_role=self.app_role,
+            store=self.store,
+            templates=self.templates,
+            upgrades=self.upgrades,
+            lock_timeout_ms=self.lock_timeout_ms,
+            memo=kind.memo(),
+        )
+
+    def _forget_vanished(self, run: JobRun, state: RunState) -> None:
+        """Drop from the checkpoint the recorded steps whose effect is gone; they are repaired."""
+        job, kind = state.job, run.kind
+        if not job.steps_completed:
+            return
+        with self.sessions.transaction() as tx:
+            gone = _vanished(tx, run.context, kind.steps, job.steps_completed)
+            if not gone:
+                return
+            kept = kind.ordered(s for s in job.steps_completed if s not in gone)
+            state.job = queue.record_step(tx.pg, run.lease, kept, kind.progress(kept))
+        state.repaired = frozenset(gone)
+
+    def _run_transaction(self, run: JobRun, state: RunState, pending: list[Step]) -> int:
+        """Run the first of the job's ``pending`` steps in one transaction with its checkpoint,
+        and the steps after it in the same transaction while a step asks for it
+        (:attr:`kinds.RunMemo.one_transaction`). Updates ``state`` (the job as the last
+        checkpoint left it, the journal row opened for the step after the transaction's last
+        one) and returns how many steps ran. The job's last step completes the job in its
+        transaction (and, with ``claim_next``, claims the holder's next job).
+
+        The first step's journal row is the one the step before it opened (``state.opened``);
+        otherwise the row is committed on its own just before the transaction begins, in the
+        same round trip. Each step's close opens the next one's row (inside the transaction),
+        and the commit begins the next transaction with its tenant lock (one round trip fewer
+        per step). Progress events of finished steps are reported once the commit made them
+        true; a failure raises :class:`StepFailed` naming the step that failed (or the
+        commit's last step, when the commit failed)."""
+        # The step's own now: it closes it, come what may.
+        run_id, state.opened = state.opened, None
+        trace = _InFlight(first=pending[0], step=pending[0], committed_run=run_id)
+        # The journal's start row, committed before the step's work begins, so that a step
+        # killed mid-work still leaves its run for recovery to mark abandoned; sent with the
+        # transaction's BEGIN. Later steps find their row opened by the step before them
+        # (queue.CLOSE_STEP_OPEN_NEXT).
+        opening = (
+            None
+            if run_id is not None
+            else queue.step_run_opening(run.lease, run.context.tenant.value, trace.step.name)
+        )
+        finished: list[StepEvent] = []
+        job = state.job
+        then = run.lock if len(pending) > 1 else None
+        try:
+            with self.sessions.transaction(run.lock, then, opening) as tx:
+                if tx.before_row is not None:
+                    run_id = trace.committed_run = int(tx.before_row[0])
+                for index, step in enumerate(pending):
+                    trace.step, trace.started = step, time.monotonic()
+                    following = pending[index + 1].name if index + 1 < len(pending) else None
+                    assert run_id is not None  # written above, or opened by the step before
+                    repairing = step.name in state.repaired
+                    closed, detail = self._step_in(
+                        tx, run, Turn(job, step, run_id, following, repairing)
+                    )
+                    trace.claim_sent = following is None and bool(run.claim_next)
+                    job, run_id = closed.job, closed.next_run_id
+                    outcome = StepOutcome.REPAIRED if repairing else StepOutcome.DONE
+                    seconds = time.monotonic() - trace.started
+                    finished.append(StepEvent(job, step.name, outcome, seconds, detail))
+                    if following is None or not run.context.memo.one_transaction:
+                        break
+                tx.begin_next_with(None if following is None else run.lock)
+                # leaving the block commits
+            self._claimed = closed.claimed
+        except BaseException as exc:
+            self._failed(run, job, trace, exc)
+            if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
+                raise
+            raise StepFailed(trace.step.name) from exc
+        state.job = job
+        try:
+            for event in finished:
+                run.on_progress(event)
+        except BaseException:
+            if run_id is not None:  # the next step will not begin
+                self._discard_run(run.journal, run_id)
+            raise
+        state.opened = run_id
+        return len(finished)
+
+    def _failed(self, run: JobRun, job: Job, trace: _InFlight, exc: BaseException) -> None:
+        """A step transaction rolled back: the journal's account on the row it began with (the
+        rows of the steps after it rolled back with it), and the failed event."""
+        if trace.claim_sent:  # the commit failed: the next job's claim may have committed
+            self._unsure_after = job.id
+        outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
+        if trace.committed_run is not None:
+            detail = _failure(exc, trace.step, trace.first)
+            self._close_run(run.journal, trace.committed_run, outcome, detail)
+        seconds = time.monotonic() - trace.started
+        run.on_progress(StepEvent(job, trace.step.name, StepOutcome.FAILED, seconds, describe(exc)))
+
+    @staticmethod
+    def _step_in(
+        tx: db.Transaction, run: JobRun, turn: Turn
+    ) -> tuple[queue.ClosedStep, str | None]:
+        """One step's work and its end in ``tx``: the journal's close and the fenced checkpoint
+        in one statement, which commit together with the step's work, or not at all. A step
+        before the last opens the next step's journal row in it too (one round trip fewer per
+        step). The last step completes the job with it: one commit fewer per job, and the step,
+        its checkpoint and the job's success are one atomic change. The next job's claim rides
+        on that commit too (a LeaseLost rolls it back with the rest)."""
+        job, step, kind, ctx = turn.job, turn.step, run.kind, run.context
+        run.on_progress(StepEvent(job, step.name, StepOutcome.STARTED))
+        detail = step.run(tx, ctx)
+        if turn.repairing:
+            detail = "; ".join(
+                filter(None, ["re-ran: its effect was missing from the catalog", detail])
+            )
+        done = kind.ordered([*job.steps_completed, step.name])
+        following = turn.following
+        last = following is None
+        closed = queue.close_step(
+            tx.pg,
+            turn.run_id,
+            detail,
+            run.lease,
+            done,
+            kind.progress(done),
+            last=last,
+            claim_next=run.claim_next if last else (),
+            open_next=None if following is None else queue.NextStep(ctx.tenant.value, following),
+        )
+        return closed, detail
+
+    # -- records --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _discard_run(journal: psycopg.Connection[Any], run_id: int) -> None:
+        """Remove a journal row opened ahead for a step that will not begin (best effort: left
+        open, recovery marks it abandoned)."""
+        try:
+            with db.translated():
+                queue.discard_step_run(journal, run_id)
+        except ProvisionerError:
+            pass
+
+    def _release(self, lease: Lease, opened: int | None) -> Job:
+        """Hand the job back, untouched or between two steps; the journal row opened ahead for
+        a step that now does not begin (``opened``) goes with it, in the same transaction."""
+
+        def release(conn: psycopg.Connection[Any]) -> Job:
+            if opened is not None:
+                queue.discard_step_run(conn, opened)
+            return queue.release(conn, lease)
+
+        return self._finish(release)
+
+    @staticmethod
+    def _close_run(
+        journal: psycopg.Connection[Any], run_id: int, outcome: str, detail: str
+    ) -> None:
+        try:
+            with db.translated():
+                queue.finish_step_run(journal, run_id, outcome, detail)
+        except ProvisionerError:
+            pass  # the journal is best effort when the database itself is failing
+
+    def release(self, job: Job) -> Job:
+        """Hand the held job back to the queue, untouched (its attempt is not counted)."""
+        return self._release(job.lease, None)
+
+    def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
+        with self.sessions.transaction() as tx:
+            return write(tx.pg)
+
+
+def _tenant_lock(tenant: TenantId) -> sql.Composed:
+    """A step's first statement: the tenant's lock and the step's commit mode, in one statement,
+    sent with the transaction's BEGIN."""
+    return LOCK_ASYNC_COMMIT.format(sql.Literal(TENANT_LOCK_CLASS), sql.Literal(tenant.value))
+
+
+def _failure(exc: BaseException, failed: Step, first: Step) -> str:
+    """The journal's account of a failed transaction, on the row it began with (the rows of
+    the steps after it rolled back with the transaction): the error, and which step of the
+    transaction raised it when that was a later one."""
+    if failed is first:
+        return describe(exc)
+    return queue.bounded_error(
+        f"rolled back with {failed.name}, in the same transaction: {describe(exc)}"
+    )
+
+
+def _vanished(
+    tx: db.Transaction, ctx: StepContext, steps: tuple[Step, ...], names: Iterable[str]
+) -> list[str]:
+    """Of the steps ``names``, those that use the database and whose effect is gone."""
+    wanted = set(names)
+    return [
+        step.name
+        for step in steps
+        if step.name in wanted and step.uses_database and not step.effect_present(tx, ctx)
+    ]

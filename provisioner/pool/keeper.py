@@ -1,0 +1,222 @@
+"""The warm pool's keeper: the worker's thread that keeps ``size`` spares ready while idle.
+
+One builder at a time per database (worker replicas share the pool): the builders' session
+lock is tried, never waited for (:func:`builder_lock`). Under it the keeper drops the schemas
+of builds whose process died (:func:`drop_unfinished`), then builds one spare unless enough are
+ready (:func:`build_spare_if_short`); outside it, it drops one spare of another tree state at a
+time (:func:`drop_stale_spare`). After each spare it builds it tells the worker
+(``on_built``), which has its idle engine children warm their sessions: the build's schema
+reset every plan of every session (``tests/integration/test_pool.py::
+test_a_spare_build_warms_the_idle_engine_sessions``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from provisioner import db
+from provisioner.db import DatabaseError, Transaction
+from provisioner.errors import (
+    BuildStopped,
+    DatabaseUnavailable,
+    ProvisionerError,
+    SpareRejected,
+    TemplateUnusable,
+)
+from provisioner.logs import event
+from provisioner.pool.spares import (
+    CLAIM_STALE_SPARE,
+    UNFINISHED_SPARES,
+    build_spare,
+    counts,
+    drop_schema,
+)
+from provisioner.templates import migrations
+
+# One builder at a time per database (worker replicas share the pool): try, never wait. Held
+# by the session for the whole build, across its transactions.
+TRY_BUILD_LOCK = "SELECT pg_try_advisory_lock(%(class)s, 0) AS locked"
+RELEASE_BUILD_LOCK = "SELECT pg_advisory_unlock(%(class)s, 0)"
+
+#: First key of the pool builders' advisory lock ('pool').
+POOL_LOCK_CLASS = 0x706F6F6C
+
+
+@contextmanager
+def builder_lock(session: db.Session) -> Iterator[bool]:
+    """The builders' session lock, tried (never waited for): True when this session holds it
+    until the block ends. One builder at a time per database; worker replicas share the pool."""
+    with session.transaction() as tx, tx.pg.cursor(row_factory=dict_row) as cur:
+        cur.execute(TRY_BUILD_LOCK, {"class": POOL_LOCK_CLASS})
+        row = cur.fetchone()
+    locked = bool(row and row["locked"])
+    try:
+        yield locked
+    finally:
+        if locked:
+            with session.transaction() as tx:
+                tx.pg.execute(RELEASE_BUILD_LOCK, {"class": POOL_LOCK_CLASS})
+
+
+def drop_unfinished(session: db.Session) -> list[str]:
+    """Drop every spare schema that has no row, under the builders' lock (the caller holds it:
+    no build is under way, so each was left by a build whose process died); their names."""
+    with session.transaction() as tx:
+        names = [str(row[0]) for row in tx.pg.execute(UNFINISHED_SPARES).fetchall()]
+    for name in names:
+        with session.transaction() as tx:
+            drop_schema(tx, name)
+    return names
+
+
+@dataclass(frozen=True)
+class Tended:
+    """What :func:`build_spare_if_short` did."""
+
+    #: the spare built, or None
+    built: str | None
+    #: schemas of unfinished builds it dropped first
+    dropped: tuple[str, ...] = ()
+
+
+def build_spare_if_short(
+    session: db.Session,
+    size: int,
+    created_by: str,
+    app_role: str | None = None,
+    *,
+    stop: Callable[[], bool] = lambda: False,
+) -> Tended:
+    """Under the builders' lock (unless another builder holds it: nothing is done), drop the
+    schemas of unfinished builds, then build one spare unless the pool already holds ``size``
+    ready ones (counted again under the lock)."""
+    with builder_lock(session) as locked:
+        if not locked:
+            return Tended(None)
+        dropped = tuple(drop_unfinished(session))
+        with session.transaction() as tx:
+            ready = counts(tx.pg).ready
+        if ready >= size:
+            return Tended(None, dropped)
+        return Tended(build_spare(session, created_by, app_role, stop=stop), dropped)
+
+
+def drop_stale_spare(tx: Transaction) -> str | None:
+    """Drop one useless spare (row and schema, if any); its name, or None."""
+    with tx.pg.cursor() as cur:
+        cur.execute(CLAIM_STALE_SPARE, {"digest": migrations.tenant_tree_state().digest})
+        row = cur.fetchone()
+        if row is None:
+            return None
+    drop_schema(tx, str(row[0]))
+    return str(row[0])
+
+
+# -- the keeper ---------------------------------------------------------------------------------
+
+
+class PoolKeeper(threading.Thread):
+    """The worker's pool thread: keeps ``size`` spares ready while the worker is idle.
+
+    One spare at a time, then it asks again whether the worker is idle, so a job that arrives
+    waits for no more than the build under way. It runs Alembic only to compute a missing
+    reference, and it is the only thread of the worker's parent process that does.
+    """
+
+    #: How often a full (or busy) pool is looked at again.
+    CHECK_SECONDS = 0.5
+
+    def __init__(
+        self,
+        owner_url: str,
+        size: int,
+        holder: str,
+        is_idle: Callable[[], bool],
+        log: logging.Logger,
+        app_role: str | None = None,
+        on_built: Callable[[], None] = lambda: None,
+    ) -> None:
+        super().__init__(name="pool-keeper", daemon=True)
+        #: called in this thread after each spare is built (the worker warms its children)
+        self.on_built = on_built
+        self.size = size
+        self.holder = holder
+        self.is_idle = is_idle
+        self.log = log
+        #: the role spares are built with grants for (None: no grants, as before)
+        self.app_role = app_role
+        self.halt = threading.Event()
+        self.wake = threading.Event()
+        self._db = db.Database(owner_url, application_name=holder)
+        self._status: dict[str, Any] = {"size": size, "ready": None, "stale": None}
+        self._problem: str | None = None
+
+    def status(self) -> dict[str, Any]:
+        """The heartbeat's ``pool`` entry."""
+        return dict(self._status)
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                busy = self._tend()
+                if not busy:
+                    self.wake.wait(self.CHECK_SECONDS)
+                    self.wake.clear()
+        finally:
+            self._db.close()
+
+    def _tend(self) -> bool:
+        """One unit of work; True when there may be more to do at once."""
+        try:
+            with self._db.transaction() as tx:
+                found = counts(tx.pg)
+            self._status.update(asdict(found), size=self.size, error=self._problem)
+            if not self.is_idle() or self._problem is not None:
+                return False
+            if found.stale:
+                with self._db.transaction() as tx:
+                    dropped = drop_stale_spare(tx)
+                if dropped:
+                    event(self.log, "pool_spare_dropped", schema=dropped, reason="stale head")
+                return dropped is not None
+            if found.ready >= self.size and not found.unfinished:
+                return False
+            with self._db.session() as session:
+                tended = build_spare_if_short(
+                    session, self.size, self.holder, self.app_role, stop=self.halt.is_set
+                )
+            for name in tended.dropped:
+                event(self.log, "pool_spare_dropped", schema=name, reason="unfinished build")
+            if tended.built is None:
+                return bool(tended.dropped)
+            event(self.log, "pool_spare_built", schema=tended.built, ready=found.ready + 1)
+            self.on_built()
+            return True
+        except BuildStopped:
+            return False
+        except (SpareRejected, TemplateUnusable) as exc:
+            # The replay cannot be trusted for this tree: stop building (provisioning goes on).
+            self._problem = f"spares not built: {exc}"
+            event(self.log, "pool_disabled", logging.ERROR, error=self._problem)
+            return False
+        except (DatabaseUnavailable, DatabaseError) as exc:
+            self._status["error"] = str(exc)
+            self.halt.wait(2.0)  # the worker logs outages; try again later
+            return False
+        except ProvisionerError as exc:  # e.g. a spare's owner is wrong: say so, go on later
+            self._status["error"] = str(exc)
+            event(self.log, "pool_error", logging.WARNING, error=str(exc))
+            self.halt.wait(2.0)
+            return False
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.wake.set()
+        self.join(10)

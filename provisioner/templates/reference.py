@@ -1,6 +1,6 @@
 """The tenant template's reference: what Alembic builds for the head, stored once per database.
 
-The fast path of ``run_tenant_migrations`` (:mod:`provisioner.templates.replay`) and the
+The fast path of the migration step (:mod:`provisioner.templates.replay`) and the
 warm pool (:mod:`provisioner.pool`) replay the tree's DDL instead of running Alembic, and prove
 the result against a reference: the catalog fingerprint
 (:func:`provisioner.tenant.schema.fingerprint`, schema name abstracted) of a schema that Alembic

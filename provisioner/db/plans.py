@@ -11,7 +11,8 @@ and steps sessions) therefore
   statement prepared ahead is bound as it is, never planned again for the values of one call.
   Invariant: only sessions whose statements are fixed texts with bound parameters use it
   (``tests/integration/test_pool.py::test_a_take_binds_the_plans_made_before_it``);
-* have their statements **planned ahead** while idle (:func:`prepare_ahead`): each
+* have their statements **planned ahead** while idle (:func:`prepare_ahead`, or
+  :func:`explain_ahead` for a plan that need not be kept): each
   :data:`PlanAhead` runs once, prepared, with values that match nothing, so it takes and
   changes nothing. Invariant: a plan ahead's values select no row
   (``tests/integration/test_pool.py::test_the_warm_up_keeps_the_claims_plan_for_the_next_sign_up``);
@@ -45,6 +46,14 @@ def prepare_ahead(conn: psycopg.Connection[Any], plans: Sequence[PlanAhead]) -> 
     with conn.cursor() as cur:
         for statement, params in plans:
             cur.execute(statement, params, prepare=True)
+
+
+def explain_ahead(conn: psycopg.Connection[Any], plans: Sequence[PlanAhead]) -> None:
+    """Plan each of ``plans`` without running it (``EXPLAIN``): every catalog cache entry its
+    planning needs is loaded now, while the session is idle, not at its next real run."""
+    with conn.cursor() as cur:
+        for statement, params in plans:
+            cur.execute("EXPLAIN " + statement, params)
 
 
 @contextmanager

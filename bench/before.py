@@ -114,7 +114,7 @@ def _union_chunks(
 def union_read_versions(url: str, schemas: list[str] | None) -> dict[str, frozenset[str]]:
     """``fleet.read_versions`` as it was: one lookup, then ``UNION ALL`` chunks, 2 sessions."""
     with closing(db.connect(url, autocommit=True)) as conn:
-        versioned = fleet._versioned(conn, schemas)
+        versioned = fleet.versioned(conn, schemas)
 
     def part(share: list[fleet.VersionTable]) -> dict[str, frozenset[str]]:
         conn = db.connect(url, autocommit=True, options=fleet.UPGRADE_OPTIONS)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
@@ -18,6 +17,13 @@ import psycopg
 
 from provisioner import db, fleet, kinds, queue
 from provisioner.control import heartbeats
+from provisioner.control.schema import (
+    NOT_AT_HEAD,
+    app_connection,
+    control_ready,
+    require_control_at_head,
+    writer_connection,
+)
 from provisioner.engine import (
     Engine,
     ProgressCallback,
@@ -78,63 +84,9 @@ def resolve(
     return resolved
 
 
-@contextmanager
-def app_connection(
-    settings: Settings, name: str = "provisioner"
-) -> Iterator[psycopg.Connection[Any]]:
-    """An application-role connection; commits on success, rolls back on error."""
-    connection = closing(db.connect(settings.app_url, application_name=name))
-    with _control_ready(), connection as conn, db.translated():
-        yield conn  # closing without a commit rolls back
-        conn.commit()
-
-
-@contextmanager
-def writer_connection(
-    settings: Settings, name: str = "provisioner"
-) -> Iterator[psycopg.Connection[Any]]:
-    """The owner's connection when its URL is set, else the application role's.
-
-    Row-level security (control c005) lets app_rw only insert a queued provisioning job: re-queue,
-    retry and cancel of a provisioning job need the owner (MIGRATIONS_DATABASE_URL).
-    """
-    url = settings.migrations_database_url or settings.app_url
-    with _control_ready(), closing(db.connect(url, application_name=name)) as conn, db.translated():
-        yield conn
-        conn.commit()
-
-
-@contextmanager
-def _control_ready() -> Iterator[None]:
-    """A control schema that is missing or not migrated says so, instead of a SQL error."""
-    try:
-        yield
-    except db.DatabaseError as exc:
-        if db.control_missing(exc):
-            raise ConfigurationError(
-                "the control schema is not migrated (or is older than this release): run "
-                "`provisioner migrate`"
-            ) from exc
-        raise
-
-
 def migrate(settings: Settings) -> tuple[str | None, str | None]:
     """Control schema to head with the owner URL; (revision before, revision after)."""
     return migrations.upgrade_control(settings.owner_url, settings.app_role)
-
-
-#: What a command says of a control schema at another revision than this release's head.
-NOT_AT_HEAD = "the control schema is not at this release's head: run `provisioner migrate`"
-
-
-def require_control_at_head(conn: psycopg.Connection[Any]) -> None:
-    """Refuse to work on a control schema older (or newer) than this release's tree.
-
-    ``conn`` is the owner's: the application role cannot read the version table.
-    """
-    with db.translated():
-        if not migrations.control_at_head(conn):
-            raise ConfigurationError(NOT_AT_HEAD)
 
 
 def _refuse_unready(
@@ -145,7 +97,7 @@ def _refuse_unready(
     in one pipeline. With ``reuse_deleted`` a deleted tenant is made pending first, in the
     caller's transaction (its row read back costs a second round trip), which rolls it back
     when a check refuses."""
-    with _control_ready(), db.translated(), conn.pipeline():
+    with control_ready(), db.translated(), conn.pipeline():
         versions = migrations.read_control_versions(conn)
         if reuse_deleted:
             tenants.reuse_deleted(conn, tenant)

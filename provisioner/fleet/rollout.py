@@ -5,7 +5,7 @@ Every ``provisioner upgrade`` that queues tenants records a rollout (``control.r
 its tenants (``control.rollout_tenants``). With ``canary=N`` only the first N tenants' jobs are
 queued and the rollout waits in ``canary`` for review; ``resume`` queues the rest once every
 canary job has succeeded. With ``max_failures=K``, the K-th failed job halts the rollout: a
-trigger in the control schema holds its queued jobs (``available_at`` set to 9999-01-01: never
+trigger in the control schema holds its queued jobs (:mod:`provisioner.queue.holds`: never
 claimed, not failed) in the transaction that records the failure, whichever process wrote it.
 ``resume`` releases them; ``abort`` drops what has not started: held and queued jobs go back
 to succeeded (their schema was never touched, it is still at its old head) and pending tenants
@@ -23,7 +23,6 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from provisioner import queue
 from provisioner.errors import InvalidInput
@@ -73,61 +72,6 @@ UPDATE control.rollout_tenants SET state = 'dropped'
 """
 
 SET_STATE = "UPDATE control.rollouts SET state = %(state)s, updated_at = now() WHERE id = %(id)s"
-
-# The canary's jobs by status.
-CANARY_STATUS = """
-SELECT j.status, count(*) AS n FROM control.rollout_tenants t
-  JOIN control.platform_jobs j ON j.id = t.job_id
- WHERE t.rollout_id = %(rollout)s AND t.wave = 'canary' GROUP BY j.status
-"""
-
-# Release the jobs the brake held.
-RELEASE_HELD = """
-UPDATE control.platform_jobs j SET available_at = now(), updated_at = now()
-  FROM control.rollout_tenants t
- WHERE t.rollout_id = %(rollout)s AND t.job_id = j.id AND j.status = 'queued'
-   AND j.available_at = '9999-01-01 00:00:00+00'
-RETURNING j.id
-"""
-
-# Abort: jobs not started go back to succeeded, with every step recorded (as before the
-# rollout: the schema was never touched).
-DROP_QUEUED = """
-UPDATE control.platform_jobs j
-   SET status = 'succeeded', steps_completed = %(steps)s, progress = 100, attempts = 0,
-       available_at = now(), finished_at = now(), error_detail = NULL, updated_at = now()
-  FROM control.rollout_tenants t
- WHERE t.rollout_id = %(rollout)s AND t.job_id = j.id AND j.status = 'queued'
-RETURNING j.id
-"""
-
-# The watch: each tenant of the rollout with its job's state folded into one word.
-PROGRESS = """
-SELECT CASE
-         WHEN t.state <> 'queued' THEN t.state
-         WHEN j.status = 'queued' AND j.available_at = '9999-01-01 00:00:00+00' THEN 'held'
-         WHEN j.status = 'succeeded' THEN 'done'
-         ELSE j.status
-       END AS phase,
-       count(*) AS n
-  FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
- WHERE t.rollout_id = %(rollout)s
- GROUP BY 1
-"""
-
-FINISHED_SPAN = """
-SELECT count(*) AS done, min(j.finished_at) AS first, max(j.finished_at) AS last
-  FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
- WHERE t.rollout_id = %(rollout)s AND t.state = 'queued' AND j.status = 'succeeded'
-   AND j.finished_at >= %(since)s
-"""
-
-LATEST_FAILURES = """
-SELECT j.tenant_id, j.error_detail, j.status, j.attempts FROM control.rollout_tenants t
-  JOIN control.platform_jobs j ON j.id = t.job_id
- WHERE t.rollout_id = %(rollout)s AND j.error_detail IS NOT NULL AND j.status <> 'succeeded'
- ORDER BY j.updated_at DESC LIMIT %(limit)s
-"""
 
 Conn = psycopg.Connection[dict[str, Any]]
 
@@ -217,7 +161,7 @@ def resume(conn: Conn) -> Resumed:
         raise InvalidInput("no rollout waits for review or is halted: nothing to resume")
     rollout = Rollout.from_row(row)
     if rollout.state == "canary":
-        counts = {r["status"]: r["n"] for r in conn.execute(CANARY_STATUS, {"rollout": rollout.id})}
+        counts = queue.canary_status(conn, rollout.id)
         unfinished = sum(n for status, n in counts.items() if status != "succeeded")
         if unfinished:
             raise InvalidInput(
@@ -230,11 +174,9 @@ def resume(conn: Conn) -> Resumed:
         conn.execute(DROP_PENDING, {"rollout": rollout.id})  # no longer behind: nothing to do
         conn.execute(SET_STATE, {"state": "running", "id": rollout.id})
         return Resumed(rollout, len(queued), 0)
-    released = conn.execute(RELEASE_HELD, {"rollout": rollout.id}).fetchall()
+    released = queue.release_held(conn, rollout.id)
     if released:  # wake the idle workers once the release commits
-        conn.execute(
-            queue.NOTIFY, {"channel": queue.NOTIFY_CHANNEL, "job_type": PROVISION_JOB_TYPE}
-        )
+        queue.notify(conn, PROVISION_JOB_TYPE)
     conn.execute(SET_STATE, {"state": "running", "id": rollout.id})
     return Resumed(rollout, 0, len(released))
 
@@ -252,8 +194,7 @@ def abort(conn: Conn) -> Aborted:
     if row is None:
         raise InvalidInput("no rollout is in progress: nothing to abort")
     rollout = Rollout.from_row(row)
-    dropped = conn.execute(DROP_QUEUED, {"rollout": rollout.id, "steps": Jsonb(list(STEPS))})
-    count = len(dropped.fetchall())
+    count = len(queue.drop_queued(conn, rollout.id, list(STEPS)))
     conn.execute(DROP_PENDING, {"rollout": rollout.id})
     conn.execute(SET_STATE, {"state": "aborted", "id": rollout.id})
     return Aborted(rollout, count)
@@ -289,9 +230,8 @@ def progress(conn: Conn, failures: int = 5) -> Progress:
     if row is None:
         return Progress(None, {}, None, None, [])
     rollout = Rollout.from_row(row)
-    phases = {r["phase"]: int(r["n"]) for r in conn.execute(PROGRESS, {"rollout": rollout.id})}
-    span = conn.execute(FINISHED_SPAN, {"rollout": rollout.id, "since": rollout.created_at})
-    done = span.fetchone()
+    phases = queue.phases(conn, rollout.id)
+    done = queue.finished_span(conn, rollout.id, rollout.created_at)
     rate = eta = None
     if done and done["done"] and done["last"] is not None:
         seconds = max((done["last"] - rollout.created_at).total_seconds(), 0.001)
@@ -300,7 +240,7 @@ def progress(conn: Conn, failures: int = 5) -> Progress:
         eta = left / rate if rate else None
     latest = [
         Failure(str(r["tenant_id"]), r["status"], int(r["attempts"]), str(r["error_detail"]))
-        for r in conn.execute(LATEST_FAILURES, {"rollout": rollout.id, "limit": failures})
+        for r in queue.latest_failures(conn, rollout.id, failures)
     ]
     return Progress(rollout, phases, rate, eta, latest)
 
@@ -315,9 +255,7 @@ def get(conn: Conn, rollout_id: int) -> Rollout:
 def wait_for_canary(conn: Conn, rollout: Rollout, poll_seconds: float = 0.5) -> dict[str, int]:
     """Block until no canary job is queued or running; the canary's jobs by status."""
     while True:
-        counts = {
-            r["status"]: int(r["n"]) for r in conn.execute(CANARY_STATUS, {"rollout": rollout.id})
-        }
+        counts = queue.canary_status(conn, rollout.id)
         if not counts.get("queued") and not counts.get("running"):
             return counts
         time.sleep(poll_seconds)

@@ -70,43 +70,8 @@ SPARE_PREFIX = "zzspare_"
 # The factory's sessions commit asynchronously: a test database need not survive a server crash.
 ASYNC_COMMIT = "-c synchronous_commit=off"
 
-# The model's control rows (tenant, job, job runs, step runs) written for a new id
-# (``jsonb_populate_record`` over the table's own row type: whatever columns the tables have).
-CONTROL_ROWS = """
-INSERT INTO control.tenants
-SELECT (jsonb_populate_record(NULL::control.tenants, %(tenant)s::jsonb || jsonb_build_object(
-            'tenant_id', %(id)s::text, 'schema_name', %(schema)s::text, 'created_at', now(),
-            'updated_at', now(), 'onboarding_started_at', now()))).*;
-INSERT INTO control.platform_jobs
-SELECT (jsonb_populate_record(NULL::control.platform_jobs, %(job)s::jsonb || jsonb_build_object(
-            'id', %(job_id)s::uuid, 'tenant_id', %(id)s::text, 'idempotency_key', %(key)s::text,
-            'created_at', now(), 'available_at', now(), 'updated_at', now(),
-            'finished_at', now()))).*;
-INSERT INTO control.job_runs
-SELECT (jsonb_populate_record(NULL::control.job_runs, run || jsonb_build_object(
-            'job_id', %(job_id)s::uuid, 'started_at', now()))).*
-  FROM jsonb_array_elements(%(job_runs)s::jsonb) AS x(run);
-INSERT INTO control.job_step_runs OVERRIDING SYSTEM VALUE
-SELECT (jsonb_populate_record(NULL::control.job_step_runs, run || jsonb_build_object(
-            'id', nextval(pg_get_serial_sequence('control.job_step_runs', 'id')),
-            'job_id', %(job_id)s::uuid, 'tenant_id', %(id)s::text))).*
-  FROM jsonb_array_elements(%(runs)s::jsonb) WITH ORDINALITY AS x(run, n) ORDER BY n;
-"""
-
 # A handed-out spare: its schema renamed, and the model's control rows written for the new id.
-HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema};" + CONTROL_ROWS
-
-# The model's control rows as JSON: its tenant row, its one job, its runs (which command
-# started each: ``status`` shows it), its step history.
-MODEL_ROWS = """
-SELECT (SELECT to_jsonb(t) FROM control.tenants t WHERE t.tenant_id = %(id)s) AS tenant,
-       (SELECT to_jsonb(j) FROM control.platform_jobs j WHERE j.tenant_id = %(id)s) AS job,
-       (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.id), '[]'::jsonb)
-          FROM control.job_step_runs r WHERE r.tenant_id = %(id)s) AS runs,
-       (SELECT coalesce(jsonb_agg(to_jsonb(r) ORDER BY r.run), '[]'::jsonb)
-          FROM control.job_runs r JOIN control.platform_jobs j ON j.id = r.job_id
-         WHERE j.tenant_id = %(id)s) AS job_runs
-"""
+HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema};" + queue.COPY_MODEL_ROWS
 
 RETIRED_PREFIX = "zzretired_"
 
@@ -258,7 +223,7 @@ class TenantFactory:
             service.provision(self.database.settings, model.value, holder="pytest-spares")
             with self._owner() as conn:
                 self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
-                rows = conn.execute(MODEL_ROWS, {"id": model.value}).fetchone()
+                rows = conn.execute(queue.MODEL_ROWS, {"id": model.value}).fetchone()
                 assert rows is not None and rows[1] is not None, "the model has its job"
                 self._model_rows = {
                     "tenant": rows[0],
@@ -326,7 +291,7 @@ class TenantFactory:
             yield self._conn
 
     def _control_params(self, tenant: TenantId) -> dict[str, Any]:
-        """The parameters of :data:`CONTROL_ROWS` for ``tenant``."""
+        """The parameters of :data:`provisioner.queue.COPY_MODEL_ROWS` for ``tenant``."""
         return {
             "id": tenant.value,
             "schema": tenant.schema,
@@ -374,7 +339,7 @@ class TenantFactory:
                     psycopg.ClientCursor(conn) as cur,
                 ):
                     self._build_copy(conn, tenant, settings.app_role)
-                    cur.execute(CONTROL_ROWS, self._control_params(tenant))
+                    cur.execute(queue.COPY_MODEL_ROWS, self._control_params(tenant))
                 return Tenant(tenant.value, tenant.schema, settings.app_url, settings.owner_url)
             except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
                 raise InvalidInput(f"tenant {tenant} already exists") from None

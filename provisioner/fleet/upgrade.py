@@ -1,0 +1,192 @@
+"""Fleet upgrades: queue the tenants behind the tenant template's head (found by
+:mod:`provisioner.fleet.versions`), under a rollout (:mod:`provisioner.fleet.rollout`).
+
+A worker then re-runs the migration step alone for each queued tenant, replaying the new
+revisions' DDL when :mod:`provisioner.templates.upgrade` can verify it, else through Alembic.
+Tenants whose lifecycle state is suspended, archived or deleted are left alone and reported.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from provisioner import db, queue
+from provisioner.control.schema import require_control_at_head
+from provisioner.errors import InvalidInput, UnknownTenant, WrongState
+from provisioner.fleet import rollout
+from provisioner.fleet.versions import UPGRADE_OPTIONS, read_versions, schema_versions
+from provisioner.models import Job, JobStatus, TenantId
+from provisioner.settings import Settings
+from provisioner.templates import migrations
+from provisioner.tenant import row as tenants
+
+# Tenants an upgrade leaves alone, by lifecycle state.
+TENANTS_LEFT_ALONE = """
+SELECT tenant_id, state FROM control.tenants WHERE state = ANY(%(states)s)
+"""
+
+
+@dataclass(frozen=True)
+class TenantUpgrade:
+    """A provisioned tenant whose schema is behind the tenant template's head."""
+
+    job: Job
+    #: what ``alembic_version`` in its schema records; empty when there is no version table
+    versions: frozenset[str]
+    #: 'queued' (a worker brings it to head), or 'would queue' (``dry_run``)
+    action: str
+
+
+@dataclass(frozen=True)
+class SkippedTenant:
+    """A tenant left alone because of its lifecycle state."""
+
+    tenant_id: str
+    state: str
+
+
+@dataclass(frozen=True)
+class UpgradeReport:
+    heads: frozenset[str]
+    checked: int
+    behind: list[TenantUpgrade]
+    #: tenants whose job has not succeeded: they reach head when it runs (or after a retry)
+    unfinished: list[Job]
+    #: tenants whose lifecycle state keeps them out of an upgrade
+    skipped: list[SkippedTenant]
+    #: the rollout recorded for the queued tenants (None with ``dry_run`` or nothing behind)
+    rollout_id: int | None = None
+
+    def versions_behind(self) -> dict[str, int]:
+        """How many tenants are at each older revision, for a summary line."""
+        counts = Counter(migrations.head_label(b.versions) or "(none)" for b in self.behind)
+        return dict(sorted(counts.items()))
+
+
+def upgrade(
+    settings: Settings,
+    tenant_ids: list[str] | None = None,
+    *,
+    dry_run: bool = False,
+    canary: int | None = None,
+    max_failures: int | None = None,
+) -> UpgradeReport:
+    """Queue every provisioned tenant whose schema is behind the template's head for a worker.
+
+    ``tenant_ids`` None means all tenants. A named tenant that is suspended, archived or
+    deleted is refused (:class:`WrongState`); with all tenants, such tenants are skipped and
+    reported. The jobs found behind are recorded as a rollout (:mod:`provisioner.fleet.rollout`) and
+    queued in one transaction: all of them (or the ``canary`` first ones), or none (and none
+    with ``dry_run``). ``max_failures`` halts the rollout at that many failed tenants.
+    """
+    for name, value in (("canary", canary), ("max_failures", max_failures)):
+        if value is not None and value < 1:
+            raise InvalidInput(f"{name.replace('_', '-')} must be at least 1, got {value}")
+    wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
+    heads = migrations.tenant_heads()
+    owner = db.connect(
+        settings.owner_url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS
+    )
+    # A fleet-wide upgrade reads every tenant schema's version while this thread reads and
+    # parses the jobs (the reads wait on the server, the parsing is Python's): the two overlap.
+    reader = ThreadPoolExecutor(1)
+    early = reader.submit(read_versions, settings.owner_url, None) if wanted is None else None
+    with reader, closing(owner) as conn, db.translated():
+        require_control_at_head(conn)
+        jobs = queue.provision_jobs(conn, wanted)
+        missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
+        if missing:
+            raise UnknownTenant(f"unknown tenant(s) {', '.join(missing)}: no provisioning job")
+        rows = conn.execute(
+            TENANTS_LEFT_ALONE, {"states": list(tenants.INACTIVE_STATES)}
+        ).fetchall()
+        states: dict[str, str] = {r["tenant_id"]: r["state"] for r in rows}
+        skipped = [
+            SkippedTenant(str(j.tenant_id), states[j.tenant_id])
+            for j in jobs
+            if j.tenant_id in states
+        ]
+        if wanted is not None and skipped:
+            first = skipped[0]
+            raise WrongState(
+                f"tenant {first.tenant_id} is {first.state}: an upgrade leaves it alone"
+            )
+        jobs = [j for j in jobs if j.tenant_id not in states]
+        finished = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
+        if early is not None:
+            versions = early.result()
+        else:
+            versions = read_versions(
+                settings.owner_url, [TenantId(str(j.tenant_id)).schema for j in finished]
+            )
+        behind = [
+            (job, versions.get(TenantId(str(job.tenant_id)).schema, frozenset()))
+            for job in finished
+            if versions.get(TenantId(str(job.tenant_id)).schema) != heads
+        ]
+        rollout_id = None
+        if dry_run or not behind:
+            action = "would queue" if dry_run else "queued"
+            upgrades = [TenantUpgrade(job, v, action) for job, v in behind]
+        else:
+            with conn.transaction():
+                started, queued = rollout.start(
+                    conn,
+                    migrations.head_label(heads),
+                    [job for job, _ in behind],
+                    canary=canary,
+                    max_failures=max_failures,
+                )
+            rollout_id = started.id
+            reopened = {j.id: j for j in queued}
+            upgrades = [
+                TenantUpgrade(
+                    reopened.get(job.id, job), v, "queued" if job.id in reopened else "pending"
+                )
+                for job, v in behind
+            ]
+    unfinished = [j for j in jobs if j.status is not JobStatus.SUCCEEDED]
+    return UpgradeReport(heads, len(finished), upgrades, unfinished, skipped, rollout_id)
+
+
+def _owner(settings: Settings, name: str) -> psycopg.Connection[dict[str, Any]]:
+    return db.connect(settings.owner_url, application_name=name, autocommit=True)
+
+
+def resume(settings: Settings) -> rollout.Resumed:
+    """Continue the active rollout (the rest after a canary, or the jobs a halt held)."""
+    with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
+        return rollout.resume(conn)
+
+
+def abort(settings: Settings) -> rollout.Aborted:
+    """Drop what the active rollout has not started."""
+    with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
+        return rollout.abort(conn)
+
+
+def progress(settings: Settings) -> rollout.Progress:
+    """The latest rollout's numbers, for ``upgrade --watch`` (read-only)."""
+    with closing(_owner(settings, "upgrade-watch")) as conn, db.translated():
+        return rollout.progress(conn)
+
+
+def wait_for_canary(settings: Settings, rollout_id: int) -> dict[str, int]:
+    """Block until the canary of ``rollout_id`` has finished; its jobs by status."""
+    with closing(_owner(settings, "upgrade")) as conn, db.translated():
+        return rollout.wait_for_canary(conn, rollout.get(conn, rollout_id))
+
+
+def tenants_per_head(settings: Settings) -> dict[str, int]:
+    """How many provisioned tenants record each revision (the watch's first line)."""
+    with closing(_owner(settings, "upgrade-watch")) as conn, db.translated():
+        jobs = [j for j in queue.provision_jobs(conn) if j.status is not JobStatus.RUNNING]
+        found = schema_versions(conn, sorted({TenantId(str(j.tenant_id)).schema for j in jobs}))
+    counts = Counter(migrations.head_label(v) if v else "(none)" for v in found.values())
+    return dict(sorted(counts.items()))

@@ -1,0 +1,150 @@
+"""Who is behind: every tenant schema's ``alembic_version``, read fast at any fleet size.
+
+Two kinds of query, whatever the fleet's size: one catalog lookup for the schemas that have a
+version table, then their versions read by strings of ``COPY ... TO STDOUT`` statements,
+:data:`VERSION_CHUNK` tables each, over :data:`VERSION_SESSIONS` sessions. Each string runs as one
+implicit transaction, so 10,000 tenants never hold 10,000 table locks at once (the lock table
+would run out). Every answer is read from the schema's own ``alembic_version`` table, never from
+a cache a hand-run Alembic could leave stale.
+
+Invariant: a tenant's version is what its table held at some instant during the read; a table
+dropped meanwhile is read as having none. Pinned by tests/integration/test_fleet_upgrade.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from provisioner import db
+from provisioner.db import copy_out
+
+#: A tenant stuck behind a long migration's lock fails the command rather than hang it.
+UPGRADE_OPTIONS = {"lock_timeout": "5s"}
+
+#: Version tables per string of ``COPY`` statements (one round trip, one implicit transaction,
+#: so as many table locks). ``COPY table TO STDOUT`` is not planned: a ``UNION ALL`` of the same
+#: tables also opened each one's index and sized its files for the planner, and planning grew
+#: faster than its branches (10,000 real tenants, two sessions, same minute: ``UNION ALL`` in
+#: chunks of 100 0.56 s; ``COPY`` in strings of 100 0.40 s, of 500 0.33 s, of 1,000 0.32 s).
+VERSION_CHUNK = 500
+
+
+#: Sessions reading versions at once for a large fleet: each table costs the server a lock and
+#: a relation open in a cold session, so two backends nearly halve the time on a 2-core machine
+#: (``COPY`` strings of 500 over 10,000 tenants: 0.44 s with one session, 0.33 s with two; the
+#: former ``UNION ALL``: 0.56 s with two, 0.81 s with three).
+VERSION_SESSIONS = 2
+
+
+# The schemas (of those named) that hold a version table: one catalog lookup by relname. A
+# session reading a share of them (``oid % shares = share``) finds its own share.
+VERSIONED_SCHEMAS = """
+SELECT n.nspname, c.oid, c.relkind = 'p' FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p') AND n.nspname = ANY(%(schemas)s)
+   AND c.oid::int8 %% %(shares)s = %(share)s
+"""
+
+
+# Every tenant schema that holds a version table (a fleet-wide upgrade reads them all while
+# it reads the jobs; spares are named pool_*). The pattern's "_" is escaped: a literal one.
+VERSIONED_TENANT_SCHEMAS = r"""
+SELECT n.nspname, c.oid, c.relkind = 'p' FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p')
+   AND n.nspname LIKE 'tenant\_%%' AND c.oid::int8 %% %(shares)s = %(share)s
+"""
+
+
+@dataclass(frozen=True, order=True)
+class VersionTable:
+    """A schema's ``alembic_version`` table, found in the catalog."""
+
+    schema: str
+    oid: int
+    #: a partitioned table (``COPY`` reads it through a query, as it cannot name it)
+    partitioned: bool = False
+
+    def copy_statement(self, conn: psycopg.Connection[Any]) -> bytes:
+        """``COPY ... TO STDOUT`` of its versions, one CSV line each."""
+        table = sql.Identifier(self.schema, "alembic_version").as_bytes(conn)
+        source = b"(SELECT version_num FROM " + table + b")" if self.partitioned else table
+        if not self.partitioned:
+            source += b" (version_num)"
+        return b"COPY " + source + b" TO STDOUT (FORMAT csv)"
+
+
+def schema_versions(
+    conn: psycopg.Connection[Any], schemas: list[str]
+) -> dict[str, frozenset[str] | None]:
+    """Each schema's recorded revisions (None: no version table, or no schema).
+
+    ``conn`` is in autocommit: every chunk is a transaction of its own.
+    """
+    found = _read_chunks(conn, versioned(conn, schemas))
+    return {s: found.get(s) for s in schemas}
+
+
+def versioned(
+    conn: psycopg.Connection[Any], schemas: list[str] | None, share: int = 0, shares: int = 1
+) -> list[VersionTable]:
+    """Of ``schemas`` (None: every tenant schema), those that hold a version table, by name;
+    of those, the ``share``-th of ``shares`` (by oid)."""
+    params = {"schemas": schemas, "share": share, "shares": shares}
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(VERSIONED_TENANT_SCHEMAS if schemas is None else VERSIONED_SCHEMAS, params)
+        return sorted(VersionTable(row[0], int(row[1]), bool(row[2])) for row in cur.fetchall())
+
+
+def _read_chunks(
+    conn: psycopg.Connection[Any], tables: list[VersionTable]
+) -> dict[str, frozenset[str]]:
+    found: dict[str, frozenset[str]] = {}
+    for start in range(0, len(tables), VERSION_CHUNK):
+        found.update(_copy_versions(conn, tables[start : start + VERSION_CHUNK]))
+    return found
+
+
+def _copy_versions(
+    conn: psycopg.Connection[Any], tables: list[VersionTable]
+) -> dict[str, frozenset[str]]:
+    """The versions of ``tables``: one string of ``COPY`` statements, one result per table."""
+    outputs = copy_out.copy_each(conn, [table.copy_statement(conn) for table in tables])
+    encoding = conn.info.encoding
+    found: dict[str, frozenset[str]] = {}
+    for table, data in zip(tables, outputs, strict=False):
+        lines = csv.reader(io.StringIO(data.decode(encoding)))
+        found[table.schema] = frozenset(line[0] for line in lines if line)
+    return found
+
+
+def read_versions(url: str, schemas: list[str] | None) -> dict[str, frozenset[str]]:
+    """The recorded revisions of each of ``schemas`` (None: every tenant schema) that has a
+    version table (the others are absent).
+
+    A fleet-wide read (or one of more than :data:`VERSION_CHUNK` schemas) runs over
+    :data:`VERSION_SESSIONS` sessions at once, each finding and reading its own share: the
+    sessions connect, look up and read side by side, with nothing serial before them."""
+    shares = 1 if schemas is not None and len(schemas) <= VERSION_CHUNK else VERSION_SESSIONS
+
+    def part(share: int) -> dict[str, frozenset[str]]:
+        conn = db.connect(url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS)
+        with closing(conn), db.translated():
+            return _read_chunks(conn, versioned(conn, schemas, share, shares))
+
+    if shares == 1:
+        return part(0)
+    found: dict[str, frozenset[str]] = {}
+    with ThreadPoolExecutor(shares) as pool:
+        for result in pool.map(part, range(shares)):
+            found.update(result)
+    return found

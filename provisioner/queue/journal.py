@@ -1,0 +1,137 @@
+"""The job's history: its runs (``control.job_runs``) and its step runs
+(``control.job_step_runs``), opened, finished, abandoned and read back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from psycopg import sql
+
+from provisioner.models import (
+    Lease,
+    TenantId,
+)
+from provisioner.queue.rows import Conn, bounded_error, fetch_all
+
+# Every run of a job, oldest first.
+RUNS_FOR_JOB = "SELECT * FROM control.job_runs WHERE job_id = %(job_id)s ORDER BY run"
+
+
+# A step run opened ahead (CLOSE_STEP_OPEN_NEXT) for a step that never began: the job was
+# handed back before it. Gone with the hand-back, in the same transaction.
+STEP_RUN_DISCARD = "DELETE FROM control.job_step_runs WHERE id = %(id)s AND outcome = 'running'"
+
+
+# A step begins: its row is committed before its work, so a crash leaves the trace. Opened by
+# the steps' session just before the step's transaction begins, in the same simple
+# query (db.Session.transaction's ``before``), so the values are literals. Its commit does not
+# wait for the disk (the set_config runs before it): a server crash may lose the row with the
+# step's attempt, and recovery requeues the job either way.
+STEP_RUN_OPEN = sql.SQL("""
+INSERT INTO control.job_step_runs (job_id, tenant_id, run, attempt, step, worker)
+VALUES ({}, {}, {}, {}, {}, {})
+RETURNING id, set_config('synchronous_commit', 'off', true)
+""")
+
+
+# A step ends, with its outcome and a one-line detail; a run already closed (abandoned by
+# recovery) stays as recovery left it.
+STEP_RUN_FINISH = """
+UPDATE control.job_step_runs
+   SET finished_at = clock_timestamp(), outcome = %(outcome)s, detail = %(detail)s
+ WHERE id = %(id)s AND outcome = 'running'
+"""
+
+
+# Close the open step runs of recovered jobs: their process is gone.
+STEP_RUNS_ABANDON = """
+UPDATE control.job_step_runs
+   SET finished_at = clock_timestamp(), outcome = 'abandoned',
+       detail = 'worker lease expired; step outcome unknown (its transaction rolled back)'
+ WHERE job_id = ANY(%(job_ids)s) AND outcome = 'running'
+"""
+
+
+# Close the open step runs of one attempt whose process is known to be gone (a worker's child).
+STEP_RUNS_ABANDON_ATTEMPT = """
+UPDATE control.job_step_runs
+   SET finished_at = clock_timestamp(), outcome = 'abandoned',
+       detail = 'worker process died; step outcome unknown (its transaction rolled back)'
+ WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND worker = %(worker)s
+   AND outcome = 'running'
+"""
+
+
+STEP_RUNS_FOR_JOB = "SELECT * FROM control.job_step_runs WHERE job_id = %(job_id)s ORDER BY id"
+
+
+# Every step run of a tenant, whatever the job's kind, oldest first.
+STEP_RUNS_FOR_TENANT = """
+SELECT s.*, j.job_type FROM control.job_step_runs s
+  JOIN control.platform_jobs j ON j.id = s.job_id
+ WHERE s.tenant_id = %(tenant_id)s
+ ORDER BY s.id
+"""
+
+
+# Every run of every job of a tenant (which kind, which command started it), oldest first.
+RUNS_FOR_TENANT = """
+SELECT r.* FROM control.job_runs r JOIN control.platform_jobs j ON j.id = r.job_id
+ WHERE j.tenant_id = %(tenant_id)s
+ ORDER BY r.started_at, r.run
+"""
+
+
+def runs(conn: Conn, job_id: UUID) -> list[dict[str, Any]]:
+    """Each run of the job: its number, kind, the command that started it, when."""
+    return fetch_all(conn, RUNS_FOR_JOB, {"job_id": job_id})
+
+
+def discard_step_run(conn: Conn, run_id: int) -> None:
+    """Delete a step run opened ahead for a step that never began (:data:`STEP_RUN_DISCARD`)."""
+    with conn.cursor() as cur:
+        cur.execute(STEP_RUN_DISCARD, {"id": run_id})
+
+
+def tenant_history(
+    conn: Conn, tenant: TenantId
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every run of the tenant's jobs, every step run of them), oldest first."""
+    params = {"tenant_id": tenant.value}
+    return fetch_all(conn, RUNS_FOR_TENANT, params), fetch_all(conn, STEP_RUNS_FOR_TENANT, params)
+
+
+def step_run_opening(lease: Lease, tenant_id: str | None, step: str) -> sql.Composed:
+    """The statement that opens a step run's journal row (:data:`STEP_RUN_OPEN`), to be sent
+    before the step's transaction begins and committed on its own; the row's id is the first
+    column of its row (``db.Transaction.before_row``)."""
+    values = (lease.job_id, tenant_id, lease.run, lease.attempts, step, lease.locked_by)
+    return STEP_RUN_OPEN.format(*(sql.Literal(value) for value in values))
+
+
+def run_detail(detail: str | None) -> str | None:
+    """A step run's detail as the journal stores it: redacted and bounded."""
+    return bounded_error(detail) if detail else None
+
+
+def finish_step_run(conn: Conn, run_id: int, outcome: str, detail: str | None = None) -> None:
+    with conn.cursor() as cur:
+        cur.execute(
+            STEP_RUN_FINISH,
+            {"id": run_id, "outcome": outcome, "detail": run_detail(detail)},
+        )
+
+
+def abandon_step_runs(conn: Conn, lease: Lease) -> None:
+    """Close the attempt's open step runs: its process died before it could."""
+    with conn.cursor() as cur:
+        cur.execute(
+            STEP_RUNS_ABANDON_ATTEMPT,
+            {"job_id": lease.job_id, "attempt": lease.attempts, "worker": lease.locked_by},
+        )
+
+
+def step_runs(conn: Conn, job_id: UUID) -> list[dict[str, Any]]:
+    return fetch_all(conn, STEP_RUNS_FOR_JOB, {"job_id": job_id})

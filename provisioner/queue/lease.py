@@ -1,0 +1,281 @@
+"""Every write to a claimed job, fenced by its :class:`~provisioner.models.Lease` (``id``,
+``locked_by``, ``attempts``): once recovery, a take-over or a cancel changed the row, the old
+holder's writes match nothing and raise :class:`~provisioner.errors.LeaseLost`. A step's
+checkpoint, the job's end, a retry with backoff, a release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from provisioner.errors import InvalidInput, LeaseLost
+from provisioner.models import (
+    Job,
+    Lease,
+)
+from provisioner.queue.claim import CLAIM_NEXT, Claim, as_claim, claim_params
+from provisioner.queue.journal import run_detail
+from provisioner.queue.rows import BACKOFF_CAP_SECONDS, Conn, bounded_error, fetch_all, fetch_one
+
+# Record one finished step with the new progress, fenced by the lease. The lease is renewed
+# with clock_timestamp(): now() is the start of the step's transaction, which may be older
+# than the lease itself after a long step.
+_RECORD_STEP = """
+UPDATE control.platform_jobs
+   SET steps_completed = %(steps)s, progress = %(progress)s, locked_at = clock_timestamp(),
+       updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *"""
+
+
+RECORD_STEP = _RECORD_STEP + "\n"
+
+
+# Finish a job successfully, fenced by the lease. ``finished_at`` is the clock when the job
+# ended, not the start of the transaction that ended it: for a job completed with its last step
+# (RECORD_LAST_STEP), that step's work is part of the job's time.
+COMPLETE = """
+UPDATE control.platform_jobs
+   SET status = 'succeeded', progress = 100, error_detail = NULL, locked_at = NULL,
+       locked_by = NULL, finished_at = clock_timestamp(), updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+
+# Record a job's last step and complete the job in one statement, fenced by the lease (the same
+# end state as RECORD_STEP then COMPLETE). A step's transaction begins with asynchronous commit
+# (engine.LOCK_ASYNC_COMMIT); the statement that completes the job makes its commit wait for the
+# disk again, whichever steps share the transaction: what a caller is told succeeded is durable,
+# and that flush makes the job's earlier steps durable with it.
+RECORD_LAST_STEP = """
+UPDATE control.platform_jobs
+   SET steps_completed = %(steps)s, status = 'succeeded', progress = 100, error_detail = NULL,
+       locked_at = NULL, locked_by = NULL, finished_at = clock_timestamp(), updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *, set_config('synchronous_commit', 'on', true) AS commit_waits
+"""
+
+
+# A step's end in one statement (close_step): its journal row closed, as STEP_RUN_FINISH does,
+# by a data-modifying CTE of the fenced checkpoint (RECORD_STEP / RECORD_LAST_STEP).
+_CLOSE_RUN = """
+WITH closed_at AS MATERIALIZED (SELECT clock_timestamp() AS at),
+closed_run AS (
+    UPDATE control.job_step_runs
+       SET finished_at = (SELECT at FROM closed_at), outcome = 'succeeded', detail = %(detail)s
+     WHERE id = %(run_id)s AND outcome = 'running'
+)"""
+
+
+CLOSE_STEP = _CLOSE_RUN + RECORD_STEP
+
+
+CLOSE_LAST_STEP = _CLOSE_RUN + RECORD_LAST_STEP
+
+
+# The same end of a step that is not the job's last, which also opens the journal row of the
+# job's next step (STEP_RUN_OPEN's row, started when this one finished): it commits with this
+# step, so the next step begins without a start row of its own to write and wait for, and a
+# process killed in between leaves that row open for recovery to mark abandoned, as a start row
+# would. Its id comes back as ``next_run_id`` beside the job's row.
+CLOSE_STEP_OPEN_NEXT = (
+    _CLOSE_RUN
+    + """, next_run AS (
+    INSERT INTO control.job_step_runs (job_id, tenant_id, run, attempt, step, worker, started_at)
+    SELECT %(id)s, %(tenant_id)s, %(run)s, %(attempts)s, %(next_step)s, %(worker)s, at
+      FROM closed_at
+    RETURNING id
+)"""
+    + _RECORD_STEP
+    + ", (SELECT id FROM next_run) AS next_run_id\n"
+)
+
+
+# Fail terminally when attempts are spent (or the error is permanent), else back off.
+FAIL_OR_RETRY = """
+UPDATE control.platform_jobs
+   SET status = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN 'failed'
+                     ELSE 'queued' END,
+       available_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN available_at
+                           ELSE now() + make_interval(
+                                    secs => least(%(cap)s, power(2, least(attempts, 8))))
+                      END,
+       finished_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN clock_timestamp()
+                     END,
+       error_detail = %(error)s, locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+
+# Hand a claimed job back untouched (graceful shutdown): the attempt is not counted.
+RELEASE = """
+UPDATE control.platform_jobs
+   SET status = 'queued', attempts = greatest(attempts - 1, 0), available_at = now(),
+       locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
+RETURNING *
+"""
+
+
+# Hand back the jobs a dead engine process claimed but never reported to its worker (it died
+# between its claim and its report): none of their steps started, so the attempt is not counted.
+RELEASE_UNREPORTED = """
+UPDATE control.platform_jobs
+   SET status = 'queued', attempts = greatest(attempts - 1, 0), available_at = now(),
+       locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE status = 'running' AND locked_by = %(worker)s AND NOT id = ANY(%(reported)s)
+RETURNING *
+"""
+
+
+# Renew the leases a live worker holds, so long steps are never taken for abandoned.
+RENEW_LEASES = """
+UPDATE control.platform_jobs SET locked_at = now()
+ WHERE status = 'running' AND locked_by = ANY(%(holders)s)
+RETURNING id
+"""
+
+
+def _fenced(conn: Conn, statement: str, lease: Lease, **params: Any) -> Job:
+    row = fetch_one(
+        conn,
+        statement,
+        {"id": lease.job_id, "worker": lease.locked_by, "attempts": lease.attempts, **params},
+    )
+    if row is None:
+        raise LeaseLost(_lease_lost(lease))
+    return Job.from_row(row)
+
+
+def _lease_lost(lease: Lease) -> str:
+    return (
+        f"job {lease.job_id} is no longer held by {lease.locked_by} (attempt "
+        f"{lease.attempts}): it was recovered, re-claimed or cancelled"
+    )
+
+
+def _check_progress(progress: int) -> None:
+    if not 0 <= progress <= 100:
+        raise InvalidInput(f"progress must be between 0 and 100, got {progress}")
+
+
+def record_step(conn: Conn, lease: Lease, done: list[str], progress: int) -> Job:
+    """Record the finished steps (the caller orders them) and the progress they make."""
+    _check_progress(progress)
+    return _fenced(conn, RECORD_STEP, lease, steps=Jsonb(list(done)), progress=progress)
+
+
+@dataclass(frozen=True)
+class ClosedStep:
+    """What :func:`close_step` recorded: the job as the checkpoint left it, the next job its
+    commit claims (``claim_next``), and the journal row it opened for the job's next step."""
+
+    job: Job
+    claimed: Claim | None = None
+    next_run_id: int | None = None
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """The job's next step, whose journal row :func:`close_step` opens: its tenant and name."""
+
+    tenant_id: str | None
+    step: str
+
+
+def close_step(
+    conn: Conn,
+    run_id: int,
+    detail: str | None,
+    lease: Lease,
+    done: list[str],
+    progress: int,
+    *,
+    last: bool,
+    claim_next: Sequence[str] = (),
+    open_next: NextStep | None = None,
+) -> ClosedStep:
+    """End a step inside its own transaction: close its journal row and record the fenced
+    checkpoint (``last``: and complete the job) in one statement, and, with ``claim_next``,
+    claim the holder's next job of those kinds in the same round trip (pipeline mode), so that
+    the claim commits with the step instead of costing a round trip and a commit of its own.
+    With ``open_next`` (a step that is not the last), the same statement opens the journal row
+    of the job's next step (:data:`CLOSE_STEP_OPEN_NEXT`).
+
+    Raises :class:`LeaseLost` when the fence matched nothing: the caller's transaction then
+    rolls back, the step's work, its journal close and the claim with it.
+    """
+    _check_progress(progress)
+    params = {
+        "id": lease.job_id,
+        "worker": lease.locked_by,
+        "attempts": lease.attempts,
+        "steps": Jsonb(list(done)),
+        "progress": progress,
+        "run_id": run_id,
+        "detail": run_detail(detail),
+    }
+    if last:
+        statement = CLOSE_LAST_STEP
+    elif open_next is not None:
+        statement = CLOSE_STEP_OPEN_NEXT
+        params.update(run=lease.run, tenant_id=open_next.tenant_id, next_step=open_next.step)
+    else:
+        statement = CLOSE_STEP
+    with conn.cursor(row_factory=dict_row) as record:
+        if claim_next:
+            with conn.cursor(row_factory=dict_row) as claim:
+                with conn.pipeline():
+                    record.execute(statement, params)
+                    claim.execute(CLAIM_NEXT, claim_params(claim_next, lease.locked_by))
+                claimed = as_claim(claim.fetchone())
+        else:
+            record.execute(statement, params)
+            claimed = None
+        row = record.fetchone()
+    if row is None:
+        raise LeaseLost(_lease_lost(lease))
+    next_run = row.get("next_run_id")
+    return ClosedStep(Job.from_row(row), claimed, None if next_run is None else int(next_run))
+
+
+def complete(conn: Conn, lease: Lease) -> Job:
+    return _fenced(conn, COMPLETE, lease)
+
+
+def fail_or_retry(conn: Conn, lease: Lease, error: str, *, permanent: bool = False) -> Job:
+    """Back off and requeue, or fail when attempts are spent or the error is permanent."""
+    return _fenced(
+        conn,
+        FAIL_OR_RETRY,
+        lease,
+        error=bounded_error(error),
+        permanent=permanent,
+        cap=BACKOFF_CAP_SECONDS,
+    )
+
+
+def release(conn: Conn, lease: Lease) -> Job:
+    return _fenced(conn, RELEASE, lease)
+
+
+def release_unreported(conn: Conn, worker: str, reported: list[UUID]) -> list[Job]:
+    """Queue again, untouched, the jobs ``worker`` (a dead engine process) holds other than the
+    ``reported`` ones: it claimed them and died before telling its worker, so none of their
+    steps started."""
+    return [
+        Job.from_row(r)
+        for r in fetch_all(conn, RELEASE_UNREPORTED, {"worker": worker, "reported": reported})
+    ]
+
+
+def renew_leases(conn: Conn, holders: list[str]) -> int:
+    return len(fetch_all(conn, RENEW_LEASES, {"holders": holders}))

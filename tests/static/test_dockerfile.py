@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -109,9 +112,47 @@ def test_no_dev_extras_or_dev_tools_are_installed(text: str) -> None:
     for stage in dockerfile_stages(text):
         for run_args in instructions(stage, "RUN"):
             assert "[dev]" not in run_args, run_args
-            assert "optional-dependencies" not in run_args, run_args
+            if "optional-dependencies" in run_args:
+                # Only the object stores' extras, refused otherwise (run below, for real).
+                assert "<= {'s3', 'azure'}" in run_args, run_args
             for tool in DEV_ONLY:
                 assert not re.search(rf"\b{re.escape(tool)}\b", run_args), run_args
+
+
+def dependency_requirements(
+    final_stage: list[tuple[str, str]], tmp_path: Path, extras: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the dependency layer's own one-liner on this pyproject.toml, as the build runs it."""
+    (deps_run,) = [a for a in instructions(final_stage, "RUN") if "tomllib" in a]
+    argv = shlex.split(deps_run.split("&&")[0])
+    assert argv[:2] == ["python", "-c"], argv
+    defaults = dict(shlex.split(arg)[0].split("=", 1) for arg in instructions(final_stage, "ARG"))
+    args = [
+        extras if extras is not None else defaults[a.strip("${}")] if a.startswith("$") else a
+        for a in argv[3:]
+    ]
+    (tmp_path / "pyproject.toml").write_bytes((REPO_ROOT / "pyproject.toml").read_bytes())
+    program = argv[2].replace("/tmp/build", str(tmp_path))  # noqa: S108 (the image's path)
+    return subprocess.run(
+        [sys.executable, "-c", program, *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_the_image_gets_the_dependencies_and_both_object_store_extras(
+    final_stage: list[tuple[str, str]], tmp_path: Path
+) -> None:
+    """The image serves OBJECT_STORE_PROVIDER=s3 and =azure, and holds no dev or embedded extra."""
+    done = dependency_requirements(final_stage, tmp_path)
+    assert done.returncode == 0, done.stderr
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    optional = project["optional-dependencies"]
+    expected = [*project["dependencies"], *optional["s3"], *optional["azure"]]
+    installed = (tmp_path / "requirements.txt").read_text().split()
+    assert installed == expected
+    for tool in DEV_ONLY:
+        assert not any(tool in requirement for requirement in installed), installed
+    refused = dependency_requirements(final_stage, tmp_path, extras="s3 dev")
+    assert refused.returncode != 0, refused.stdout
 
 
 def test_dependencies_are_a_cached_layer_before_the_package(
@@ -159,6 +200,7 @@ def test_the_wheel_stage_builds_from_the_sources_with_both_alembic_trees(text: s
     [
         ("pyproject.toml", False),
         ("README.md", False),
+        ("LICENSE", False),
         ("provisioner/cli.py", False),
         ("control_migrations/alembic.ini", False),
         ("control_migrations/versions/20260722_c001_control_schema.py", False),

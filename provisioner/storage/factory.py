@@ -1,0 +1,39 @@
+"""``store_from_settings``: the configured store, or one line refusing settings that fail.
+
+Kept apart from :mod:`provisioner.storage.base` so that the interface module imports no store
+(each store imports the interface). Building a store imports no cloud SDK: the ``s3`` and
+``azure`` providers only check that their extra is installed, and import it when they check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from provisioner.errors import ConfigurationError
+from provisioner.settings import OBJECT_STORE_PROVIDERS, Settings
+from provisioner.storage.azure import azure_store
+from provisioner.storage.base import ObjectStore
+from provisioner.storage.filesystem import FilesystemStore
+from provisioner.storage.s3 import s3_store
+
+
+def store_from_settings(
+    settings: Settings, environ: Mapping[str, str] | None = None
+) -> ObjectStore:
+    """Build the configured store, refusing a configuration that cannot work.
+
+    A provider whose library is missing (the ``[s3]`` or ``[azure]`` extra not installed) is a
+    :class:`ConfigurationError` that names the extra. ``environ`` (default ``os.environ``) is
+    read for one value only: ``AZURE_STORAGE_CREDENTIAL``, the account key or SAS token used
+    with ``AZURE_STORAGE_ACCOUNT_URL``.
+    """
+    provider = settings.object_store_provider
+    if provider not in OBJECT_STORE_PROVIDERS:
+        raise ConfigurationError(
+            f"OBJECT_STORE_PROVIDER={provider!r} is not one of {', '.join(OBJECT_STORE_PROVIDERS)}"
+        )
+    if provider == "filesystem":
+        return FilesystemStore(root=settings.object_store_path or settings.state_dir / "objects")
+    if provider == "s3":
+        return s3_store(settings)
+    return azure_store(settings, environ)  # azure, the last of OBJECT_STORE_PROVIDERS

@@ -1,4 +1,4 @@
 """Benchmarks of tenant provisioning against the raw-SQL limit: ``python -m bench``.
 
-Not tests: nothing here asserts a time. See docs/PERFORMANCE.md for how to read the table.
+Not tests: nothing here asserts a time. docs/performance.md says how to read the table.
 """

@@ -170,7 +170,7 @@ def _scenario(
                         raise RuntimeError(f"the pool did not fill: {worker.log()[-2000:]}")
                     # Let the pool settle: spares are built ahead of sign-ups, and the first
                     # transaction of each idle session after a build processes the catalog
-                    # invalidations of its DDL (measured apart, see docs/PERFORMANCE.md).
+                    # invalidations of its DDL (a cost of its own, not the take's).
                     time.sleep(SETTLE_SECONDS)
                     key = "pool" if pool_size else "nopool"
                     samples[key].append(_latency(app_conn, f"t{i}"))

@@ -214,7 +214,7 @@ class Engine:
     def warm(self) -> None:
         """Warm the idle sessions after a spare build, best effort
         (:meth:`EngineSessions.warm`), with every kind's plans made ahead."""
-        self.sessions.warm(self.kinds.prepared_plans)
+        self.sessions.warm(self.kinds.prepared_plans, self.kinds.warm_touches)
 
     def connect_ahead(self) -> threading.Thread:
         """The steps' session opened in a thread, and the template's stored reference read on

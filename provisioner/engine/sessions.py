@@ -102,22 +102,22 @@ class EngineSessions:
             self._control = self._open_control()
         self.db.ensure_alive()
 
-    def warm(self, prepared_plans: Sequence[PlanAhead]) -> None:
+    def warm(self, prepared_plans: Sequence[PlanAhead], touches: Sequence[str] = ()) -> None:
         """Warm the open sessions (none opened for it), best effort: the control session plans
         the claim ahead and keeps that plan (:func:`queue.plan_claim`) and reloads its caches
-        (:func:`queue.warm`); the steps' session prepares ``prepared_plans`` (the kinds'), then
-        plans the steps' ends (:data:`queue.STEP_PLANS`). A session that fails here is left
-        for the next job to meet (and reopen)."""
+        (:func:`queue.warm`, with the kinds' ``touches``); the steps' session prepares
+        ``prepared_plans`` (the kinds'), then plans the steps' ends (:data:`queue.STEP_PLANS`).
+        A session that fails here is left for the next job to meet (and reopen)."""
 
         def warm_steps_session(conn: psycopg.Connection[Any]) -> None:
             prepare_ahead(conn, prepared_plans)
-            queue.warm(conn, queue.STEP_PLANS)
+            queue.warm(conn, queue.STEP_PLANS, touches)
 
         with suppress(ProvisionerError):
             if self._control is not None and not self._control.closed:
                 with db.translated():
                     queue.plan_claim(self.control, self.holder)
-                    queue.warm(self.control)
+                    queue.warm(self.control, (), touches)
             self.db.on_idle_session(warm_steps_session)
 
     def connect_ahead(self, prepare: Callable[[db.Transaction], object]) -> threading.Thread:

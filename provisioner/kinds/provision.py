@@ -197,5 +197,6 @@ JOB_KINDS: tuple[JobKind, ...] = (
         scope=upgrade_scope,
         memo=SpareMemo,
         prepared_plans=pool.TAKE_PLANS,
+        warm_touches=pool.WARM_TOUCHES,
     ),
 )

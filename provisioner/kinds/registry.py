@@ -93,6 +93,9 @@ class JobKind:
     #: statements its steps run first, prepared ahead on the steps' idle session after a spare
     #: build (values that match nothing: see :mod:`provisioner.db.plans`)
     prepared_plans: tuple[PlanAhead, ...] = ()
+    #: statements touching the tables its steps read (``SELECT 1 FROM t WHERE key IS NULL``),
+    #: run with the queue's own in the idle sessions' warm-up (:func:`provisioner.queue.warm`)
+    warm_touches: tuple[str, ...] = ()
 
     @property
     def handled(self) -> bool:
@@ -174,6 +177,11 @@ class KindRegistry:
         for kind in self.kinds.values():
             plans.extend(plan for plan in kind.prepared_plans if plan not in plans)
         return tuple(plans)
+
+    @property
+    def warm_touches(self) -> tuple[str, ...]:
+        """Every kind's warm-up touches, each once, in kind order."""
+        return tuple(dict.fromkeys(t for kind in self.kinds.values() for t in kind.warm_touches))
 
     def check(self, names: Iterable[str]) -> None:
         """InvalidInput for an unknown kind, or for none at all."""

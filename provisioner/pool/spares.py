@@ -161,6 +161,9 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
 """
 )
 
+#: What a take reads, for the idle sessions' warm-up after a build (with the queue's own).
+WARM_TOUCHES: tuple[str, ...] = ("SELECT 1 FROM control.tenant_pool WHERE schema_name IS NULL",)
+
 #: A take's statements before its rename, planned ahead on the steps' idle session after a
 #: spare build (:func:`plan_take`): parameters that match nothing.
 TAKE_PLANS: tuple[PlanAhead, ...] = (

@@ -13,6 +13,7 @@ row, the old holder's writes match nothing and raise :class:`LeaseLost`.
 
 from __future__ import annotations
 
+from provisioner.db.plans import PlanAhead
 from provisioner.queue.admin import (
     CANCEL,
     FAIL_UNPROCESSABLE,
@@ -132,9 +133,9 @@ from provisioner.queue.rows import (
     bounded_error,
 )
 from provisioner.queue.warmup import (
+    QUEUE_TOUCHES,
     STEP_PLANS,
-    WARM,
-    PlanAhead,
+    touch_statement,
     warm,
 )
 
@@ -169,6 +170,7 @@ __all__ = [
     "NOTIFY",
     "NOTIFY_CHANNEL",
     "PROVISION_JOBS",
+    "QUEUE_TOUCHES",
     "RECORD_LAST_STEP",
     "RECORD_STEP",
     "RECOVERED_DETAIL",
@@ -195,7 +197,6 @@ __all__ = [
     "TAKE_OVER_JOB",
     "TENANT_JOB_LOCK_CLASS",
     "UNPROCESSABLE_DETAIL",
-    "WARM",
     "Claim",
     "ClosedStep",
     "Conn",
@@ -246,6 +247,7 @@ __all__ = [
     "step_run_opening",
     "step_runs",
     "tenant_history",
+    "touch_statement",
     "wake_ups",
     "warm",
 ]

@@ -130,7 +130,7 @@ def plan_claim(conn: Conn, worker: str) -> None:
     """Run the claim of no job type (it takes nothing and tries no tenant's lock), prepared,
     so that a session keeping generic plans (the engine's control session) holds the claim's
     plan ready: the next claim after a sign-up's wake-up skips planning it (0.3-0.5 ms with
-    the plans every schema rename resets; docs/PERFORMANCE.md)."""
+    the plans every schema rename resets)."""
     with conn.cursor() as cur:
         nothing = {"job_types": [], "worker": worker, "lock_class": TENANT_JOB_LOCK_CLASS}
         cur.execute(CLAIM_NEXT, nothing, prepare=True)

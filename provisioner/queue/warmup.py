@@ -4,30 +4,32 @@ idle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from provisioner.db.plans import PlanAhead, explain_ahead
 from provisioner.queue.claim import CLAIM_NEXT
 from provisioner.queue.lease import CLOSE_LAST_STEP, CLOSE_STEP_OPEN_NEXT
 from provisioner.queue.rows import TENANT_JOB_LOCK_CLASS, Conn
 
-# What a job's statements read, touched without a row read or written: run on a worker child's
-# idle sessions after a spare build (Engine.warm) so their catalog caches are loaded again.
-WARM = """
-SELECT (SELECT 1 FROM control.platform_jobs WHERE id IS NULL),
-       (SELECT 1 FROM control.job_step_runs WHERE id IS NULL),
-       (SELECT 1 FROM control.tenants WHERE tenant_id IS NULL),
-       (SELECT 1 FROM control.tenant_pool WHERE schema_name IS NULL),
-       (SELECT 1 FROM pg_namespace WHERE nspname IS NULL)
-"""
+#: What every job's statements read (the queue's tables, the tenant's row, the schema names),
+#: touched without a row read or written. A kind adds its own tables (``JobKind.warm_touches``).
+QUEUE_TOUCHES: tuple[str, ...] = (
+    "SELECT 1 FROM control.platform_jobs WHERE id IS NULL",
+    "SELECT 1 FROM control.job_step_runs WHERE id IS NULL",
+    "SELECT 1 FROM control.tenants WHERE tenant_id IS NULL",
+    "SELECT 1 FROM pg_namespace WHERE nspname IS NULL",
+)
 
 
-#: A statement and parameters of the right types for it (values that match nothing), to be
-#: planned by :func:`warm` and never run.
-PlanAhead = tuple[str, Mapping[str, Any]]
+def touch_statement(touches: Sequence[str] = ()) -> str:
+    """One statement touching :data:`QUEUE_TOUCHES` and ``touches``: a single round trip that
+    reloads the catalog cache entries of every table a job reads."""
+    selects = dict.fromkeys((*QUEUE_TOUCHES, *touches))
+    return "SELECT " + ",\n       ".join(f"({select})" for select in selects)
 
 
 _NOTHING: dict[str, Any] = {
@@ -58,8 +60,9 @@ STEP_PLANS: tuple[PlanAhead, ...] = (
 )
 
 
-def warm(conn: Conn, plans: Sequence[PlanAhead] = ()) -> None:
-    """Run :data:`WARM`, then plan each of ``plans`` without running it (``EXPLAIN``).
+def warm(conn: Conn, plans: Sequence[PlanAhead] = (), touches: Sequence[str] = ()) -> None:
+    """Run :func:`touch_statement` of ``touches``, then plan each of ``plans`` without running
+    it (:func:`~provisioner.db.plans.explain_ahead`).
 
     A spare of a large template sends more catalog invalidations than the server's queue
     holds, and every session that sat idle meanwhile then empties all its catalog caches; the
@@ -68,6 +71,5 @@ def warm(conn: Conn, plans: Sequence[PlanAhead] = ()) -> None:
     need; the take then only plans again, which its schema rename would make it do anyway.
     """
     with conn.cursor() as cur:
-        cur.execute(WARM)
-        for statement, params in plans:
-            cur.execute("EXPLAIN " + statement, params)
+        cur.execute(touch_statement(touches))
+    explain_ahead(conn, plans)

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from provisioner import db, pool, queue, service
+from provisioner import db, kinds, pool, queue, service
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import ConfigurationError
 from provisioner.kinds.provision import STEPS
@@ -123,7 +123,7 @@ def warmed_sessions(database: Database) -> int:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND state = 'idle' AND (query LIKE 'EXPLAIN %%' OR query = %s)",
-            (queue.WARM,),
+            (queue.touch_statement(kinds.BUILTIN.warm_touches),),
         ).fetchone()
     assert row is not None
     return int(row[0])

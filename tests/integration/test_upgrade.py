@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 
 from provisioner import db, queue, service
-from provisioner import fleet as fleet_upgrades
+from provisioner.fleet import versions as fleet_versions
 from provisioner.db import DatabaseError
 from provisioner.errors import InvalidInput, UnknownTenant
 from provisioner.kinds.provision import STEPS
@@ -205,14 +205,14 @@ def test_versions_are_read_from_every_kind_of_version_table_over_several_session
     version_tables: dict[str, frozenset[str] | None],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(fleet_upgrades, "VERSION_CHUNK", 2)  # several strings, two sessions
+    monkeypatch.setattr(fleet_versions, "VERSION_CHUNK", 2)  # several strings, two sessions
     schemas = [*version_tables, "tenant_vr_missing"]
     expected = {**version_tables, "tenant_vr_missing": None}
     with db.connect(database.owner_url, autocommit=True) as conn:
-        assert fleet_upgrades.schema_versions(conn, schemas) == expected
+        assert fleet_versions.schema_versions(conn, schemas) == expected
     present = {s: v for s, v in expected.items() if v is not None}
-    assert fleet_upgrades.read_versions(database.owner_url, schemas) == present
-    everything = fleet_upgrades.read_versions(database.owner_url, None)
+    assert fleet_versions.read_versions(database.owner_url, schemas) == present
+    everything = fleet_versions.read_versions(database.owner_url, None)
     assert {s: v for s, v in everything.items() if s in expected} == present
 
 
@@ -223,8 +223,8 @@ def test_an_unreadable_version_table_fails_the_read_and_leaves_the_session_usabl
         conn.execute("REVOKE SELECT ON tenant_vr_two.alembic_version FROM CURRENT_USER")
     with db.connect(database.owner_url, autocommit=True) as conn:
         with pytest.raises(DatabaseError, match="permission denied"), db.translated():
-            fleet_upgrades.schema_versions(conn, list(version_tables))
+            fleet_versions.schema_versions(conn, list(version_tables))
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
-        assert fleet_upgrades.schema_versions(conn, ["tenant_vr_one"]) == {
+        assert fleet_versions.schema_versions(conn, ["tenant_vr_one"]) == {
             "tenant_vr_one": frozenset({"t004"})
         }

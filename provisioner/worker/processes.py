@@ -52,8 +52,8 @@ from multiprocessing.process import BaseProcess
 from typing import assert_never
 from uuid import UUID
 
-from provisioner import service
 from provisioner.engine import Engine, StepEvent, describe, runner
+from provisioner.engine.holder import holder_id
 from provisioner.models import Job
 from provisioner.settings import Settings
 
@@ -158,7 +158,7 @@ def child_main(conn: Connection, settings: Settings, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, _interrupt)
-    holder = service.holder_id("worker")
+    holder = holder_id("worker")
     engine = Engine.from_settings(settings, holder)
     try:
         child = _ChildLoop(conn, engine)

@@ -25,8 +25,9 @@ from typing import Any
 
 import psycopg
 
-from provisioner import logs, pool, service
+from provisioner import logs, pool
 from provisioner.control import heartbeats
+from provisioner.engine.holder import holder_id
 from provisioner.logs import event, job_fields
 from provisioner.models import Job
 from provisioner.settings import Settings
@@ -52,7 +53,7 @@ class WorkerState:
         self.log = log
         self.storage = storage
         self.job_types = list(settings.worker_job_types)
-        self.instance_id = service.holder_id("worker")
+        self.instance_id = holder_id("worker")
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.stats: Counter[str] = Counter()
         self.woke: Counter[str] = Counter()

@@ -19,7 +19,7 @@ from provisioner.logs import event, job_fields
 from provisioner.worker.heartbeat import DB_ERRORS
 from provisioner.worker.options import RECONNECT_CAP_SECONDS
 from provisioner.worker.processes import ClaimNext
-from provisioner.worker.state import WorkerState
+from provisioner.worker.state import Wakeup, WorkerState
 
 
 class DatabaseWork(WorkerState):
@@ -57,7 +57,7 @@ class DatabaseWork(WorkerState):
         with db.translated():
             queue.listen(self._listen)
         self._listen_fd = self._listen.fileno()
-        self._selector.register(self._listen_fd, selectors.EVENT_READ, "listen")
+        self._selector.register(self._listen_fd, selectors.EVENT_READ, Wakeup.LISTEN)
         if self._pending is None:
             self._pending = "reconnect"  # wake-ups sent while we were away are lost
 

@@ -13,7 +13,7 @@ import selectors
 import signal
 import time
 from contextlib import suppress
-from typing import Any
+from typing import Any, assert_never
 
 from provisioner.errors import ConfigurationError, DatabaseUnavailable, ProvisionerError
 from provisioner.logs import event, job_fields
@@ -27,6 +27,7 @@ from provisioner.worker.options import (
 )
 from provisioner.worker.processes import EngineProcess, Quit, Stop
 from provisioner.worker.startup import check_configuration, check_database, storage_status
+from provisioner.worker.state import Source, Wakeup
 from provisioner.worker.supervisor import Supervisor
 
 
@@ -82,10 +83,10 @@ class Worker(Supervisor):
         """Signals only write to a socket the loop waits on: no work in a signal handler."""
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, "signal")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, Wakeup.SIGNAL)
         self._built_r.setblocking(False)
         self._built_w.setblocking(False)
-        self._selector.register(self._built_r, selectors.EVENT_READ, "built")
+        self._selector.register(self._built_r, selectors.EVENT_READ, Wakeup.BUILT)
         previous: dict[int, Any] = {
             signum: signal.signal(signum, lambda *_: None)
             for signum in (signal.SIGTERM, signal.SIGINT)
@@ -188,15 +189,18 @@ class Worker(Supervisor):
 
     def _wait(self, timeout: float) -> None:
         for key, _ in self._selector.select(timeout):
-            source = key.data
-            if source == "signal":
-                self._on_signal()
-            elif source == "listen":
-                self._on_wake_up()
-            elif source == "built":
-                self._warm_idle_children()
-            elif isinstance(source, EngineProcess):
-                self._on_child(source)
+            source: Source = key.data
+            match source:
+                case Wakeup.SIGNAL:
+                    self._on_signal()
+                case Wakeup.LISTEN:
+                    self._on_wake_up()
+                case Wakeup.BUILT:
+                    self._warm_idle_children()
+                case EngineProcess():
+                    self._on_child(source)
+                case _:
+                    assert_never(source)
         if self._pending is None and time.monotonic() >= self._next_poll:
             self._pending = "poll"
 

@@ -21,6 +21,7 @@ import threading
 from collections import Counter
 from contextlib import suppress
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 import psycopg
@@ -36,6 +37,22 @@ from provisioner.worker.heartbeat import Heartbeat, Outage
 from provisioner.worker.options import WorkerOptions
 from provisioner.worker.orphans import DeadHolder, Orphan
 from provisioner.worker.processes import EngineProcess
+
+
+class Wakeup(Enum):
+    """What the parent's selector woke up for, besides an engine process's pipe (whose key is
+    the :class:`EngineProcess` itself)."""
+
+    #: a SIGTERM or SIGINT (written by ``signal.set_wakeup_fd``)
+    SIGNAL = "signal"
+    #: a NOTIFY on the listen connection
+    LISTEN = "listen"
+    #: the warm pool built a spare
+    BUILT = "built"
+
+
+#: The data of a key of the parent's selector.
+Source = Wakeup | EngineProcess
 
 
 class WorkerState:

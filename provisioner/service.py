@@ -6,8 +6,6 @@ function opens what it needs, does one thing, and returns plain values.
 
 from __future__ import annotations
 
-import os
-import socket
 from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,6 +30,7 @@ from provisioner.engine import (
     never_stop,
     runner,
 )
+from provisioner.engine.holder import holder_id
 from provisioner.errors import (
     ConfigurationError,
     InvalidInput,
@@ -50,11 +49,6 @@ from provisioner.tenant import row as tenants
 __all__ = ["TenantId", "local_pg"]
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
-
-
-def holder_id(kind: str) -> str:
-    """A lease holder name, unique per process, visible as the sessions' application_name."""
-    return f"{kind}:{socket.gethostname()[:24]}:{os.getpid()}"
 
 
 def resolve(

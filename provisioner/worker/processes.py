@@ -13,6 +13,8 @@ closed with ``assert_never`` on both ends):
                                        and go on claiming until the queue has none
                       Stop()           finish the running step, then release the job
                       Quit()           exit when idle
+                      Warm()           idle: the warm pool built a spare; reload the
+                                       sessions' catalog caches now
     child -> parent   Ready(holder)
                       Claimed(job)     the child claimed this job and runs it
                       StepReport(...)  each StepEvent of the running job
@@ -52,8 +54,8 @@ from multiprocessing.process import BaseProcess
 from typing import assert_never
 from uuid import UUID
 
-from provisioner import service
 from provisioner.engine import Engine, StepEvent, describe, runner
+from provisioner.engine.holder import holder_id
 from provisioner.models import Job
 from provisioner.settings import Settings
 
@@ -158,7 +160,7 @@ def child_main(conn: Connection, settings: Settings, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, _interrupt)
-    holder = service.holder_id("worker")
+    holder = holder_id("worker")
     engine = Engine.from_settings(settings, holder)
     try:
         child = _ChildLoop(conn, engine)
@@ -239,8 +241,15 @@ class _ChildLoop:
         try:
             while self.conn.poll():
                 message: ToChild = self.conn.recv()
-                self.stopping = self.stopping or isinstance(message, Stop | Quit)
-                self.quitting = self.quitting or isinstance(message, Quit)
+                match message:
+                    case Quit():
+                        self.stopping = self.quitting = True
+                    case Stop():
+                        self.stopping = True
+                    case ClaimNext() | Warm():
+                        pass  # sent to idle children only: nothing to do while draining
+                    case _:
+                        assert_never(message)
         except EOFError:
             self.stopping = self.quitting = True
         return self.stopping

@@ -13,9 +13,14 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, kinds, service
+from provisioner import db, kinds
 from provisioner.control import heartbeats
-from provisioner.errors import ConfigurationError, DatabaseUnavailable
+from provisioner.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    StorageMisconfigured,
+    StorageUnavailable,
+)
 from provisioner.logs import event
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
@@ -94,8 +99,12 @@ def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Lo
 
 
 def storage_status(settings: Settings) -> dict[str, Any]:
-    """The object-store check, shaped for the heartbeat's ``storage`` field."""
-    checked = service.check_storage(settings)
-    status: dict[str, Any] = {"ready": checked["ready"], "provider": checked["provider"]}
-    status["detail" if checked["ready"] else "error"] = checked["detail"]
-    return status
+    """The object-store check, shaped for the heartbeat's ``storage`` field: ``ready``,
+    ``provider``, and ``detail`` (what was checked) or ``error`` (why it is not ready). A store
+    fault is reported here, never raised: a worker whose store is down still starts."""
+    store = store_from_settings(settings)
+    try:
+        store.check()
+    except (StorageMisconfigured, StorageUnavailable) as exc:
+        return {"ready": False, "provider": store.provider, "error": str(exc)}
+    return {"ready": True, "provider": store.provider, "detail": store.describe()}

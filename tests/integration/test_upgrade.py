@@ -10,9 +10,9 @@ import pytest
 from psycopg import sql
 
 from provisioner import db, queue, service
-from provisioner.fleet import versions as fleet_versions
 from provisioner.db import DatabaseError
 from provisioner.errors import InvalidInput, UnknownTenant
+from provisioner.fleet import versions as fleet_versions
 from provisioner.kinds.provision import STEPS
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings

@@ -1,0 +1,77 @@
+"""``provisioner jobs``: the operator's view of the queue (``list``) and its levers (``retry``,
+``cancel``)."""
+
+from __future__ import annotations
+
+import click
+
+from provisioner import service
+from provisioner.cli.options import settings_of
+from provisioner.cli.render import emit_json, fail_cleanly, step_count
+from provisioner.errors import InvalidInput
+
+
+@click.group()
+def jobs() -> None:
+    """Operator view of the queue, and its levers."""
+
+
+@jobs.command("list")
+@click.option("--status", "status_filter", help="Only jobs in this status.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, help="At most this many jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of jobs.")
+@click.pass_context
+@fail_cleanly
+def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json: bool) -> None:
+    """Running jobs first (with live progress), then the most recently changed."""
+    found = service.list_jobs(settings_of(ctx), status=status_filter, limit=limit)
+    if as_json:
+        emit_json([j.view() for j in found])
+        return
+    if not found:
+        click.echo("no jobs")
+        return
+    click.echo(
+        f"{'JOB':<36}  {'KIND':<18} {'TENANT':<20} {'STATUS':<9} {'PROG':>4}  RUN  ATT  "
+        "HOLDER / ERROR"
+    )
+    for j in found:
+        tail = j.locked_by or (j.error_detail or "")[:60]
+        click.echo(
+            f"{j.id!s:<36}  {j.job_type:<18} {(j.tenant_id or '-'):<20} {j.status.value:<9} "
+            f"{j.progress:>3}%  {j.run:>3}  {j.attempts}/{j.max_attempts}  {tail}"
+        )
+
+
+@jobs.command("retry")
+@click.argument("job_id", required=False)
+@click.option("--failed", "every_failed", is_flag=True, help="Every failed job, in one command.")
+@click.option("--kind", default=None, help="With --failed: only jobs of this job type.")
+@click.pass_context
+@fail_cleanly
+def jobs_retry(
+    ctx: click.Context, job_id: str | None, every_failed: bool, kind: str | None
+) -> None:
+    """Queue a failed or cancelled job again (or every failed one with --failed), attempts
+    reset, finished steps kept."""
+    if every_failed == bool(job_id):
+        raise InvalidInput("name one job to retry, or pass --failed (not both)")
+    if kind is not None and not every_failed:
+        raise InvalidInput("--kind goes with --failed")
+    if every_failed:
+        retried = service.retry_failed(settings_of(ctx), kind)
+        click.echo(f"{len(retried)} failed job(s) queued again")
+        return
+    assert job_id is not None
+    job = service.retry_job(settings_of(ctx), job_id)
+    click.echo(f"job {job.id} queued again, run {job.run} ({step_count(job)} steps done)")
+
+
+@jobs.command("cancel")
+@click.argument("job_id")
+@click.pass_context
+@fail_cleanly
+def jobs_cancel(ctx: click.Context, job_id: str) -> None:
+    """Cancel a queued or running job; a running holder stops recording at its next step."""
+    job = service.cancel_job(settings_of(ctx), job_id)
+    click.echo(f"job {job.id} cancelled")

@@ -1,0 +1,69 @@
+"""``provisioner local``: the embedded PostgreSQL under ``.provisioner/`` (``stop``, ``status``,
+``env``)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import click
+
+from provisioner import service
+from provisioner.cli.render import fail_cleanly, say
+from provisioner.settings import Settings
+
+
+@click.group()
+def local() -> None:
+    """The embedded PostgreSQL under .provisioner/ (used when no database URL is set)."""
+
+
+@local.command("stop")
+@click.pass_context
+@fail_cleanly
+def local_stop(ctx: click.Context) -> None:
+    """Stop the embedded PostgreSQL (its data stays for the next run)."""
+    settings: Settings = ctx.obj
+    state_dir = service.local_pg.locate_state_dir(settings.state_dir)
+    stopped = service.local_pg.stop_embedded(state_dir)
+    click.echo("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL is not running")
+
+
+def export_lines(urls: service.local_pg.EmbeddedUrls) -> list[str]:
+    return [
+        f"export MIGRATIONS_DATABASE_URL={urls.owner}",
+        f"export APP_DATABASE_URL={urls.app}",
+        f"export OBJECT_STORE_PATH={urls.objects}",
+    ]
+
+
+@local.command("status")
+@click.pass_context
+@fail_cleanly
+def local_status(ctx: click.Context) -> None:
+    """Say whether the embedded PostgreSQL runs, where, and its URLs. Exit 0 running, 1 not."""
+    settings: Settings = ctx.obj
+    state_dir = service.local_pg.locate_state_dir(settings.state_dir)
+    cluster = service.local_pg.embedded_cluster(state_dir)
+    if not cluster.running():
+        click.echo(f"not running (state folder {state_dir})")
+        sys.exit(1)
+    click.echo(f"running on 127.0.0.1:{cluster.port}, data in {cluster.data}")
+    click.echo(f"state folder {state_dir}")
+    for line in export_lines(service.local_pg.embedded_urls(state_dir)):
+        click.echo(line.removeprefix("export "))
+
+
+@local.command("env")
+@click.pass_context
+@fail_cleanly
+def local_env(ctx: click.Context) -> None:
+    """Print export lines for the embedded database's URLs (starting it if needed), so that a
+    worker can serve it: eval "$(provisioner local env)" && provisioner worker"""
+    settings: Settings = ctx.obj
+    resolved = service.resolve(
+        replace(settings, migrations_database_url=None, app_database_url=None), notify=say
+    )
+    urls = service.local_pg.embedded_urls(resolved.state_dir)
+    for line in export_lines(urls):
+        click.echo(line)

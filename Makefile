@@ -36,16 +36,17 @@ demo: $(RUN_STAMP)
 demo-stop: $(RUN_STAMP)
 	$(BIN)/provisioner local stop
 
+# The static checks, the import contracts among them ([tool.importlinter] in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check provisioner
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
-# Starts its own PostgreSQL (unless DATABASE_URL names a superuser URL), moto and Azurite.
-test: $(STAMP) $(AZURITE)
-	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/pytest
+# The static checks, then the suite: it starts its own PostgreSQL (unless DATABASE_URL names a
+# superuser URL), moto and Azurite, one pytest-xdist process per core.
+test: lint $(AZURITE)
+	$(BIN)/pytest -n auto
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

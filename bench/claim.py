@@ -17,7 +17,7 @@ import psycopg
 from bench.cluster import BenchCluster, say
 from bench.figures import Figure, Results
 from provisioner import queue
-from provisioner.models import PROVISION_JOB_TYPE
+from provisioner.kinds.provision import PROVISION_JOB_TYPE
 
 CLAIMS = 200
 

@@ -30,7 +30,7 @@ from bench import worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
-from provisioner import queue
+from provisioner.kinds.provision import ensure_provision_job
 from provisioner.models import TenantId
 from provisioner.templates import migrations
 from provisioner.templates.replay import Template
@@ -105,7 +105,7 @@ def _latency(conn: psycopg.Connection, tenant: str) -> float:
     """Enqueue one tenant as ``app_rw`` on the application's open connection (an application
     enqueues from its connection pool), wait for success; the job's finished_at - created_at
     in ms, so the enqueue's own statements are counted, not the connection's start-up."""
-    job = queue.ensure_provision_job(conn, TenantId(tenant)).job
+    job = ensure_provision_job(conn, TenantId(tenant)).job
     conn.commit()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

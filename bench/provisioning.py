@@ -40,7 +40,7 @@ from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from provisioner import db, queue, service
 from provisioner.engine import Engine
-from provisioner.kinds.provision import STEPS
+from provisioner.kinds.provision import STEPS, ensure_provision_job
 from provisioner.local import cluster as local_pg
 from provisioner.models import JobStatus, TenantId
 from provisioner.storage import store_from_settings
@@ -161,7 +161,7 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
         started = time.perf_counter()
         with Engine.from_settings(settings, "bench-alembic") as off:
             off.templates.disabled[tree.digest] = "switched off by the benchmark"
-            job = queue.ensure_provision_job(off.control, TenantId(f"slow_{i}")).job
+            job = ensure_provision_job(off.control, TenantId(f"slow_{i}")).job
             claimed = queue.claim_job(off.control, job.id, "bench-alembic")
             assert claimed is not None
             done = off.run(claimed)
@@ -173,7 +173,7 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
         server_cpu = _cpu_seconds(backends)
         own_cpu = time.process_time()
         started = time.perf_counter()
-        job = queue.ensure_provision_job(engine_app, TenantId(f"engine_{i}")).job
+        job = ensure_provision_job(engine_app, TenantId(f"engine_{i}")).job
         engine_app.commit()
         claimed = queue.claim_job(engine_app, job.id, "bench-engine")
         assert claimed is not None

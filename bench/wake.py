@@ -23,6 +23,7 @@ from bench import worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from provisioner import queue
+from provisioner.kinds.provision import ensure_provision_job, provision_key
 from provisioner.models import TenantId
 
 NOTIFY_SAMPLES = 60
@@ -40,7 +41,7 @@ def _silent_enqueue(conn: psycopg.Connection[object], tenant: TenantId) -> None:
                 "tenant_id": tenant.value,
                 "job_type": "provision_tenant",
                 "payload": psycopg.types.json.Jsonb({}),
-                "idempotency_key": queue.provision_key(tenant),
+                "idempotency_key": provision_key(tenant),
                 "max_attempts": 5,
             },
         )
@@ -50,7 +51,7 @@ def _sample(database: BenchDatabase, app: psycopg.Connection[object], name: str,
     tenant = TenantId(name)
     time.sleep(random.uniform(0.02, 0.06))
     if notify:
-        queue.ensure_provision_job(app, tenant)
+        ensure_provision_job(app, tenant)
     else:
         _silent_enqueue(app, tenant)
     committed = time.time()  # from the COMMIT being sent: its own fsync is counted too

@@ -19,7 +19,8 @@ from bench import worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from bench.provisioning import raw_script
-from provisioner import queue, service
+from provisioner import service
+from provisioner.kinds.provision import ensure_provision_job
 from provisioner.models import TenantId
 from provisioner.templates.replay import Template
 from provisioner.tenant import schema as tenant_schema
@@ -32,7 +33,7 @@ def _drain(cluster: BenchCluster, concurrency: int, tenants: int) -> tuple[float
     with cluster.database(f"worker{concurrency}") as database:
         with psycopg.connect(database.app_url) as conn:
             for i in range(tenants):
-                queue.ensure_provision_job(conn, TenantId(f"w{concurrency}_{i}"))
+                ensure_provision_job(conn, TenantId(f"w{concurrency}_{i}"))
             conn.commit()
         began = time.monotonic()
         worker = worker_process.WorkerProcess(database, "--once", "--concurrency", str(concurrency))

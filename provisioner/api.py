@@ -15,9 +15,10 @@ Everything raises :class:`ProvisionerError` subclasses (see :mod:`provisioner.er
 
 from __future__ import annotations
 
-from provisioner import queue, service
+from provisioner import service
 from provisioner.db import caller as connections
 from provisioner.engine import ProgressCallback, ignore_progress
+from provisioner.kinds.provision import ensure_provision_job, ensure_provision_job_async
 from provisioner.models import Job, TenantId
 from provisioner.service import ProvisionResult, TenantStatus, UpgradeReport
 from provisioner.settings import Settings
@@ -38,14 +39,14 @@ def enqueue(conn: connections.SyncConnection, tenant_id: str) -> Job:
     """
     tenant = TenantId(tenant_id)
     pg = connections.sync_connection(conn)
-    return queue.ensure_provision_job(pg, tenant, retry_terminal=True).job
+    return ensure_provision_job(pg, tenant, retry_terminal=True).job
 
 
 async def enqueue_async(conn: connections.AsyncConnectionLike, tenant_id: str) -> Job:
     """:func:`enqueue` for a psycopg ``AsyncConnection``: the same statements, awaited."""
     tenant = TenantId(tenant_id)
     pg = await connections.async_connection(conn)
-    return (await queue.ensure_provision_job_async(pg, tenant, retry_terminal=True)).job
+    return (await ensure_provision_job_async(pg, tenant, retry_terminal=True)).job
 
 
 def provision(

@@ -12,16 +12,6 @@ from uuid import UUID
 
 from provisioner.errors import InvalidInput
 
-#: The job type of provisioning (the contract's name); every kind is described in
-#: :mod:`provisioner.kinds`.
-PROVISION_JOB_TYPE = "provision_tenant"
-
-#: The job types the product worker runs as app_rw; every other kind is the owner's (control
-#: c005 lists the same names in its row-level security policies).
-PRODUCT_JOB_TYPES: frozenset[str] = frozenset(
-    {"train_tenant_model", "materialize_insights", "send_email"}
-)
-
 TENANT_ID_RULE = (
     "tenant ids are 1-48 characters of lower-case ASCII letters, digits and '_', "
     "starting with a letter, and not a reserved word"

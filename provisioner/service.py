@@ -41,12 +41,14 @@ from provisioner.errors import (
 )
 from provisioner.fleet import drift, rollout
 from provisioner.kinds import lifecycle as tenant_lifecycle
+from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.local import cluster as local_pg
-from provisioner.models import PRODUCT_JOB_TYPES, PROVISION_JOB_TYPE, Job, JobStatus, TenantId
+from provisioner.models import Job, JobStatus, TenantId
 from provisioner.templates import migrations
 from provisioner.tenant import row as tenants
 
 __all__ = ["TenantId", "local_pg"]
+from provisioner.kinds.provision import ensure_provision_job
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
 
@@ -124,7 +126,7 @@ def enqueue(settings: Settings, tenant_id: str) -> queue.Enqueued:
     tenant = TenantId(tenant_id)
     with writer_connection(settings) as conn:
         refuse_inactive(conn, tenant, "enqueue")
-        return queue.ensure_provision_job(conn, tenant, retry_terminal=True)
+        return ensure_provision_job(conn, tenant, retry_terminal=True)
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ def provision(
             conn = engine.control
             with db.translated(), conn.transaction():
                 _refuse_unready(conn, tenant, "provision", reuse_deleted=reuse_deleted)
-                job = queue.ensure_provision_job(
+                job = ensure_provision_job(
                     conn, tenant, retry_terminal=True, started_by=started_by
                 ).job
         finally:
@@ -365,7 +367,7 @@ def _require_owner_for(settings: Settings, conn: psycopg.Connection[Any], job_id
     if settings.migrations_database_url:
         return
     job = queue.get_job(conn, job_id)  # UnknownJob (exit 3) first
-    if job.job_type not in PRODUCT_JOB_TYPES:
+    if job.job_type not in kinds.for_settings(settings).application_kinds:
         raise ConfigurationError(
             f"job {job_id} is a {job.job_type} job: only the owner role may change it; set "
             "MIGRATIONS_DATABASE_URL"
@@ -384,5 +386,6 @@ def check_storage(settings: Settings) -> dict[str, Any]:
 
 def health(settings: Settings) -> heartbeats.HealthReport:
     required = {settings.worker_component: frozenset(kinds.worker_job_types(settings))}
+    application_kinds = kinds.for_settings(settings).application_kinds
     with app_connection(settings) as conn:
-        return heartbeats.readiness(conn, required, settings.heartbeat_seconds)
+        return heartbeats.readiness(conn, required, settings.heartbeat_seconds, application_kinds)

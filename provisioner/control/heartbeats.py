@@ -10,8 +10,6 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from provisioner.models import PRODUCT_JOB_TYPES
-
 Conn = psycopg.Connection[Any]
 
 # One row per component: the newest instance's beat wins.
@@ -101,8 +99,12 @@ def readiness(
     conn: Conn,
     required: dict[str, frozenset[str]],
     heartbeat_seconds: float,
+    application_kinds: frozenset[str],
 ) -> HealthReport:
-    """Ready when each required component beat within three intervals, advertising its types."""
+    """Ready when each required component beat within three intervals, advertising its types.
+
+    A beat that advertises a kind not in ``application_kinds`` (an owner's kind) is trusted only
+    when the owner role wrote it."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(READ_ALL)
         rows: dict[str, dict[str, Any]] = {row["component"]: row for row in cur.fetchall()}
@@ -119,7 +121,7 @@ def readiness(
         stalled = detail.get("queue_error") or {}
         if detail.get("state") == "stopped":
             reason, ready = "stopped cleanly", False
-        elif job_types - PRODUCT_JOB_TYPES and not row["by_owner"]:
+        elif job_types - application_kinds and not row["by_owner"]:
             # An owner job type (provision_tenant) is only trusted from the owner's own beat.
             who = row["written_by"] or "an unknown role"
             reason, ready = f"heartbeat written by {who}, not by the owner role", False

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from provisioner import db, queue
 from provisioner.errors import UnknownTenant
+from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -148,7 +149,7 @@ def check(settings: Settings, tenant_ids: list[str] | None = None) -> DriftRepor
     owner = db.connect(settings.owner_url, application_name="check", autocommit=True)
     results: list[TenantDrift] = []
     with closing(owner) as conn, db.translated():
-        jobs = queue.provision_jobs(conn, wanted)
+        jobs = queue.latest_jobs(conn, PROVISION_JOB_TYPE, wanted)
         missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
         if missing:
             raise UnknownTenant(f"unknown tenant(s) {', '.join(missing)}: no provisioning job")

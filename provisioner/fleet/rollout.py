@@ -26,8 +26,8 @@ import psycopg
 
 from provisioner import queue
 from provisioner.errors import InvalidInput
-from provisioner.kinds.provision import MIGRATION_STEP, STEPS
-from provisioner.models import PROVISION_JOB_TYPE, Job
+from provisioner.kinds.provision import MIGRATION_STEP, PROVISION_JOB_TYPE, STEPS
+from provisioner.models import Job
 from provisioner.templates import upgrade as upgrade_replay
 
 # The newest rollout that still needs an operator or a worker.

@@ -21,6 +21,7 @@ from provisioner.control.schema import require_control_at_head
 from provisioner.errors import InvalidInput, UnknownTenant, WrongState
 from provisioner.fleet import rollout
 from provisioner.fleet.versions import UPGRADE_OPTIONS, read_versions, schema_versions
+from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -99,7 +100,7 @@ def upgrade(
     early = reader.submit(read_versions, settings.owner_url, None) if wanted is None else None
     with reader, closing(owner) as conn, db.translated():
         require_control_at_head(conn)
-        jobs = queue.provision_jobs(conn, wanted)
+        jobs = queue.latest_jobs(conn, PROVISION_JOB_TYPE, wanted)
         missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
         if missing:
             raise UnknownTenant(f"unknown tenant(s) {', '.join(missing)}: no provisioning job")
@@ -186,7 +187,11 @@ def wait_for_canary(settings: Settings, rollout_id: int) -> dict[str, int]:
 def tenants_per_head(settings: Settings) -> dict[str, int]:
     """How many provisioned tenants record each revision (the watch's first line)."""
     with closing(_owner(settings, "upgrade-watch")) as conn, db.translated():
-        jobs = [j for j in queue.provision_jobs(conn) if j.status is not JobStatus.RUNNING]
+        jobs = [
+            j
+            for j in queue.latest_jobs(conn, PROVISION_JOB_TYPE)
+            if j.status is not JobStatus.RUNNING
+        ]
         found = schema_versions(conn, sorted({TenantId(str(j.tenant_id)).schema for j in jobs}))
     counts = Counter(migrations.head_label(v) if v else "(none)" for v in found.values())
     return dict(sorted(counts.items()))

@@ -5,6 +5,13 @@ names only to refuse or list them."""
 from __future__ import annotations
 
 from provisioner.kinds.registry import JobKind
-from provisioner.models import PRODUCT_JOB_TYPES
 
-JOB_KINDS: tuple[JobKind, ...] = tuple(JobKind(name) for name in sorted(PRODUCT_JOB_TYPES))
+#: The job types the product worker runs as app_rw; every other kind is the owner's (control
+#: c005 lists the same names in its row-level security policies).
+PRODUCT_JOB_TYPES: frozenset[str] = frozenset(
+    {"train_tenant_model", "materialize_insights", "send_email"}
+)
+
+JOB_KINDS: tuple[JobKind, ...] = tuple(
+    JobKind(name, by_application=True) for name in sorted(PRODUCT_JOB_TYPES)
+)

@@ -15,13 +15,16 @@ migration step alone).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from provisioner import pool
+import psycopg
+
+from provisioner import pool, queue
 from provisioner.db import Transaction
 from provisioner.kinds import step
 from provisioner.kinds.registry import JobKind, Scope, keyed_by_tenant
 from provisioner.kinds.step import RunMemo, Step
-from provisioner.models import PROVISION_JOB_TYPE, Job
+from provisioner.models import Job, TenantId
 from provisioner.templates import migrations
 from provisioner.templates.upgrade import UPGRADE_TO
 from provisioner.tenant import row as tenants
@@ -30,12 +33,21 @@ from provisioner.tenant import schema as tenant_schema
 __all__ = [
     "JOB_KINDS",
     "MIGRATION_STEP",
+    "PROVISION_JOB_TYPE",
     "PROVISION_STEPS",
     "STEPS",
     "SpareMemo",
     "Step",
     "StepContext",
+    "ensure_provision_job",
+    "ensure_provision_job_async",
+    "provision_key",
 ]
+
+#: The job type of provisioning (the contract's name).
+PROVISION_JOB_TYPE = "provision_tenant"
+#: Its idempotency key: one provisioning job per tenant, re-opened for each request.
+provision_key = keyed_by_tenant("provision")
 
 #: The migration step's name (a fleet upgrade re-opens a job to run it alone).
 MIGRATION_STEP = "run_tenant_migrations"
@@ -189,7 +201,7 @@ JOB_KINDS: tuple[JobKind, ...] = (
     JobKind(
         PROVISION_JOB_TYPE,
         f"{__name__}:PROVISION_STEPS",
-        idempotency_key=keyed_by_tenant("provision"),
+        idempotency_key=provision_key,
         default_worker=True,
         command="provision",
         refused_states=("suspended", "archived", "deleted"),
@@ -200,3 +212,41 @@ JOB_KINDS: tuple[JobKind, ...] = (
         warm_touches=pool.WARM_TOUCHES,
     ),
 )
+
+
+def ensure_provision_job(
+    conn: psycopg.Connection[Any],
+    tenant: TenantId,
+    *,
+    retry_terminal: bool = False,
+    started_by: str = "enqueue",
+) -> queue.Enqueued:
+    """The tenant's control row and its one provisioning job, created if missing (in the
+    caller's transaction, woken on its commit)."""
+    return queue.ensure_tenant_job(
+        conn,
+        tenant,
+        PROVISION_JOB_TYPE,
+        provision_key(tenant),
+        retry_terminal=retry_terminal,
+        started_by=started_by,
+    )
+
+
+async def ensure_provision_job_async(
+    conn: psycopg.AsyncConnection[Any],
+    tenant: TenantId,
+    *,
+    retry_terminal: bool = False,
+    started_by: str = "enqueue",
+) -> queue.Enqueued:
+    """:func:`ensure_provision_job` for a psycopg ``AsyncConnection``: the same statements, in
+    the same round trips, awaited."""
+    return await queue.ensure_tenant_job_async(
+        conn,
+        tenant,
+        PROVISION_JOB_TYPE,
+        provision_key(tenant),
+        retry_terminal=retry_terminal,
+        started_by=started_by,
+    )

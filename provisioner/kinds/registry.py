@@ -96,6 +96,9 @@ class JobKind:
     #: statements touching the tables its steps read (``SELECT 1 FROM t WHERE key IS NULL``),
     #: run with the queue's own in the idle sessions' warm-up (:func:`provisioner.queue.warm`)
     warm_touches: tuple[str, ...] = ()
+    #: run by the product's worker as the application role (its rows are app_rw's to write, it
+    #: keeps no step journal; control c005's row-level security names the same kinds)
+    by_application: bool = False
 
     @property
     def handled(self) -> bool:
@@ -177,6 +180,11 @@ class KindRegistry:
         for kind in self.kinds.values():
             plans.extend(plan for plan in kind.prepared_plans if plan not in plans)
         return tuple(plans)
+
+    @property
+    def application_kinds(self) -> frozenset[str]:
+        """The kinds the application role runs (:attr:`JobKind.by_application`)."""
+        return frozenset(k.name for k in self.kinds.values() if k.by_application)
 
     @property
     def warm_touches(self) -> tuple[str, ...]:

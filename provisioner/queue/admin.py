@@ -4,12 +4,11 @@ listings and a tenant's latest job.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from uuid import UUID
 
 from provisioner.errors import InvalidInput, UnknownJob
 from provisioner.models import (
-    PRODUCT_JOB_TYPES,
-    PROVISION_JOB_TYPE,
     Job,
     TenantId,
 )
@@ -120,8 +119,8 @@ SELECT * FROM control.platform_jobs
 """
 
 
-# The provisioning job of each tenant (all tenants, or the named ones), by tenant id.
-PROVISION_JOBS = """
+# The newest job of a type of each tenant (all tenants, or the named ones), by tenant id.
+LATEST_JOBS = """
 SELECT DISTINCT ON (tenant_id) * FROM control.platform_jobs
  WHERE job_type = %(job_type)s AND tenant_id IS NOT NULL
    AND (%(tenants)s::text[] IS NULL OR tenant_id = ANY(%(tenants)s))
@@ -138,15 +137,18 @@ SELECT * FROM control.platform_jobs
 """
 
 
-def recover_stale(conn: Conn, stale_after_seconds: float) -> list[Job]:
+def recover_stale(
+    conn: Conn, stale_after_seconds: float, unjournaled: Collection[str] = ()
+) -> list[Job]:
     """Requeue or fail running jobs whose lease expired, closing their open step runs; fail
-    (with a reason) the unfinished jobs no worker could load, so none stalls the queue."""
+    (with a reason) the unfinished jobs no worker could load, so none stalls the queue.
+    ``unjournaled``: the job types whose steps no engine records (the application's)."""
     rows = fetch_all(conn, FAIL_UNPROCESSABLE, {"detail": UNPROCESSABLE_DETAIL})
     rows += fetch_all(
         conn, RECOVER_STALE, {"stale": stale_after_seconds, "detail": RECOVERED_DETAIL}
     )
     # Step runs are the owner's engine's (app_rw may not write them); product jobs have none.
-    owned = [row["id"] for row in rows if row["job_type"] not in PRODUCT_JOB_TYPES]
+    owned = [row["id"] for row in rows if row["job_type"] not in unjournaled]
     if owned:
         with conn.cursor() as cur:
             cur.execute(STEP_RUNS_ABANDON, {"job_ids": owned})
@@ -231,9 +233,7 @@ def get_job(conn: Conn, job_id: UUID) -> Job:
     return Job.from_row(row)
 
 
-def latest_for_tenant(
-    conn: Conn, tenant: TenantId, job_type: str = PROVISION_JOB_TYPE
-) -> Job | None:
+def latest_for_tenant(conn: Conn, tenant: TenantId, job_type: str) -> Job | None:
     row = fetch_one(conn, LATEST_FOR_TENANT, {"tenant_id": tenant.value, "job_type": job_type})
     return Job.from_row(row) if row else None
 
@@ -244,10 +244,10 @@ def latest_any_for_tenant(conn: Conn, tenant: TenantId) -> Job | None:
     return Job.from_row(row) if row else None
 
 
-def provision_jobs(conn: Conn, tenants: list[TenantId] | None = None) -> list[Job]:
-    """Each tenant's provisioning job (the newest), ordered by tenant id; None means all."""
+def latest_jobs(conn: Conn, job_type: str, tenants: list[TenantId] | None = None) -> list[Job]:
+    """Each tenant's newest job of ``job_type``, ordered by tenant id; None means all."""
     names = None if tenants is None else [t.value for t in tenants]
-    rows = fetch_all(conn, PROVISION_JOBS, {"job_type": PROVISION_JOB_TYPE, "tenants": names})
+    rows = fetch_all(conn, LATEST_JOBS, {"job_type": job_type, "tenants": names})
     return [Job.from_row(r) for r in rows]
 
 

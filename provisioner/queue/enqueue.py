@@ -15,7 +15,6 @@ from psycopg.types.json import Jsonb
 
 from provisioner.errors import InvalidInput, KeyConflict
 from provisioner.models import (
-    PROVISION_JOB_TYPE,
     Job,
     JobStatus,
     TenantId,
@@ -281,24 +280,6 @@ def wake_ups(conn: Conn) -> list[str]:
     return [notify.payload for notify in conn.notifies(timeout=0)]
 
 
-def provision_key(tenant: TenantId) -> str:
-    return f"provision:{tenant.value}"
-
-
-def ensure_provision_job(
-    conn: Conn, tenant: TenantId, *, retry_terminal: bool = False, started_by: str = "enqueue"
-) -> Enqueued:
-    """The tenant's control row and its one ``provision_tenant`` job, created if missing."""
-    return ensure_tenant_job(
-        conn,
-        tenant,
-        PROVISION_JOB_TYPE,
-        provision_key(tenant),
-        retry_terminal=retry_terminal,
-        started_by=started_by,
-    )
-
-
 def ensure_tenant_job(
     conn: Conn,
     tenant: TenantId,
@@ -319,20 +300,19 @@ def ensure_tenant_job(
     return _enqueue(conn, request, retry_terminal=retry_terminal)
 
 
-async def ensure_provision_job_async(
+async def ensure_tenant_job_async(
     conn: psycopg.AsyncConnection[Any],
     tenant: TenantId,
+    job_type: str,
+    idempotency_key: str | None,
     *,
     retry_terminal: bool = False,
     started_by: str = "enqueue",
 ) -> Enqueued:
-    """:func:`ensure_provision_job` for a psycopg ``AsyncConnection``: the same statements, in
+    """:func:`ensure_tenant_job` for a psycopg ``AsyncConnection``: the same statements, in
     the same round trips, awaited."""
-    return await _enqueue_async(
-        conn,
-        _tenant_request(tenant, PROVISION_JOB_TYPE, provision_key(tenant), started_by),
-        retry_terminal=retry_terminal,
-    )
+    request = _tenant_request(tenant, job_type, idempotency_key, started_by)
+    return await _enqueue_async(conn, request, retry_terminal=retry_terminal)
 
 
 def _tenant_request(

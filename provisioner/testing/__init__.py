@@ -52,6 +52,7 @@ from psycopg.types.json import Jsonb
 
 from provisioner import db, queue, service
 from provisioner.errors import InvalidInput, ProvisionerError
+from provisioner.kinds.provision import provision_key
 from provisioner.local import cluster as local_pg
 from provisioner.models import TenantId
 from provisioner.settings import Settings
@@ -295,7 +296,7 @@ class TenantFactory:
         return {
             "id": tenant.value,
             "schema": tenant.schema,
-            "key": queue.provision_key(tenant),
+            "key": provision_key(tenant),
             "job_id": uuid.uuid4(),
             **{name: Jsonb(value) for name, value in self._model_rows.items()},
         }

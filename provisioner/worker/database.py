@@ -12,7 +12,7 @@ import selectors
 import time
 from contextlib import suppress
 
-from provisioner import db, queue
+from provisioner import db, kinds, queue
 from provisioner.engine import describe
 from provisioner.errors import LeaseLost, ProvisionerError
 from provisioner.logs import event, job_fields
@@ -81,7 +81,11 @@ class DatabaseWork(WorkerState):
     def _recover(self) -> None:
         assert self._conn is not None
         with db.translated():
-            jobs = queue.recover_stale(self._conn, self.settings.job_stale_after_seconds)
+            jobs = queue.recover_stale(
+                self._conn,
+                self.settings.job_stale_after_seconds,
+                kinds.for_settings(self.settings).application_kinds,
+            )
             self._conn.commit()
         for job in jobs:
             self.stats["recovered"] += 1

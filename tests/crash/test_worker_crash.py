@@ -18,7 +18,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from provisioner import queue, service
-from provisioner.kinds.provision import STEPS
+from provisioner.kinds.provision import STEPS, ensure_provision_job
 from provisioner.models import TenantId
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
@@ -228,7 +228,7 @@ def test_a_killed_child_hands_back_at_once_a_job_it_claimed_but_never_reported(
     worker = workers.start("--stale-after", "600").idle()
     ((holder,), (pid,)) = (worker.holders(), worker.child_pids())
     with psycopg.connect(database.owner_url) as conn:  # the claim the child never reported
-        job = queue.ensure_provision_job(conn, TenantId("ghost")).job
+        job = ensure_provision_job(conn, TenantId("ghost")).job
         conn.execute(
             "UPDATE control.platform_jobs SET status = 'running', attempts = 1, "
             "locked_by = %s, locked_at = now() WHERE id = %s",

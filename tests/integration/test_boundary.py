@@ -15,9 +15,10 @@ import pytest
 from psycopg import errors
 from psycopg.rows import dict_row
 
-from provisioner import queue, service
+from provisioner import kinds, queue, service
 from provisioner.control import heartbeats
 from provisioner.errors import ConfigurationError, InvalidInput, KeyConflict
+from provisioner.kinds.provision import ensure_provision_job
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli
@@ -59,7 +60,7 @@ def schema_exists(database: Database, tenant: str) -> bool:
 
 def test_app_rw_enqueues_and_reads_provisioning(database: Database) -> None:
     with app(database) as conn:
-        job = queue.ensure_provision_job(conn, TenantId("acme")).job
+        job = ensure_provision_job(conn, TenantId("acme")).job
         assert job.status is JobStatus.QUEUED and job.idempotency_key == "provision:acme"
         assert queue.get_job(conn, job.id).id == job.id
         assert queue.step_runs(conn, job.id) == []
@@ -83,7 +84,7 @@ def test_product_jobs_keep_the_row_access_the_contract_gives(database: Database)
         heartbeats.beat(conn, "product-worker", "p2", {"job_types": ["send_email"]})
         conn.commit()
         required = {"product-worker": frozenset({"send_email"})}
-        assert heartbeats.readiness(conn, required, 10).ready
+        assert heartbeats.readiness(conn, required, 10, kinds.BUILTIN.application_kinds).ready
 
 
 # -- forgeries of the provisioning rows (item 3) ------------------------------------------------
@@ -137,7 +138,7 @@ UPDATES = {
 @pytest.mark.parametrize("change", list(UPDATES), ids=list(UPDATES))
 def test_app_rw_cannot_change_a_provisioning_job(database: Database, change: str) -> None:
     with app(database) as conn:
-        job = queue.ensure_provision_job(conn, TenantId("victim")).job
+        job = ensure_provision_job(conn, TenantId("victim")).job
         before = owner_job(database, "victim")
         cur = conn.execute(
             f"UPDATE control.platform_jobs SET {UPDATES[change]} WHERE id = %s", (job.id,)
@@ -151,7 +152,7 @@ def test_app_rw_cannot_change_a_provisioning_job(database: Database, change: str
 def test_a_forged_success_is_not_reported(settings: Settings, database: Database) -> None:
     """The issue's first forgery end to end: status must not say succeeded without a schema."""
     with app(database) as conn:
-        queue.ensure_provision_job(conn, TenantId("ghost"))
+        ensure_provision_job(conn, TenantId("ghost"))
         conn.execute(
             "UPDATE control.platform_jobs SET status = 'succeeded', progress = 100 "
             "WHERE tenant_id = 'ghost'"
@@ -163,7 +164,7 @@ def test_a_forged_success_is_not_reported(settings: Settings, database: Database
 
 def test_app_rw_cannot_write_step_history_or_tenant_state(database: Database) -> None:
     with app(database) as conn:
-        job = queue.ensure_provision_job(conn, TenantId("acme")).job
+        job = ensure_provision_job(conn, TenantId("acme")).job
     with database.owner() as conn:
         conn.execute(
             "INSERT INTO control.job_step_runs (job_id, tenant_id, attempt, step, worker) "

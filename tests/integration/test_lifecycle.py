@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from provisioner import queue, service
 from provisioner.cli import main
 from provisioner.engine import Engine, runner
+from provisioner.kinds.provision import ensure_provision_job
 from provisioner.models import TenantId
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
@@ -175,7 +176,7 @@ def test_commands_refuse_wrong_states_and_unknown_tenants(
 def test_a_job_waits_while_another_job_of_its_tenant_runs(database: Database) -> None:
     tenant = TenantId("acme")
     with psycopg.connect(database.owner_url) as conn:
-        provision = queue.ensure_provision_job(conn, tenant).job
+        provision = ensure_provision_job(conn, tenant).job
         conn.commit()
         claimed = queue.claim_next(conn, ["provision_tenant"], "holder-1")
         assert claimed is not None and claimed.id == provision.id

@@ -15,7 +15,7 @@ import pytest
 from provisioner import db, kinds, pool, queue, service
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import ConfigurationError
-from provisioner.kinds.provision import STEPS
+from provisioner.kinds.provision import STEPS, ensure_provision_job
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -61,7 +61,7 @@ def enqueue_together(settings: Settings, tenants: list[str]) -> None:
     """In one transaction: the worker sees them all at once and never idles in between."""
     with db.connect(settings.app_url) as conn:
         for tenant in tenants:
-            queue.ensure_provision_job(conn, TenantId(tenant))
+            ensure_provision_job(conn, TenantId(tenant))
         conn.commit()
 
 
@@ -168,7 +168,7 @@ def test_the_warm_up_keeps_the_claims_plan_for_the_next_sign_up(
             other.execute("CREATE SCHEMA resets_every_plan")  # as a spare build does
         engine.warm()
         with psycopg.connect(database.owner_url) as app:
-            queue.ensure_provision_job(app, TenantId("w1"))
+            ensure_provision_job(app, TenantId("w1"))
         plans = control.execute(CLAIM_PLANS, ("%UPDATE control.platform_jobs%",)).fetchone()
         assert plans == {"generic_plans": 2, "custom_plans": 0}
         claimed = engine.claim(("provision_tenant",))

@@ -6,6 +6,7 @@ import psycopg
 import pytest
 
 from provisioner import queue
+from provisioner.kinds.provision import ensure_provision_job
 from provisioner.models import TenantId
 from tests.conftest import Database
 
@@ -36,7 +37,7 @@ def test_app_rw_cannot_change_the_control_schema(database: Database, statement: 
 def test_app_rw_does_the_product_side_of_the_queue(database: Database) -> None:
     """Enqueue provisioning, read status, claim its own (product) job types, finish: rows only."""
     with psycopg.connect(database.app_url) as conn:
-        job = queue.ensure_provision_job(conn, TenantId("acme")).job
+        job = ensure_provision_job(conn, TenantId("acme")).job
         queue.enqueue(conn, "send_email", tenant_id="acme", idempotency_key="email:acme:1")
         conn.commit()
         assert queue.get_job(conn, job.id).status.value == "queued"

@@ -12,7 +12,7 @@ from provisioner import db, queue, service
 from provisioner.cli import main
 from provisioner.engine import Engine, StepEvent
 from provisioner.errors import LeaseLost
-from provisioner.kinds.provision import GRANTS_IN_PLACE, STEPS
+from provisioner.kinds.provision import GRANTS_IN_PLACE, STEPS, ensure_provision_job
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
@@ -191,7 +191,7 @@ def test_a_process_that_lost_its_lease_records_nothing(
     settings: Settings, database: Database
 ) -> None:
     with psycopg.connect(database.owner_url) as conn:
-        queue.ensure_provision_job(conn, TenantId("acme"))
+        ensure_provision_job(conn, TenantId("acme"))
         conn.commit()
         mine = queue.claim_next(conn, ["provision_tenant"], "zombie")
     assert mine is not None

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 from provisioner import kinds, pool, queue
 from provisioner.errors import InvalidInput, KeyConflict, LeaseLost, UnknownJob
+from provisioner.kinds.provision import ensure_provision_job, ensure_provision_job_async
 from provisioner.models import Job, JobStatus, TenantId
 from tests.conftest import Database
 
@@ -29,7 +30,7 @@ def app(database: Database) -> psycopg.Connection:
 
 
 def enqueue_tenant(conn: psycopg.Connection, name: str) -> Job:
-    job = queue.ensure_provision_job(conn, TenantId(name)).job
+    job = ensure_provision_job(conn, TenantId(name)).job
     conn.commit()
     return job
 
@@ -50,8 +51,8 @@ def row(database: Database, job_id) -> dict:
 
 def test_enqueue_is_idempotent_on_its_key(database: Database) -> None:
     with app(database) as conn:
-        first = queue.ensure_provision_job(conn, TenantId("acme"))
-        second = queue.ensure_provision_job(conn, TenantId("acme"))
+        first = ensure_provision_job(conn, TenantId("acme"))
+        second = ensure_provision_job(conn, TenantId("acme"))
         conn.commit()
     assert first.created and not second.created
     assert first.job.id == second.job.id
@@ -62,7 +63,7 @@ def test_enqueue_is_idempotent_on_its_key(database: Database) -> None:
 
 def test_enqueue_joins_the_callers_transaction(database: Database) -> None:
     with app(database) as conn:
-        queue.ensure_provision_job(conn, TenantId("acme"))
+        ensure_provision_job(conn, TenantId("acme"))
         conn.rollback()
     with database.owner() as conn:
         assert conn.execute("SELECT count(*) FROM control.platform_jobs").fetchone()[0] == 0
@@ -73,7 +74,7 @@ def test_enqueue_notifies_on_commit_only(database: Database) -> None:
     with psycopg.connect(database.app_url, autocommit=True) as listener:
         listener.execute(f"LISTEN {queue.NOTIFY_CHANNEL}")
         with app(database) as conn:
-            queue.ensure_provision_job(conn, TenantId("acme"))
+            ensure_provision_job(conn, TenantId("acme"))
             assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
             conn.commit()
         got = list(listener.notifies(timeout=5, stop_after=1))
@@ -87,9 +88,9 @@ def test_the_applications_enqueue_records_the_job_its_run_and_its_tenant(
     tenant's row, the job and its wake-up, the next one the job's first run; enqueued again,
     nothing more is written."""
     with psycopg.connect(database.app_url, row_factory=dict_row) as conn:
-        first = queue.ensure_provision_job(conn, TenantId("acme"))
-        again = queue.ensure_provision_job(conn, TenantId("acme"))
-        other = queue.ensure_provision_job(conn, TenantId("globex"))
+        first = ensure_provision_job(conn, TenantId("acme"))
+        again = ensure_provision_job(conn, TenantId("acme"))
+        other = ensure_provision_job(conn, TenantId("globex"))
         conn.commit()
     assert first.created and not again.created and other.created
     assert again.job.id == first.job.id != other.job.id
@@ -383,9 +384,9 @@ def test_retry_terminal_requeues_failed_with_attempts_reset(database: Database) 
     with app(database) as conn:
         queue.fail_or_retry(conn, job.lease, "nope", permanent=True)
         conn.commit()
-        plain = queue.ensure_provision_job(conn, TenantId("acme"))
+        plain = ensure_provision_job(conn, TenantId("acme"))
         assert plain.job.status is JobStatus.FAILED and not plain.requeued
-        again = queue.ensure_provision_job(conn, TenantId("acme"), retry_terminal=True)
+        again = ensure_provision_job(conn, TenantId("acme"), retry_terminal=True)
         conn.commit()
     assert again.requeued and again.job.id == job.id
     assert again.job.status is JobStatus.QUEUED and again.job.attempts == 0
@@ -396,7 +397,7 @@ def enqueue_async(database: Database, tenant: str, **kwargs: bool) -> queue.Enqu
 
     async def go() -> queue.Enqueued:
         async with await psycopg.AsyncConnection.connect(database.owner_url) as conn:
-            enqueued = await queue.ensure_provision_job_async(conn, TenantId(tenant), **kwargs)
+            enqueued = await ensure_provision_job_async(conn, TenantId(tenant), **kwargs)
             await conn.commit()
             return enqueued
 

@@ -16,7 +16,8 @@ from provisioner import errors, kinds
 from provisioner.errors import ConfigurationError
 from provisioner.kinds import Scope
 from provisioner.kinds import provision as provision_kind
-from provisioner.models import PROVISION_JOB_TYPE, Job, JobStatus
+from provisioner.kinds.provision import PROVISION_JOB_TYPE
+from provisioner.models import Job, JobStatus
 from provisioner.settings import DEFAULT_JOB_TYPES, Settings
 
 PACKAGE = Path(kinds.__file__).resolve().parents[1]

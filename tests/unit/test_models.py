@@ -6,8 +6,8 @@ import pytest
 
 from provisioner import kinds
 from provisioner.errors import ConfigurationError, InvalidInput
-from provisioner.kinds.provision import STEPS
-from provisioner.models import PROVISION_JOB_TYPE, JobStatus, TenantId
+from provisioner.kinds.provision import PROVISION_JOB_TYPE, STEPS
+from provisioner.models import JobStatus, TenantId
 from provisioner.redact import redact
 from provisioner.settings import DEFAULT_JOB_TYPES, Settings, parse_job_types
 

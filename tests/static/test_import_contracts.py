@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
@@ -45,24 +47,24 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
     assert "0 broken" in result.stdout
 
 
-def test_an_upward_import_breaks_the_layers(tmp_path: Path) -> None:
-    """The database adapter importing the CLI (a ground module reaching the top) fails."""
+@pytest.mark.parametrize(
+    ("module", "imported", "broken"),
+    [
+        # A ground module (the database adapter) reaching the top of the package.
+        ("db/__init__.py", "provisioner.cli", "Each part imports only the parts below it"),
+        ("queue/__init__.py", "provisioner.kinds", "The queue names no job kind and runs no step"),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(
+    tmp_path: Path, module: str, imported: str, broken: str
+) -> None:
     tree = _copy_tree(tmp_path)
-    target = tree / "provisioner" / "db" / "__init__.py"
-    target.write_text(target.read_text() + "\nimport provisioner.cli  # noqa: E402,F401\n")
+    target = tree / "provisioner" / module
+    target.write_text(target.read_text() + f"\nimport {imported}  # noqa: E402,F401\n")
     result = _lint(tree)
     assert result.returncode != 0
-    assert "Each part imports only the parts below it BROKEN" in result.stdout
-    assert "provisioner.db is not allowed to import provisioner.cli" in result.stdout
-
-
-def test_the_queue_may_not_import_a_kind(tmp_path: Path) -> None:
-    tree = _copy_tree(tmp_path)
-    target = tree / "provisioner" / "queue" / "__init__.py"
-    target.write_text(target.read_text() + "\nimport provisioner.kinds  # noqa: E402,F401\n")
-    result = _lint(tree)
-    assert result.returncode != 0
-    assert "The queue names no job kind and runs no step BROKEN" in result.stdout
+    assert f"{broken} BROKEN" in result.stdout
+    assert f"is not allowed to import {imported}" in result.stdout
 
 
 def test_make_lint_and_make_test_check_the_contracts(tmp_path: Path) -> None:

@@ -282,7 +282,11 @@ def test_operator_sees_the_running_job_and_watches_it_finish(
     with tenant_row_locked(database, "vista") as lock:
         worker = workers.start()
         holder = wait_blocked_mid_step(database, "vista")
-        current = wait_until(lambda: heartbeat(database)["current_jobs"], 10, "a beat")
+        # A beat is a snapshot: one may land after the parent saw the claim and before it read
+        # the child's report that the step started; a later one shows the step.
+        current = wait_until(
+            lambda: [j for j in heartbeat(database)["current_jobs"] if j["step"]], 10, "a beat"
+        )
         assert [(j["tenant_id"], j["step"], j["holder"]) for j in current] == [
             ("vista", "create_schema", holder)
         ]

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from provisioner import queue, service
 from provisioner.cli import main
 from provisioner.engine import Engine, runner
-from provisioner.kinds.provision import ensure_provision_job
+from provisioner.kinds.provision import PROVISION_JOB_TYPE, ensure_provision_job
 from provisioner.models import TenantId
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
@@ -228,7 +228,7 @@ def test_a_provisioning_job_never_gives_an_inactive_tenant_its_access_back(
     tenant_factory("acme")
     assert cli(settings, "suspend", "acme").returncode == 0
     with psycopg.connect(database.owner_url) as conn:  # e.g. an upgrade re-opening the job
-        job = queue.latest_for_tenant(conn, TenantId("acme"))
+        job = queue.latest_for_tenant(conn, TenantId("acme"), PROVISION_JOB_TYPE)
         assert job is not None
         queue.reopen(conn, job.id)
         conn.commit()

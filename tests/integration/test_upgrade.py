@@ -13,7 +13,7 @@ from provisioner import db, queue, service
 from provisioner.db import DatabaseError
 from provisioner.errors import InvalidInput, UnknownTenant
 from provisioner.fleet import versions as fleet_versions
-from provisioner.kinds.provision import STEPS
+from provisioner.kinds.provision import PROVISION_JOB_TYPE, STEPS
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -25,7 +25,7 @@ HEAD = ",".join(sorted(migrations.tenant_heads()))
 
 def job_of(database: Database, tenant: str) -> dict:
     with database.owner() as conn:
-        job = queue.latest_for_tenant(conn, TenantId(tenant))
+        job = queue.latest_for_tenant(conn, TenantId(tenant), PROVISION_JOB_TYPE)
     assert job is not None
     return {"status": job.status.value, "attempts": job.attempts, "updated_at": job.updated_at}
 
@@ -83,7 +83,7 @@ def test_a_worker_brings_the_queued_tenants_to_head_running_only_the_migrations(
         for tenant in ("older", "oldest"):
             assert migrations.tenant_at_head(conn, f"tenant_{tenant}")
             assert fingerprint(database, tenant) == reference
-            job = queue.latest_for_tenant(conn, TenantId(tenant))
+            job = queue.latest_for_tenant(conn, TenantId(tenant), PROVISION_JOB_TYPE)
             assert job is not None and job.status is JobStatus.SUCCEEDED
             assert job.steps_completed == list(STEPS)
             reran = conn.execute(
@@ -101,7 +101,7 @@ def test_named_tenants_only_and_unfinished_jobs_are_left_alone(
     settings: Settings, database: Database, fleet: list[str]
 ) -> None:
     with database.owner() as conn:  # app_rw may not change a provisioning row
-        job = queue.latest_for_tenant(conn, TenantId("oldest"))
+        job = queue.latest_for_tenant(conn, TenantId("oldest"), PROVISION_JOB_TYPE)
         assert job is not None
         conn.execute("UPDATE control.platform_jobs SET status = 'failed' WHERE id = %s", (job.id,))
     report = service.upgrade(settings, ["current", "older", "oldest"])

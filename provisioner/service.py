@@ -34,8 +34,6 @@ from provisioner.engine.holder import holder_id
 from provisioner.errors import (
     ConfigurationError,
     InvalidInput,
-    StorageMisconfigured,
-    StorageUnavailable,
     UnknownTenant,
     WrongState,
 )
@@ -48,9 +46,9 @@ from provisioner.templates import migrations
 from provisioner.tenant import row as tenants
 
 __all__ = ["TenantId", "local_pg"]
+from provisioner import storage
 from provisioner.kinds.provision import ensure_provision_job
 from provisioner.settings import Settings
-from provisioner.storage import store_from_settings
 
 
 def resolve(
@@ -376,12 +374,8 @@ def _require_owner_for(settings: Settings, conn: psycopg.Connection[Any], job_id
 
 def check_storage(settings: Settings) -> dict[str, Any]:
     """Run the object-store readiness check from here; never raises for a store fault."""
-    store = store_from_settings(settings)
-    try:
-        store.check()
-    except (StorageMisconfigured, StorageUnavailable) as exc:
-        return {"ready": False, "provider": store.provider, "detail": str(exc)}
-    return {"ready": True, "provider": store.provider, "detail": store.describe()}
+    found = storage.readiness(settings)
+    return {"ready": found.ready, "provider": found.provider, "detail": found.text}
 
 
 def health(settings: Settings) -> heartbeats.HealthReport:

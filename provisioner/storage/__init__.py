@@ -9,7 +9,8 @@ container or directory there and readable?" (see :mod:`provisioner.storage.base`
 * :mod:`~provisioner.storage.s3` - ``HeadBucket`` through boto3 (extra ``[s3]``);
 * :mod:`~provisioner.storage.azure` - ``Get Container Properties`` through azure-storage-blob
   (extra ``[azure]``);
-* :mod:`~provisioner.storage.factory` - ``store_from_settings``.
+* :mod:`~provisioner.storage.factory` - ``store_from_settings`` and ``readiness`` (the check the
+  heartbeat and ``health --check-storage`` report).
 
 Importing this package imports neither boto3 nor azure: they are optional extras, and a
 provider whose library is missing is refused with one line naming the extra
@@ -18,7 +19,7 @@ provider whose library is missing is refused with one line naming the extra
 
 from provisioner.storage.azure import AZURE_CREDENTIAL_ENV, AzureBlobStore
 from provisioner.storage.base import CONNECT_TIMEOUT, READ_TIMEOUT, ObjectStore
-from provisioner.storage.factory import store_from_settings
+from provisioner.storage.factory import Readiness, readiness, store_from_settings
 from provisioner.storage.filesystem import FilesystemStore
 from provisioner.storage.s3 import S3_ADDRESSING_STYLES, S3Store
 
@@ -30,6 +31,8 @@ __all__ = [
     "AzureBlobStore",
     "FilesystemStore",
     "ObjectStore",
+    "Readiness",
     "S3Store",
+    "readiness",
     "store_from_settings",
 ]

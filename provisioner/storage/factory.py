@@ -8,8 +8,9 @@ Kept apart from :mod:`provisioner.storage.base` so that the interface module imp
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from provisioner.errors import ConfigurationError
+from provisioner.errors import ConfigurationError, StorageMisconfigured, StorageUnavailable
 from provisioner.settings import OBJECT_STORE_PROVIDERS, Settings
 from provisioner.storage.azure import azure_store
 from provisioner.storage.base import ObjectStore
@@ -37,3 +38,25 @@ def store_from_settings(
     if provider == "s3":
         return s3_store(settings)
     return azure_store(settings, environ)  # azure, the last of OBJECT_STORE_PROVIDERS
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The configured store's read-only check: ``text`` says what was checked when ``ready``,
+    else why it is not ready."""
+
+    ready: bool
+    provider: str
+    text: str
+
+
+def readiness(settings: Settings) -> Readiness:
+    """Check the configured store; a store fault is reported, never raised (a worker whose
+    store is down still starts, and ``health --check-storage`` says why). A configuration that
+    cannot work at all is still a :class:`ConfigurationError`."""
+    store = store_from_settings(settings)
+    try:
+        store.check()
+    except (StorageMisconfigured, StorageUnavailable) as exc:
+        return Readiness(False, store.provider, str(exc))
+    return Readiness(True, store.provider, store.describe())

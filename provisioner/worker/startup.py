@@ -13,17 +13,14 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, kinds
+from provisioner import db, kinds, storage
 from provisioner.control import heartbeats
 from provisioner.errors import (
     ConfigurationError,
     DatabaseUnavailable,
-    StorageMisconfigured,
-    StorageUnavailable,
 )
 from provisioner.logs import event
 from provisioner.settings import Settings
-from provisioner.storage import store_from_settings
 from provisioner.templates import migrations
 
 
@@ -56,7 +53,7 @@ def check_configuration(settings: Settings) -> None:
             "live jobs would look abandoned"
         )
     settings.check_object_store_path()
-    store_from_settings(settings)  # ConfigurationError for a store that cannot work
+    storage.store_from_settings(settings)  # ConfigurationError for a store that cannot work
 
 
 def connect_for_start(name: str, url: str) -> psycopg.Connection[Any]:
@@ -102,9 +99,9 @@ def storage_status(settings: Settings) -> dict[str, Any]:
     """The object-store check, shaped for the heartbeat's ``storage`` field: ``ready``,
     ``provider``, and ``detail`` (what was checked) or ``error`` (why it is not ready). A store
     fault is reported here, never raised: a worker whose store is down still starts."""
-    store = store_from_settings(settings)
-    try:
-        store.check()
-    except (StorageMisconfigured, StorageUnavailable) as exc:
-        return {"ready": False, "provider": store.provider, "error": str(exc)}
-    return {"ready": True, "provider": store.provider, "detail": store.describe()}
+    found = storage.readiness(settings)
+    return {
+        "ready": found.ready,
+        "provider": found.provider,
+        "detail" if found.ready else "error": found.text,
+    }

@@ -19,7 +19,7 @@ import click
 from provisioner import kinds
 from provisioner.engine import StepEvent
 from provisioner.errors import ProvisionerError
-from provisioner.models import Job
+from provisioner.models import Job, JobStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,7 +69,7 @@ def render_job(job: Job, registry: kinds.KindRegistry = kinds.BUILTIN) -> None:
     click.echo(f"attempts  {job.attempts}/{job.max_attempts}")
     if job.error_detail:
         click.echo(f"error     {job.error_detail}")
-    if job.status.value == "queued" and job.attempts and job.available_at:
+    if job.status is JobStatus.QUEUED and job.attempts and job.available_at:
         click.echo(f"retry at  {job.available_at:%Y-%m-%d %H:%M:%S %Z}")
 
 

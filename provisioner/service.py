@@ -320,9 +320,9 @@ class TenantStatus:
     job: Job
     tenant: tenants.Tenant | None
     #: every step run of the tenant's jobs (each with its job_type, run and attempt)
-    step_runs: list[dict[str, Any]]
+    step_runs: list[queue.StepRunRecord]
     #: every run of the tenant's jobs: job_id, run, job_type, started_by, started_at
-    runs: list[dict[str, Any]]
+    runs: list[queue.JobRunRecord]
 
 
 def status(settings: Settings, tenant_id: str) -> TenantStatus:

@@ -470,7 +470,8 @@ class Engine:
         rows of the steps after it rolled back with it), and the failed event."""
         if trace.claim_sent:  # the commit failed: the next job's claim may have committed
             self._unsure_after = job.id
-        outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
+        lost = isinstance(exc, LeaseLost)
+        outcome = queue.StepRunOutcome.LEASE_LOST if lost else queue.StepRunOutcome.FAILED
         if trace.committed_run is not None:
             detail = _failure(exc, trace.step, trace.first)
             self._close_run(run.journal, trace.committed_run, outcome, detail)
@@ -535,7 +536,7 @@ class Engine:
 
     @staticmethod
     def _close_run(
-        journal: psycopg.Connection[Any], run_id: int, outcome: str, detail: str
+        journal: psycopg.Connection[Any], run_id: int, outcome: queue.StepRunOutcome, detail: str
     ) -> None:
         try:
             with db.translated():

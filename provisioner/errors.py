@@ -25,7 +25,19 @@
 
 Retry decisions use ``isinstance`` on these classes, never the message text
 (:func:`is_permanent` says which failures fail a job at once). Messages never carry secrets:
-adapters redact before raising.
+adapters redact before raising. The CLI prints ``error: <message>`` and exits with the class's
+``exit_code`` (:func:`provisioner.cli.render.fail_cleanly`).
+
+Outside the tree, on purpose (``tests/unit/test_errors.py`` holds every other class to it):
+
+    KeyboardInterrupt
+    └── provisioner.worker.processes.Interrupted   a worker child's drain timeout expired
+
+``Interrupted`` is a signal, not a failure: it must be a ``KeyboardInterrupt`` so that psycopg
+cancels the running query, and so that no ``except Exception`` (the engine's, the runner's)
+mistakes it for a step's failure; the child catches it in one place and hands the job back.
+Builtin errors the package raises are programming mistakes, not conditions a caller handles
+(``Job.lease`` of a job nobody claimed raises ``LookupError``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import sys
 import time
 from typing import IO, Any
 
+from provisioner.errors import InvalidInput
 from provisioner.models import Job, JobStatus
 from provisioner.redact import redact
 
@@ -82,7 +83,7 @@ class JsonFormatter(logging.Formatter):
 def configure(log_format: str = "human", stream: IO[str] | None = None) -> logging.Logger:
     """The worker's logger, writing one line per event to ``stream`` (stderr by default)."""
     if log_format not in LOG_FORMATS:
-        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}")
+        raise InvalidInput(f"log format must be one of {', '.join(LOG_FORMATS)}")
     logger = logging.getLogger(LOGGER_NAME)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)

@@ -44,6 +44,7 @@ from provisioner.local import cluster as local_pg
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.templates import migrations
 from provisioner.tenant import row as tenants
+from provisioner.tenant.state import INACTIVE, TenantState
 
 __all__ = ["TenantId", "local_pg"]
 from provisioner import storage
@@ -109,13 +110,17 @@ def refuse_inactive(conn: psycopg.Connection[Any], tenant: TenantId, command: st
     _refuse_state(tenant, state, command)
 
 
-def _refuse_state(tenant: TenantId, state: str | None, command: str) -> None:
-    if state in tenants.INACTIVE_STATES:
-        hint = {
-            "suspended": "`provisioner restore` it first",
-            "archived": "`provisioner restore` it first",
-            "deleted": "pass --reuse-deleted to `provisioner provision` to start it from scratch",
-        }[str(state)]
+#: What to do about a tenant in each of the states provisioning leaves alone.
+INACTIVE_HINTS: dict[TenantState, str] = {
+    TenantState.SUSPENDED: "`provisioner restore` it first",
+    TenantState.ARCHIVED: "`provisioner restore` it first",
+    TenantState.DELETED: "pass --reuse-deleted to `provisioner provision` to start it from scratch",
+}
+
+
+def _refuse_state(tenant: TenantId, state: TenantState | None, command: str) -> None:
+    if state is not None and state in INACTIVE:
+        hint = INACTIVE_HINTS[state]
         raise WrongState(f"tenant {tenant} is {state}: {command} leaves it alone; {hint}")
 
 
@@ -189,7 +194,7 @@ class LifecycleResult:
     #: the job as it was left (None: nothing to do and no job of that kind yet)
     job: Job | None
     #: control.tenants.state afterwards
-    state: str
+    state: TenantState
     #: True when the tenant was already there and the catalog confirmed it: nothing ran
     already: bool = False
     #: True when the job was queued for a worker instead of run here
@@ -315,9 +320,9 @@ class TenantStatus:
     job: Job
     tenant: tenants.Tenant | None
     #: every step run of the tenant's jobs (each with its job_type, run and attempt)
-    step_runs: list[dict[str, Any]]
+    step_runs: list[queue.StepRunRecord]
     #: every run of the tenant's jobs: job_id, run, job_type, started_by, started_at
-    runs: list[dict[str, Any]]
+    runs: list[queue.JobRunRecord]
 
 
 def status(settings: Settings, tenant_id: str) -> TenantStatus:

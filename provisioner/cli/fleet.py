@@ -14,6 +14,7 @@ from provisioner import service
 from provisioner.cli.options import settings_of
 from provisioner.cli.render import emit_json, fail_cleanly
 from provisioner.errors import InvalidInput
+from provisioner.fleet.drift import TenantCheck
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 
@@ -230,7 +231,7 @@ def check(ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, as_json:
             + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
         )
         for tenant in report.tenants:
-            if tenant.state.value == "behind":
+            if tenant.state is TenantCheck.BEHIND:
                 at = migrations.head_label(tenant.versions)
                 click.echo(f"  {tenant.tenant_id}: behind (at {at}; see `provisioner upgrade`)")
             for drift in tenant.drifts:

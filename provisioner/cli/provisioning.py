@@ -24,6 +24,7 @@ from provisioner.cli.render import (
     run_view,
     say,
 )
+from provisioner.models import JobStatus
 from provisioner.settings import Settings
 
 
@@ -72,7 +73,7 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: 
         else:
             click.echo(f"finished in {time.monotonic() - started:.2f} s")
         render_job(job, kinds.for_settings(settings))
-    sys.exit(0 if job.status.value == "succeeded" else 1)
+    sys.exit(0 if job.status is JobStatus.SUCCEEDED else 1)
 
 
 EMBEDDED_WORKER_HINT = (
@@ -150,5 +151,5 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
                 )
             last = snapshot
         if job.status.terminal:
-            sys.exit(0 if job.status.value == "succeeded" else 1)
+            sys.exit(0 if job.status is JobStatus.SUCCEEDED else 1)
         time.sleep(interval)

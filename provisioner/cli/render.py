@@ -13,13 +13,15 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import wraps
 from typing import Any, TypeVar
+from uuid import UUID
 
 import click
 
 from provisioner import kinds
 from provisioner.engine import StepEvent
 from provisioner.errors import ProvisionerError
-from provisioner.models import Job
+from provisioner.models import Job, JobStatus
+from provisioner.queue import JobRunRecord, StepRunRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,60 +71,73 @@ def render_job(job: Job, registry: kinds.KindRegistry = kinds.BUILTIN) -> None:
     click.echo(f"attempts  {job.attempts}/{job.max_attempts}")
     if job.error_detail:
         click.echo(f"error     {job.error_detail}")
-    if job.status.value == "queued" and job.attempts and job.available_at:
+    if job.status is JobStatus.QUEUED and job.attempts and job.available_at:
         click.echo(f"retry at  {job.available_at:%Y-%m-%d %H:%M:%S %Z}")
 
 
-def run_view(run: dict[str, Any]) -> dict[str, Any]:
+def run_view(run: StepRunRecord) -> dict[str, Any]:
     """One row of ``control.job_step_runs`` as JSON-ready values."""
-    keys = ("attempt", "step", "worker", "started_at", "finished_at", "outcome", "detail")
-    view = {key: run[key] for key in keys}
-    view.update(job_id=str(run["job_id"]), job_type=run.get("job_type"), run=run.get("run", 1))
-    return view
+    return {
+        "attempt": run.attempt,
+        "step": run.step,
+        "worker": run.worker,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "outcome": run.outcome.value,
+        "detail": run.detail,
+        "job_id": str(run.job_id),
+        "job_type": run.job_type,
+        "run": run.run,
+    }
 
 
-def job_run_view(run: dict[str, Any]) -> dict[str, Any]:
+def job_run_view(run: JobRunRecord) -> dict[str, Any]:
     """One row of ``control.job_runs`` as JSON-ready values."""
-    keys = ("run", "job_type", "started_by", "started_at")
-    return {"job_id": str(run["job_id"]), **{key: run[key] for key in keys}}
+    return {
+        "job_id": str(run.job_id),
+        "run": run.run,
+        "job_type": run.job_type,
+        "started_by": run.started_by,
+        "started_at": run.started_at,
+    }
 
 
-def render_history(runs: list[dict[str, Any]], step_runs: list[dict[str, Any]]) -> None:
+def render_history(runs: list[JobRunRecord], step_runs: list[StepRunRecord]) -> None:
     """What ran for the tenant, run by run and attempt by attempt: which kind, which command
     started each run, and each step's outcome. The answer to "what happened to tenant X"."""
     if not step_runs and not runs:
         return
     click.echo("history")
-    by_run: dict[tuple[Any, int], list[dict[str, Any]]] = {}
-    started: dict[tuple[Any, int], Any] = {}
+    by_run: dict[tuple[UUID, int], list[StepRunRecord]] = {}
+    started: dict[tuple[UUID, int], datetime] = {}
     for run in runs:
-        key = (run["job_id"], run["run"])
+        key = (run.job_id, run.run)
         by_run.setdefault(key, [])
-        started[key] = run["started_at"]
+        started[key] = run.started_at
     for step_run in step_runs:
-        key = (step_run["job_id"], step_run.get("run", 1))
+        key = (step_run.job_id, step_run.run)
         by_run.setdefault(key, []).append(step_run)
-        started.setdefault(key, step_run["started_at"])
-    headers = {(r["job_id"], r["run"]): r for r in runs}
+        started.setdefault(key, step_run.started_at)
+    headers = {(r.job_id, r.run): r for r in runs}
     for key in sorted(by_run, key=lambda k: (started[k], k[1])):
         header = headers.get(key)
-        kind = header["job_type"] if header else by_run[key][0].get("job_type") or "?"
-        by = f"started by `{header['started_by']}`" if header else "started by (unknown)"
+        kind = header.job_type if header else by_run[key][0].job_type or "?"
+        by = f"started by `{header.started_by}`" if header else "started by (unknown)"
         click.echo(f"  run {key[1]}  {kind}  {by}")
         for step_run in by_run[key]:
             click.echo(f"    {history_line(step_run)}")
 
 
-def history_line(step_run: dict[str, Any]) -> str:
+def history_line(step_run: StepRunRecord) -> str:
     took = ""
-    if step_run["finished_at"] is not None:
-        seconds = (step_run["finished_at"] - step_run["started_at"]).total_seconds()
+    if step_run.finished_at is not None:
+        seconds = (step_run.finished_at - step_run.started_at).total_seconds()
         took = f"{seconds * 1000:.0f} ms"
-    detail = f"  {step_run['detail']}" if step_run["detail"] else ""
+    detail = f"  {step_run.detail}" if step_run.detail else ""
     return (
-        f"attempt {step_run['attempt']}  {step_run['started_at']:%H:%M:%S}  "
-        f"{step_run['step']:<22} {step_run['outcome']:<10} {took:>8}  "
-        f"{step_run['worker']}{detail}"
+        f"attempt {step_run.attempt}  {step_run.started_at:%H:%M:%S}  "
+        f"{step_run.step:<22} {step_run.outcome:<10} {took:>8}  "
+        f"{step_run.worker}{detail}"
     )
 
 

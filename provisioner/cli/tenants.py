@@ -13,6 +13,7 @@ from provisioner.cli.options import settings_of
 from provisioner.cli.render import StepPrinter, emit_json, fail_cleanly, render_job
 from provisioner.errors import InvalidInput
 from provisioner.kinds import lifecycle as tenant_lifecycle
+from provisioner.models import JobStatus
 
 
 def run_lifecycle(
@@ -34,7 +35,7 @@ def run_lifecycle(
         on_progress=StepPrinter(quiet, kinds.for_settings(settings)),
     )
     job = result.job
-    ok = result.already or result.queued or (job is not None and job.status.value == "succeeded")
+    ok = result.already or result.queued or (job is not None and job.status is JobStatus.SUCCEEDED)
     if as_json:
         view = job.view() if job is not None else {"tenant_id": tenant_id, "job_id": None}
         emit_json(

@@ -71,6 +71,7 @@ from provisioner.templates import migrations
 from provisioner.templates import upgrade as upgrade_replay
 from provisioner.templates.replay import TemplateCache
 from provisioner.tenant import row as tenants
+from provisioner.tenant.state import TenantState
 
 #: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
 TENANT_LOCK_CLASS = 0x70726F76
@@ -358,14 +359,17 @@ class Engine:
             raise StepFailed(current) from exc
 
     @staticmethod
-    def _check_state(run: JobRun, state: str | Unread | None) -> None:
-        """WrongState (the job fails at once) when the tenant's state refuses the kind."""
+    def _check_state(run: JobRun, claimed: str | Unread | None) -> None:
+        """WrongState (the job fails at once) when the tenant's state refuses the kind. The
+        claim's state is the column's text (the queue knows no tenant): typed here."""
         kind, tenant = run.kind, run.context.tenant
         if not kind.refused_states:
             return
-        if isinstance(state, Unread):
+        if isinstance(claimed, Unread):
             with db.translated():
                 state = tenants.state_of(run.journal, tenant)
+        else:
+            state = None if claimed is None else TenantState(claimed)
         if state in kind.refused_states:
             raise WrongState(f"tenant {tenant} is {state}: {kind.name} leaves it alone")
 
@@ -466,7 +470,8 @@ class Engine:
         rows of the steps after it rolled back with it), and the failed event."""
         if trace.claim_sent:  # the commit failed: the next job's claim may have committed
             self._unsure_after = job.id
-        outcome = "lease_lost" if isinstance(exc, LeaseLost) else "failed"
+        lost = isinstance(exc, LeaseLost)
+        outcome = queue.StepRunOutcome.LEASE_LOST if lost else queue.StepRunOutcome.FAILED
         if trace.committed_run is not None:
             detail = _failure(exc, trace.step, trace.first)
             self._close_run(run.journal, trace.committed_run, outcome, detail)
@@ -531,7 +536,7 @@ class Engine:
 
     @staticmethod
     def _close_run(
-        journal: psycopg.Connection[Any], run_id: int, outcome: str, detail: str
+        journal: psycopg.Connection[Any], run_id: int, outcome: queue.StepRunOutcome, detail: str
     ) -> None:
         try:
             with db.translated():

@@ -25,7 +25,7 @@ from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.templates import migrations
-from provisioner.tenant import row as tenants
+from provisioner.tenant.state import INACTIVE, TenantState
 
 # Tenants an upgrade leaves alone, by lifecycle state.
 TENANTS_LEFT_ALONE = """
@@ -49,7 +49,7 @@ class SkippedTenant:
     """A tenant left alone because of its lifecycle state."""
 
     tenant_id: str
-    state: str
+    state: TenantState
 
 
 @dataclass(frozen=True)
@@ -104,10 +104,9 @@ def upgrade(
         missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
         if missing:
             raise UnknownTenant(f"unknown tenant(s) {', '.join(missing)}: no provisioning job")
-        rows = conn.execute(
-            TENANTS_LEFT_ALONE, {"states": list(tenants.INACTIVE_STATES)}
-        ).fetchall()
-        states: dict[str, str] = {r["tenant_id"]: r["state"] for r in rows}
+        left_alone = [state.value for state in INACTIVE]
+        rows = conn.execute(TENANTS_LEFT_ALONE, {"states": left_alone}).fetchall()
+        states = {r["tenant_id"]: TenantState(r["state"]) for r in rows}
         skipped = [
             SkippedTenant(str(j.tenant_id), states[j.tenant_id])
             for j in jobs

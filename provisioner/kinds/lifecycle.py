@@ -24,6 +24,7 @@ from provisioner.kinds.registry import JobKind, keyed_by_tenant
 from provisioner.kinds.step import Step, StepContext
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.state import TRANSITIONS, TenantState, Transition
 
 SUSPEND_JOB_TYPE = "suspend_tenant"
 RESTORE_JOB_TYPE = "restore_tenant"
@@ -33,28 +34,27 @@ PURGE_JOB_TYPE = "purge_tenant"
 
 @dataclass(frozen=True)
 class Rule:
-    """Which states a lifecycle kind starts from, and the states that mean it is done."""
+    """A lifecycle kind's transition (:data:`provisioner.tenant.state.TRANSITIONS`): the states
+    it starts from, the states that mean it is done, and the verb that reports it."""
 
     job_type: str
-    from_states: tuple[str, ...]
-    done_states: tuple[str, ...]
+    transition: Transition
     verb: str
+
+    @property
+    def from_states(self) -> tuple[TenantState, ...]:
+        return self.transition.from_states
+
+    @property
+    def done_states(self) -> tuple[TenantState, ...]:
+        return self.transition.to_states
 
 
 RULES: dict[str, Rule] = {
-    SUSPEND_JOB_TYPE: Rule(SUSPEND_JOB_TYPE, tenants.LIVE_STATES, ("suspended",), "suspended"),
-    RESTORE_JOB_TYPE: Rule(
-        RESTORE_JOB_TYPE, tenants.RESTORABLE_STATES, tenants.LIVE_STATES, "restored"
-    ),
-    DEPROVISION_JOB_TYPE: Rule(
-        DEPROVISION_JOB_TYPE, (*tenants.LIVE_STATES, "suspended"), ("archived",), "archived"
-    ),
-    PURGE_JOB_TYPE: Rule(
-        PURGE_JOB_TYPE,
-        ("pending", "provisioning", *tenants.LIVE_STATES, "suspended", "archived"),
-        ("deleted",),
-        "purged",
-    ),
+    SUSPEND_JOB_TYPE: Rule(SUSPEND_JOB_TYPE, TRANSITIONS["SUSPEND"], "suspended"),
+    RESTORE_JOB_TYPE: Rule(RESTORE_JOB_TYPE, TRANSITIONS["RESTORE"], "restored"),
+    DEPROVISION_JOB_TYPE: Rule(DEPROVISION_JOB_TYPE, TRANSITIONS["ARCHIVE"], "archived"),
+    PURGE_JOB_TYPE: Rule(PURGE_JOB_TYPE, TRANSITIONS["DELETE"], "purged"),
 }
 
 
@@ -76,9 +76,11 @@ def _schema_gone(tx: Transaction, ctx: StepContext) -> bool:
     return tenant_schema.object_count(tx.pg, ctx.tenant.schema) is None
 
 
-def _mark(name: str, statement: str, target: tuple[str, ...]) -> Step:
-    """A step moving ``control.tenants.state`` with one guarded transition; its effect is the
-    tenant being in ``target``."""
+def _mark(name: str, statement: str, transition: Transition) -> Step:
+    """A step moving ``control.tenants.state`` with one guarded UPDATE (``statement``, which
+    spells ``transition`` in SQL); its effect is the tenant being in the transition's target
+    states."""
+    target = transition.to_states
 
     def run(tx: Transaction, ctx: StepContext) -> str | None:
         return f"state {tenants.transition(tx.pg, ctx.tenant, statement, target)}"
@@ -95,20 +97,20 @@ DROP_SCHEMA = Step("drop_schema", _drop_schema, _schema_gone)
 
 SUSPEND_STEPS: tuple[Step, ...] = (
     REVOKE_APP_RW,
-    _mark("mark_suspended", tenants.SUSPEND, ("suspended",)),
+    _mark("mark_suspended", tenants.SUSPEND, TRANSITIONS["SUSPEND"]),
 )
 RESTORE_STEPS: tuple[Step, ...] = (
     GRANT_APP_RW,
-    _mark("mark_restored", tenants.RESTORE, tenants.LIVE_STATES),
+    _mark("mark_restored", tenants.RESTORE, TRANSITIONS["RESTORE"]),
 )
 DEPROVISION_STEPS: tuple[Step, ...] = (
     REVOKE_APP_RW,
-    _mark("mark_archived", tenants.ARCHIVE, ("archived",)),
+    _mark("mark_archived", tenants.ARCHIVE, TRANSITIONS["ARCHIVE"]),
 )
 PURGE_STEPS: tuple[Step, ...] = (
     REVOKE_APP_RW,
     DROP_SCHEMA,
-    _mark("mark_deleted", tenants.DELETE, ("deleted",)),
+    _mark("mark_deleted", tenants.DELETE, TRANSITIONS["DELETE"]),
 )
 
 

@@ -29,6 +29,7 @@ from provisioner.templates import migrations
 from provisioner.templates.upgrade import UPGRADE_TO
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.state import INACTIVE
 
 __all__ = [
     "JOB_KINDS",
@@ -204,7 +205,7 @@ JOB_KINDS: tuple[JobKind, ...] = (
         idempotency_key=provision_key,
         default_worker=True,
         command="provision",
-        refused_states=("suspended", "archived", "deleted"),
+        refused_states=INACTIVE,
         description="create, migrate, grant, seed, check storage, start onboarding",
         scope=upgrade_scope,
         memo=SpareMemo,

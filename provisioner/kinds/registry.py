@@ -30,6 +30,7 @@ from provisioner.db.plans import PlanAhead
 from provisioner.errors import ConfigurationError, InvalidInput
 from provisioner.kinds.step import RunMemo, Step
 from provisioner.models import Job, TenantId
+from provisioner.tenant.state import TenantState
 
 if TYPE_CHECKING:
     from provisioner.settings import Settings
@@ -84,7 +85,7 @@ class JobKind:
     #: tenant states (control.tenants.state) in which a job of this kind fails at once, without
     #: running a step: whoever queued it, provisioning never gives a suspended, archived or
     #: deleted tenant its access back
-    refused_states: tuple[str, ...] = ()
+    refused_states: tuple[TenantState, ...] = ()
     description: str = ""
     #: which steps a run of the job covers (:class:`Scope`), decided from the claimed job
     scope: Callable[[Job], Scope] = every_step

@@ -1,9 +1,13 @@
 """The job's history: its runs (``control.job_runs``) and its step runs
-(``control.job_step_runs``), opened, finished, abandoned and read back.
+(``control.job_step_runs``), opened, finished, abandoned and read back as frozen records
+(:class:`JobRunRecord`, :class:`StepRunRecord`) that the service hands to the CLI.
 """
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -14,6 +18,89 @@ from provisioner.models import (
     TenantId,
 )
 from provisioner.queue.rows import Conn, bounded_error, fetch_all
+
+
+class StepRunOutcome(enum.StrEnum):
+    """``control.job_step_runs.outcome`` (its ``job_step_runs_outcome_check``, control c004)."""
+
+    #: opened, not yet closed: the step is running, or its process died before closing it
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    #: the step's transaction found the job's lease taken over
+    LEASE_LOST = "lease_lost"
+    #: closed by recovery or the supervisor: the process is gone, the outcome unknown
+    ABANDONED = "abandoned"
+
+
+class _ByKey:
+    """``record["step"]`` as well as ``record.step``: the history was a list of dicts in the
+    public :class:`provisioner.TenantStatus`, and code reading it that way keeps working."""
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+
+@dataclass(frozen=True)
+class JobRunRecord(_ByKey):
+    """One row of ``control.job_runs``: a run of a job, its kind and the command that started
+    it."""
+
+    job_id: UUID
+    run: int
+    job_type: str
+    started_by: str
+    started_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> JobRunRecord:
+        return cls(
+            job_id=row["job_id"],
+            run=row["run"],
+            job_type=row["job_type"],
+            started_by=row["started_by"],
+            started_at=row["started_at"],
+        )
+
+
+@dataclass(frozen=True)
+class StepRunRecord(_ByKey):
+    """One row of ``control.job_step_runs``: one attempt at one step, by one worker."""
+
+    id: int
+    job_id: UUID
+    tenant_id: str | None
+    run: int
+    attempt: int
+    step: str
+    worker: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: StepRunOutcome
+    detail: str | None
+    #: the job's kind, joined in by a tenant's history (None: read by job)
+    job_type: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> StepRunRecord:
+        return cls(
+            id=row["id"],
+            job_id=row["job_id"],
+            tenant_id=row["tenant_id"],
+            run=row["run"],
+            attempt=row["attempt"],
+            step=row["step"],
+            worker=row["worker"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            outcome=StepRunOutcome(row["outcome"]),
+            detail=row["detail"],
+            job_type=row.get("job_type"),
+        )
+
 
 # Every run of a job, oldest first.
 RUNS_FOR_JOB = "SELECT * FROM control.job_runs WHERE job_id = %(job_id)s ORDER BY run"
@@ -84,9 +171,9 @@ SELECT r.* FROM control.job_runs r JOIN control.platform_jobs j ON j.id = r.job_
 """
 
 
-def runs(conn: Conn, job_id: UUID) -> list[dict[str, Any]]:
+def runs(conn: Conn, job_id: UUID) -> list[JobRunRecord]:
     """Each run of the job: its number, kind, the command that started it, when."""
-    return fetch_all(conn, RUNS_FOR_JOB, {"job_id": job_id})
+    return [JobRunRecord.from_row(row) for row in fetch_all(conn, RUNS_FOR_JOB, {"job_id": job_id})]
 
 
 def discard_step_run(conn: Conn, run_id: int) -> None:
@@ -95,12 +182,12 @@ def discard_step_run(conn: Conn, run_id: int) -> None:
         cur.execute(STEP_RUN_DISCARD, {"id": run_id})
 
 
-def tenant_history(
-    conn: Conn, tenant: TenantId
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def tenant_history(conn: Conn, tenant: TenantId) -> tuple[list[JobRunRecord], list[StepRunRecord]]:
     """(every run of the tenant's jobs, every step run of them), oldest first."""
     params = {"tenant_id": tenant.value}
-    return fetch_all(conn, RUNS_FOR_TENANT, params), fetch_all(conn, STEP_RUNS_FOR_TENANT, params)
+    runs = [JobRunRecord.from_row(row) for row in fetch_all(conn, RUNS_FOR_TENANT, params)]
+    steps = [StepRunRecord.from_row(row) for row in fetch_all(conn, STEP_RUNS_FOR_TENANT, params)]
+    return runs, steps
 
 
 def step_run_opening(lease: Lease, tenant_id: str | None, step: str) -> sql.Composed:
@@ -116,7 +203,9 @@ def run_detail(detail: str | None) -> str | None:
     return bounded_error(detail) if detail else None
 
 
-def finish_step_run(conn: Conn, run_id: int, outcome: str, detail: str | None = None) -> None:
+def finish_step_run(
+    conn: Conn, run_id: int, outcome: StepRunOutcome, detail: str | None = None
+) -> None:
     with conn.cursor() as cur:
         cur.execute(
             STEP_RUN_FINISH,
@@ -133,5 +222,6 @@ def abandon_step_runs(conn: Conn, lease: Lease) -> None:
         )
 
 
-def step_runs(conn: Conn, job_id: UUID) -> list[dict[str, Any]]:
-    return fetch_all(conn, STEP_RUNS_FOR_JOB, {"job_id": job_id})
+def step_runs(conn: Conn, job_id: UUID) -> list[StepRunRecord]:
+    rows = fetch_all(conn, STEP_RUNS_FOR_JOB, {"job_id": job_id})
+    return [StepRunRecord.from_row(row) for row in rows]

@@ -1,13 +1,9 @@
-"""The tenant's row in ``control.tenants`` and its lifecycle state (authoritative).
+"""The tenant's row in ``control.tenants`` and the guarded UPDATEs that move its lifecycle
+state (authoritative; the states and the transitions' table are :mod:`provisioner.tenant.state`).
 
-    pending -> provisioning -> onboarding -> (active)
-    onboarding/active -> suspended -> (restore) -> the state before suspension
-    onboarding/active/suspended -> archived -> (restore) -> the state before suspension
-    any state but deleted -> deleted (the schema dropped; the row and history kept)
-    deleted -> pending (provision --reuse-deleted)
-
-Each transition is one guarded UPDATE: it moves the tenant only from the states it allows, and
-a tenant already in the target state is left alone (a re-run step is a no-op).
+Each transition is one guarded UPDATE named as its :data:`~.state.TRANSITIONS` entry: it moves
+the tenant only from the states it allows, and a tenant already in the target state is left
+alone (a re-run step is a no-op).
 """
 
 from __future__ import annotations
@@ -21,17 +17,9 @@ from psycopg.rows import dict_row
 
 from provisioner.errors import WrongState
 from provisioner.models import TenantId
+from provisioner.tenant.state import ONBOARDED, TenantState
 
 Conn = psycopg.Connection[Any]
-
-# States in which onboarding has begun; activation never moves a tenant backwards.
-ONBOARDED_STATES = ("onboarding", "active", "suspended", "archived")
-#: States in which the tenant is in use: suspend and deprovision start from these.
-LIVE_STATES = ("onboarding", "active")
-#: States in which provision, enqueue (and upgrade) leave the tenant alone.
-INACTIVE_STATES = ("suspended", "archived", "deleted")
-#: States restore starts from.
-RESTORABLE_STATES = ("suspended", "archived")
 
 GET_TENANT = "SELECT * FROM control.tenants WHERE tenant_id = %(tenant_id)s"
 
@@ -95,11 +83,11 @@ RETURNING state
 class Tenant:
     tenant_id: str
     schema_name: str
-    state: str
+    state: TenantState
     created_at: datetime
     onboarding_started_at: datetime | None
     #: the state before suspension or archival, which restore returns to
-    previous_state: str | None = None
+    previous_state: TenantState | None = None
     deleted_at: datetime | None = None
 
     @classmethod
@@ -107,12 +95,16 @@ class Tenant:
         return cls(
             tenant_id=row["tenant_id"],
             schema_name=row["schema_name"],
-            state=row["state"],
+            state=TenantState(row["state"]),
             created_at=row["created_at"],
             onboarding_started_at=row["onboarding_started_at"],
-            previous_state=row.get("previous_state"),
+            previous_state=_state_or_none(row.get("previous_state")),
             deleted_at=row.get("deleted_at"),
         )
+
+
+def _state_or_none(value: str | None) -> TenantState | None:
+    return None if value is None else TenantState(value)
 
 
 def get_tenant(conn: Conn, tenant: TenantId) -> Tenant | None:
@@ -135,20 +127,20 @@ def activate_onboarding(conn: Conn, tenant: TenantId) -> None:
 def onboarding_active(conn: Conn, tenant: TenantId) -> bool:
     found = get_tenant(conn, tenant)
     return (
-        found is not None
-        and found.state in ONBOARDED_STATES
-        and found.onboarding_started_at is not None
+        found is not None and found.state in ONBOARDED and found.onboarding_started_at is not None
     )
 
 
-def transition(conn: Conn, tenant: TenantId, statement: str, target: tuple[str, ...]) -> str:
+def transition(
+    conn: Conn, tenant: TenantId, statement: str, target: tuple[TenantState, ...]
+) -> TenantState:
     """Run one guarded transition; the new state. A tenant already in ``target`` stays there;
     any other state refuses with :class:`WrongState` (the step fails for good)."""
     with conn.cursor() as cur:
         cur.execute(statement, {"tenant_id": tenant.value})
         moved = cur.fetchone()
     if moved is not None:
-        return str(moved[0])
+        return TenantState(moved[0])
     found = get_tenant(conn, tenant)
     if found is None:
         raise WrongState(f"tenant {tenant} has no control row")
@@ -164,6 +156,6 @@ def reuse_deleted(conn: Conn, tenant: TenantId) -> bool:
         return cur.fetchone() is not None
 
 
-def state_of(conn: Conn, tenant: TenantId) -> str | None:
+def state_of(conn: Conn, tenant: TenantId) -> TenantState | None:
     found = get_tenant(conn, tenant)
     return found.state if found else None

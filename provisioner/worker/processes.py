@@ -130,7 +130,12 @@ PR_SET_PDEATHSIG = 1
 
 
 class Interrupted(KeyboardInterrupt):
-    """Raised in a child when the drain timeout expires; psycopg cancels the running query."""
+    """Raised in a child when the drain timeout expires; psycopg cancels the running query.
+
+    Outside the :class:`~provisioner.errors.ProvisionerError` tree on purpose: a
+    ``KeyboardInterrupt`` is what makes psycopg cancel the query, and what every ``except
+    Exception`` lets through (the engine would otherwise record it as the step's failure). It
+    is caught only here, in :meth:`_ChildLoop.run` and :meth:`_ChildLoop.serve`."""
 
 
 def _interrupt(signum: int, frame: object) -> None:

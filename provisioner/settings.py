@@ -26,6 +26,8 @@ DEFAULT_JOB_TYPES: tuple[str, ...] = ("provision_tenant",)
 #: the tests use it to add a revision in a copy without touching the shipped tree).
 TENANT_TREE_ENV = "PROVISIONER_TENANT_TREE"
 OBJECT_STORE_PROVIDERS = ("filesystem", "s3", "azure")
+#: The account key or SAS token used with AZURE_STORAGE_ACCOUNT_URL (a secret: never shown).
+AZURE_CREDENTIAL_ENV = "AZURE_STORAGE_CREDENTIAL"
 
 _URL_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://", "postgresql+psycopg2://")
 _USERINFO = re.compile(r"[A-Za-z0-9%._~!$&'()*+,;=:-]*")
@@ -140,6 +142,8 @@ class Settings:
     azure_connection_string: str | None = field(default=None, repr=False)
     azure_account_url: str | None = None
     azure_container: str | None = None
+    #: the account key or SAS token used with ``azure_account_url`` (None: anonymous)
+    azure_credential: str | None = field(default=None, repr=False)
     state_dir: Path = Path(".provisioner")
     #: spare schemas the worker keeps built at the template head (0: no warm pool)
     pool_size: int = 0
@@ -203,6 +207,7 @@ class Settings:
             azure_connection_string=env.get("AZURE_STORAGE_CONNECTION_STRING") or None,
             azure_account_url=env.get("AZURE_STORAGE_ACCOUNT_URL") or None,
             azure_container=env.get("AZURE_STORAGE_CONTAINER") or None,
+            azure_credential=env.get(AZURE_CREDENTIAL_ENV) or None,
             state_dir=Path(env.get("PROVISIONER_STATE_DIR") or cls.state_dir),
             pool_size=_count(env, "PROVISIONER_POOL_SIZE", cls.pool_size),
         )

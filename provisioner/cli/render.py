@@ -18,7 +18,7 @@ from uuid import UUID
 import click
 
 from provisioner import kinds
-from provisioner.engine import StepEvent
+from provisioner.engine import StepEvent, StepOutcome
 from provisioner.errors import ProvisionerError
 from provisioner.models import Job, JobStatus
 from provisioner.queue import JobRunRecord, StepRunRecord
@@ -171,9 +171,10 @@ class StepPrinter:
         self.registry = registry
 
     def __call__(self, event: StepEvent) -> None:
-        if self.quiet or event.outcome == "started":
+        if self.quiet or event.outcome is StepOutcome.STARTED:
             return
         index, total = self.registry[event.job.job_type].position(event.step)
-        timing = f"{event.seconds * 1000:7.0f} ms" if event.outcome != "skipped" else " " * 10
-        note = f"  {event.detail}" if event.detail and event.outcome != "done" else ""
+        skipped, done = event.outcome is StepOutcome.SKIPPED, event.outcome is StepOutcome.DONE
+        timing = " " * 10 if skipped else f"{event.seconds * 1000:7.0f} ms"
+        note = f"  {event.detail}" if event.detail and not done else ""
         click.echo(f"  [{index}/{total}] {event.step:<22} {event.outcome:<9}{timing}{note}")

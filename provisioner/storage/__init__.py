@@ -17,7 +17,8 @@ provider whose library is missing is refused with one line naming the extra
 (``OBJECT_STORE_PROVIDER=s3 needs boto3: pip install 'pg-tenant-provisioner[s3]'``).
 """
 
-from provisioner.storage.azure import AZURE_CREDENTIAL_ENV, AzureBlobStore
+from provisioner.settings import AZURE_CREDENTIAL_ENV
+from provisioner.storage.azure import AzureBlobStore
 from provisioner.storage.base import CONNECT_TIMEOUT, READ_TIMEOUT, ObjectStore
 from provisioner.storage.factory import Readiness, readiness, store_from_settings
 from provisioner.storage.filesystem import FilesystemStore

@@ -10,8 +10,6 @@ the extra when it is not installed. The SDK's errors are translated here and now
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
@@ -20,7 +18,7 @@ if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
 
 from provisioner.errors import ConfigurationError, StorageMisconfigured, StorageUnavailable
-from provisioner.settings import Settings
+from provisioner.settings import AZURE_CREDENTIAL_ENV, Settings
 from provisioner.storage.base import (
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
@@ -29,8 +27,6 @@ from provisioner.storage.base import (
     require_library,
     safe_endpoint,
 )
-
-AZURE_CREDENTIAL_ENV = "AZURE_STORAGE_CREDENTIAL"
 
 
 @dataclass(frozen=True)
@@ -208,12 +204,8 @@ def _connection_string_pairs(connection_string: str) -> dict[str, str]:
     return pairs
 
 
-def azure_store(settings: Settings, environ: Mapping[str, str] | None = None) -> AzureBlobStore:
-    """The configured container's store, refusing settings that cannot work (or no SDK).
-
-    ``environ`` (default ``os.environ``) is read for one value only: ``AZURE_STORAGE_CREDENTIAL``,
-    the account key or SAS token used with ``AZURE_STORAGE_ACCOUNT_URL``.
-    """
+def azure_store(settings: Settings) -> AzureBlobStore:
+    """The configured container's store, refusing settings that cannot work (or no SDK)."""
     if not settings.azure_container:
         raise ConfigurationError(
             "OBJECT_STORE_PROVIDER=azure needs AZURE_STORAGE_CONTAINER (the container name)"
@@ -235,9 +227,8 @@ def azure_store(settings: Settings, environ: Mapping[str, str] | None = None) ->
             connection_string=settings.azure_connection_string,
         )
     require_library("azure", "azure.storage.blob", "azure-storage-blob", "azure")
-    env = os.environ if environ is None else environ
     return AzureBlobStore(
         container=settings.azure_container,
         account_url=settings.azure_account_url,
-        credential=env.get(AZURE_CREDENTIAL_ENV) or None,
+        credential=settings.azure_credential,
     )

@@ -8,10 +8,10 @@ Kept apart from :mod:`provisioner.storage.base` so that the interface module imp
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from provisioner.errors import ConfigurationError, StorageMisconfigured, StorageUnavailable
-from provisioner.settings import OBJECT_STORE_PROVIDERS, Settings
+from provisioner.settings import AZURE_CREDENTIAL_ENV, OBJECT_STORE_PROVIDERS, Settings
 from provisioner.storage.azure import azure_store
 from provisioner.storage.base import ObjectStore
 from provisioner.storage.filesystem import FilesystemStore
@@ -24,9 +24,10 @@ def store_from_settings(
     """Build the configured store, refusing a configuration that cannot work.
 
     A provider whose library is missing (the ``[s3]`` or ``[azure]`` extra not installed) is a
-    :class:`ConfigurationError` that names the extra. ``environ`` (default ``os.environ``) is
-    read for one value only: ``AZURE_STORAGE_CREDENTIAL``, the account key or SAS token used
-    with ``AZURE_STORAGE_ACCOUNT_URL``.
+    :class:`ConfigurationError` that names the extra. The Azure credential is the settings'
+    (``AZURE_STORAGE_CREDENTIAL``, read by :meth:`Settings.from_env`); ``environ``, when given,
+    stands for the environment for that one value, as ``from_env`` would read it (a caller that
+    builds its settings by hand).
     """
     provider = settings.object_store_provider
     if provider not in OBJECT_STORE_PROVIDERS:
@@ -37,7 +38,9 @@ def store_from_settings(
         return FilesystemStore(root=settings.object_store_path or settings.state_dir / "objects")
     if provider == "s3":
         return s3_store(settings)
-    return azure_store(settings, environ)  # azure, the last of OBJECT_STORE_PROVIDERS
+    if environ is not None:
+        settings = replace(settings, azure_credential=environ.get(AZURE_CREDENTIAL_ENV) or None)
+    return azure_store(settings)  # azure, the last of OBJECT_STORE_PROVIDERS
 
 
 @dataclass(frozen=True)

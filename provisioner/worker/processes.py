@@ -54,7 +54,7 @@ from multiprocessing.process import BaseProcess
 from typing import assert_never
 from uuid import UUID
 
-from provisioner.engine import Engine, StepEvent, describe, runner
+from provisioner.engine import Engine, StepEvent, StepOutcome, describe, runner
 from provisioner.engine.holder import holder_id
 from provisioner.models import Job
 from provisioner.settings import Settings
@@ -110,7 +110,7 @@ class StepReport:
 
     job_id: UUID
     step: str
-    outcome: str
+    outcome: StepOutcome
     seconds: float
     detail: str | None
 

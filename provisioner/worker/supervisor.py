@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 from typing import assert_never
 
 from provisioner import queue
-from provisioner.engine import runner
+from provisioner.engine import StepOutcome, runner
 from provisioner.errors import DatabaseUnavailable, ProvisionerError
 from provisioner.logs import event, job_fields
 from provisioner.models import Job
@@ -156,13 +156,13 @@ class Supervisor(DatabaseWork):
 
     def _on_step(self, child: EngineProcess, job: Job, report: StepReport) -> None:
         step, outcome, seconds, detail = report.step, report.outcome, report.seconds, report.detail
-        if outcome == "started":
+        if outcome is StepOutcome.STARTED:
             with self._lock:
                 child.step = step
             return
-        if outcome == "failed":
+        if outcome is StepOutcome.FAILED:
             child.failure = f"{step}: {detail}"
-        level = logging.WARNING if outcome == "failed" else logging.INFO
+        level = logging.WARNING if outcome is StepOutcome.FAILED else logging.INFO
         event(
             self.log,
             f"step_{outcome}",
@@ -170,8 +170,8 @@ class Supervisor(DatabaseWork):
             job_id=job.id,
             tenant_id=job.tenant_id,
             step=step,
-            seconds=None if outcome == "skipped" else seconds,
-            detail=None if outcome == "done" else detail,
+            seconds=None if outcome is StepOutcome.SKIPPED else seconds,
+            detail=None if outcome is StepOutcome.DONE else detail,
         )
 
     def _on_child_exit(self, child: EngineProcess) -> None:

@@ -12,7 +12,7 @@ import selectors
 import time
 from contextlib import suppress
 
-from provisioner import db, kinds, queue
+from provisioner import db, queue
 from provisioner.engine import describe
 from provisioner.errors import LeaseLost, ProvisionerError
 from provisioner.logs import event, job_fields
@@ -84,7 +84,7 @@ class DatabaseWork(WorkerState):
             jobs = queue.recover_stale(
                 self._conn,
                 self.settings.job_stale_after_seconds,
-                kinds.for_settings(self.settings).application_kinds,
+                self.application_kinds,
             )
             self._conn.commit()
         for job in jobs:

@@ -70,6 +70,8 @@ class WorkerState:
         self.log = log
         self.storage = storage
         self.job_types = list(kinds.worker_job_types(settings))
+        #: the kinds the application runs: their jobs keep no step journal to close on recovery
+        self.application_kinds = kinds.for_settings(settings).application_kinds
         self.instance_id = holder_id("worker")
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.stats: Counter[str] = Counter()

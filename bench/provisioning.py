@@ -23,7 +23,6 @@ affects them alike and the ratios hold.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -44,7 +43,7 @@ from provisioner.kinds.provision import STEPS, ensure_provision_job
 from provisioner.local import cluster as local_pg
 from provisioner.models import JobStatus, TenantId
 from provisioner.storage import store_from_settings
-from provisioner.templates import migrations
+from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateCache
 from provisioner.tenant import schema as tenant_schema
 
@@ -68,19 +67,10 @@ def raw_script(
     if not ddl_only:
         parts += [
             *tenant_schema.grant_statements(schema, local_pg.APP_ROLE, tables, sequences),
-            sql.SQL(
-                "INSERT INTO {}.role_profiles (key, name, permissions, is_default) VALUES {}"
-            ).format(
-                ident,
-                sql.SQL(", ").join(
-                    sql.SQL("({}, {}, {}::jsonb, {})").format(
-                        sql.Literal(p["key"]),
-                        sql.Literal(p["name"]),
-                        sql.Literal(json.dumps(p["permissions"])),
-                        sql.Literal(p["is_default"]),
-                    )
-                    for p in tenant_schema.DEFAULT_ROLE_PROFILES
-                ),
+            *(  # the shipped seeds, under the search_path set above
+                sql.SQL(seed.sql.strip().rstrip(";"))  # type: ignore[arg-type]
+                for seed in seeds.declared((), migrations.tenant_tree())
+                if seed.sql is not None
             ),
         ]
     return sql.SQL(";\n").join(parts).as_string(conn)

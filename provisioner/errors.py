@@ -21,7 +21,9 @@
     │   └── StorageUnavailable
     └── PermanentError (1)          retrying cannot help until someone changes something
         ├── StorageMisconfigured
-        └── GrantVerificationFailed
+        ├── GrantVerificationFailed
+        ├── StatementRejected       a migration or seed the server refused for good (22, 23, 42)
+        └── SeedUnusable            a declared seed cannot be read or imported
 
 Retry decisions use ``isinstance`` on these classes, never the message text
 (:func:`is_permanent` says which failures fail a job at once). Messages never carry secrets:
@@ -152,6 +154,18 @@ class StorageMisconfigured(PermanentError):
 
 class GrantVerificationFailed(PermanentError):
     """After granting, the application role still lacks a privilege it needs."""
+
+
+class StatementRejected(PermanentError):
+    """A tenant migration or a seed failed with an error a retry cannot change: a syntax error
+    or an undefined object (SQLSTATE class 42), a data exception (22), a constraint violation
+    (23). The message names the revision or the seed file and the server's message; the job
+    fails at once instead of spending its attempts (and a rollout's failure budget) on it."""
+
+
+class SeedUnusable(PermanentError):
+    """A declared seed cannot be used: a missing folder or file, a ``module:function`` that
+    does not import or is not callable."""
 
 
 def is_permanent(exc: BaseException) -> bool:

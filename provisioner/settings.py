@@ -107,7 +107,7 @@ def _count(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def parse_job_types(raw: str) -> tuple[str, ...]:
+def parse_job_types(raw: str) -> tuple[str, ...]:  # also the seeds' list
     """A comma-separated list, trimmed, empty items dropped, order kept, duplicates removed."""
     items = [item.strip() for item in raw.split(",")]
     return tuple(dict.fromkeys(item for item in items if item))
@@ -147,6 +147,9 @@ class Settings:
     state_dir: Path = Path(".provisioner")
     #: spare schemas the worker keeps built at the template head (0: no warm pool)
     pool_size: int = 0
+    #: the project's seeds (PROVISIONER_SEEDS: folders of *.sql, .sql files, module:function);
+    #: empty: the tenant tree's seeds/ folder (provisioner.templates.seeds)
+    seeds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, url in (
@@ -210,6 +213,7 @@ class Settings:
             azure_credential=env.get(AZURE_CREDENTIAL_ENV) or None,
             state_dir=Path(env.get("PROVISIONER_STATE_DIR") or cls.state_dir),
             pool_size=_count(env, "PROVISIONER_POOL_SIZE", cls.pool_size),
+            seeds=parse_job_types(env.get("PROVISIONER_SEEDS") or ""),
         )
 
     @property

@@ -67,6 +67,8 @@ def _run(connection: sa.Connection, schema: str) -> None:
         target_metadata=None,
         version_table_schema=schema,
         transactional_ddl=True,
+        # The tool's callback: it names the revision that failed (provisioner.templates).
+        on_version_apply=config.attributes.get("on_version_apply"),
     )
     with context.begin_transaction():
         context.run_migrations()

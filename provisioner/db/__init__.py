@@ -35,6 +35,8 @@ from provisioner.db.translate import (
     LockNotAvailable,
     control_missing,
     login_refused,
+    rejected_for_good,
+    statements_of,
     translate,
     translated,
 )
@@ -56,7 +58,9 @@ __all__ = [
     "is_alive",
     "libpq_url",
     "login_refused",
+    "rejected_for_good",
     "sqlalchemy_url",
+    "statements_of",
     "translate",
     "translated",
 ]

@@ -15,7 +15,7 @@ fails the step and is retried, never a fallback to Alembic).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -26,6 +26,7 @@ from provisioner.errors import (
     DatabaseUnavailable,
     LockNotAvailable,
     ProvisionerError,
+    StatementRejected,
 )
 from provisioner.redact import redact
 
@@ -35,6 +36,8 @@ __all__ = [
     "LockNotAvailable",
     "control_missing",
     "login_refused",
+    "rejected_for_good",
+    "statements_of",
     "translate",
     "translated",
 ]
@@ -51,6 +54,11 @@ _LOGIN_REFUSED = (
     "pg_hba.conf",
     "permission denied for database",
 )
+# SQLSTATE classes of a statement that fails the same way however often it runs: data
+# exceptions (22), integrity constraint violations (23), syntax errors or access rule
+# violations (42: undefined tables, columns, functions; duplicate objects). Connectivity (08),
+# serialization failures and deadlocks (40), lock timeouts (55P03) and the rest stay transient.
+_DETERMINISTIC_CLASSES = frozenset({"22", "23", "42"})
 # SQLSTATEs of a control schema that is missing or older than this release.
 _CONTROL_MISSING = {"3F000", "42P01", "42703", "42883"}
 
@@ -108,3 +116,34 @@ def control_missing(exc: BaseException) -> bool:
     if cause.sqlstate == "42501":
         return "schema control" in str(cause)
     return cause.sqlstate in _CONTROL_MISSING
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
+    if isinstance(cause, sa.exc.DBAPIError) and cause.orig is not None:
+        cause = cause.orig
+    return cause.sqlstate if isinstance(cause, psycopg.Error) else None
+
+
+def rejected_for_good(exc: BaseException) -> bool:
+    """True for a statement error no retry can fix (SQLSTATE class 22, 23 or 42)."""
+    state = _sqlstate(exc)
+    return state is not None and state[:2] in _DETERMINISTIC_CLASSES
+
+
+@contextmanager
+def statements_of(source: str | Callable[[], str]) -> Iterator[None]:
+    """Run the statements of a migration or a seed, named ``source`` (``revision t005``, ``seed
+    002_plans.sql``, or a function that names it once the failure is known): a failure no retry
+    can fix becomes :class:`StatementRejected`, which fails the job at once, with the source and
+    the server's message; any other failure is left as it is (a lock timeout or a lost
+    connection is retried)."""
+    try:
+        with translated():
+            yield
+    except DatabaseError as exc:
+        if not rejected_for_good(exc):
+            raise
+        message = str(exc).removeprefix("database error: ")
+        where = source if isinstance(source, str) else source()
+        raise StatementRejected(f"{where}: {message}") from exc.__cause__

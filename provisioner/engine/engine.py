@@ -169,8 +169,11 @@ class Engine:
         stale_after_seconds: float = 900.0,
         job_kinds: KindRegistry = kinds.BUILTIN,
         lock_timeout_seconds: float = 5.0,
+        seeds: tuple[str, ...] = (),
     ) -> None:
         self.holder = holder
+        #: the project's declared seeds (PROVISIONER_SEEDS), resolved by the seed step
+        self.seeds = seeds
         self.lock_timeout_ms = max(1, int(lock_timeout_seconds * 1000))
         self.app_role = app_role
         self.store = store
@@ -198,6 +201,7 @@ class Engine:
             stale_after_seconds=settings.job_stale_after_seconds,
             job_kinds=kinds.for_settings(settings),
             lock_timeout_seconds=settings.lock_timeout_seconds,
+            seeds=settings.seeds,
         )
 
     # -- sessions (engine/sessions.py) ---------------------------------------------------------
@@ -381,6 +385,7 @@ class Engine:
             templates=self.templates,
             upgrades=self.upgrades,
             lock_timeout_ms=self.lock_timeout_ms,
+            seeds=self.seeds,
             memo=kind.memo(),
         )
 

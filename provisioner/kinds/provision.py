@@ -25,7 +25,7 @@ from provisioner.kinds import step
 from provisioner.kinds.registry import JobKind, Scope, keyed_by_tenant
 from provisioner.kinds.step import RunMemo, Step
 from provisioner.models import Job, TenantId
-from provisioner.templates import migrations
+from provisioner.templates import migrations, seeds
 from provisioner.templates.upgrade import UPGRADE_TO
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
@@ -131,9 +131,14 @@ def _grant_app_rw(tx: Transaction, ctx: step.StepContext) -> str | None:
     return None
 
 
+def _project_seeds(ctx: step.StepContext) -> tuple[seeds.Seed, ...]:
+    """The seeds the project declares now (read at each run: a changed file is seen)."""
+    return seeds.declared(ctx.seeds, migrations.tenant_tree())
+
+
 def _seed_role_profiles(tx: Transaction, ctx: step.StepContext) -> str | None:
-    tenant_schema.seed_role_profiles(tx.pg, ctx.tenant.schema)
-    return None
+    # The step keeps the contract's name; it applies whatever seeds the project declares.
+    return seeds.apply(tx.pg, ctx.tenant, _project_seeds(ctx)).detail
 
 
 def _verify_object_storage(tx: Transaction, ctx: step.StepContext) -> str | None:
@@ -171,7 +176,7 @@ PROVISION_STEPS: tuple[Step, ...] = (
     Step(
         "seed_role_profiles",
         _seed_role_profiles,
-        lambda tx, ctx: tenant_schema.role_profiles_seeded(tx.pg, ctx.tenant.schema),
+        lambda tx, ctx: seeds.seeded(tx.pg, ctx.tenant, _project_seeds(ctx)),
     ),
     Step("verify_object_storage", _verify_object_storage, _always, uses_database=False),
     Step(

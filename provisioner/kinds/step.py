@@ -62,6 +62,8 @@ class StepContext:
     upgrades: UpgradeCache = field(default_factory=_new_upgrade_cache)
     #: how long a migration waits for a table lock (PROVISIONER_LOCK_TIMEOUT_SECONDS)
     lock_timeout_ms: int = 5000
+    #: the project's declared seeds (PROVISIONER_SEEDS; empty: the tenant tree's seeds/ folder)
+    seeds: tuple[str, ...] = ()
     #: this run's memo (a new one per run of a job: the kind's :attr:`JobKind.memo`)
     memo: RunMemo = field(default_factory=RunMemo)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from psycopg.rows import tuple_row
 
-from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, translated
+from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, statements_of, translated
 from provisioner.settings import TENANT_TREE_ENV as TENANT_TREE_ENV
 from provisioner.settings import tenant_tree_override
 from provisioner.tenant import schema as tenant_schema
@@ -187,12 +187,37 @@ def control_revision_sa(engine: sa.Engine) -> str | None:
         return context.get_current_revision()
 
 
-def upgrade_tenant(connection: sa.Connection, schema: str, target: str = "head") -> None:
+def upgrade_tenant(
+    connection: sa.Connection,
+    schema: str,
+    target: str = "head",
+    *,
+    start: frozenset[str] = frozenset(),
+) -> None:
     """Run the tenant template to ``target`` (the head by default) inside ``schema``, in the
-    caller's transaction."""
+    caller's transaction, from ``start`` (the schema's revisions; empty: a new schema).
+
+    A revision that fails for good (a syntax error, an undefined object, a constraint: see
+    :func:`provisioner.db.statements_of`) is named in the error: the first revision after
+    ``start`` that Alembic did not report applied (``on_version_apply``, which the tree's
+    ``env.py`` hands to ``context.configure``)."""
     from alembic import command
 
-    command.upgrade(tenant_config(schema, connection=connection), target)
+    applied: list[str] = []
+
+    def note(*, step: Any, **_: Any) -> None:
+        applied.append(str(step.up_revision_id))
+
+    config = tenant_config(schema, connection=connection, on_version_apply=note)
+    with statements_of(lambda: _failing_revision(start, applied)):
+        command.upgrade(config, target)
+
+
+def _failing_revision(start: frozenset[str], applied: list[str]) -> str:
+    """The revision an upgrade from ``start`` failed in, after ``applied`` went through."""
+    done = set(start) | set(applied)
+    pending = [rev.revision for rev in tenant_revisions_after(start) if rev.revision not in done]
+    return f"revision {pending[0]}" if pending else "tenant migration"
 
 
 class _StatementRecorder:

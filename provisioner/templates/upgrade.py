@@ -358,5 +358,5 @@ class UpgradeCache:
         self, tx: Transaction, schema: str, start: frozenset[str], *, reason: str
     ) -> UpgradeOutcome:
         """Run the revisions in place through Alembic, saying why the replay did not."""
-        migrations.upgrade_tenant(tx.sa, schema)
+        migrations.upgrade_tenant(tx.sa, schema, start=start)
         return UpgradeOutcome("alembic", start, migrations.tenant_heads(), reason)

@@ -21,7 +21,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
-from psycopg.types.json import Jsonb
 from psycopg.types.string import TextLoader
 
 from provisioner.errors import GrantVerificationFailed, PermanentError
@@ -29,24 +28,6 @@ from provisioner.errors import GrantVerificationFailed, PermanentError
 Conn = psycopg.Connection[Any]
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
-
-#: Role profiles every tenant starts with, keyed by ``role_profiles.key``.
-DEFAULT_ROLE_PROFILES: tuple[dict[str, Any], ...] = (
-    {"key": "owner", "name": "Owner", "permissions": ["*"], "is_default": False},
-    {
-        "key": "admin",
-        "name": "Administrator",
-        "permissions": ["members:manage", "datasets:write", "datasets:read", "audit:read"],
-        "is_default": False,
-    },
-    {
-        "key": "analyst",
-        "name": "Analyst",
-        "permissions": ["datasets:write", "datasets:read"],
-        "is_default": True,
-    },
-    {"key": "viewer", "name": "Viewer", "permissions": ["datasets:read"], "is_default": False},
-)
 
 # -- statements ---------------------------------------------------------------------------------
 
@@ -121,17 +102,6 @@ SELECT 'default privileges on ' || d.defaclobjtype::text || ': ' || a.privilege_
    AND a.grantee = role.oid
 """
 )
-
-# Every default profile in one statement (one execute, not one per profile).
-SEED_ROLE_PROFILES = """
-INSERT INTO {schema}.role_profiles (key, name, permissions, is_default)
-SELECT key, name, permissions, is_default
-  FROM jsonb_to_recordset(%(profiles)s)
-       AS p(key text, name text, permissions jsonb, is_default boolean)
-ON CONFLICT (key) DO NOTHING
-"""
-
-SEEDED_KEYS = "SELECT key FROM {schema}.role_profiles WHERE key = ANY(%(keys)s)"
 
 # -- operations ---------------------------------------------------------------------------------
 
@@ -339,22 +309,6 @@ def verify_app_grants(conn: Conn, schema: str, app_role: str) -> None:
         raise GrantVerificationFailed(
             f"{app_role} lacks privileges in {schema} after granting: {'; '.join(missing[:10])}"
         )
-
-
-def seed_role_profiles(conn: Conn, schema: str) -> None:
-    statement = sql.SQL(SEED_ROLE_PROFILES).format(schema=sql.Identifier(schema))
-    with conn.cursor() as cur:
-        cur.execute(statement, {"profiles": Jsonb(list(DEFAULT_ROLE_PROFILES))})
-
-
-def role_profiles_seeded(conn: Conn, schema: str) -> bool:
-    tables, _ = relations(conn, schema)
-    if "role_profiles" not in tables:
-        return False
-    keys = [profile["key"] for profile in DEFAULT_ROLE_PROFILES]
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(sql.SQL(SEEDED_KEYS).format(schema=sql.Identifier(schema)), {"keys": keys})
-        return {row[0] for row in cur.fetchall()} == set(keys)
 
 
 # -- catalog fingerprint --------------------------------------------------------------------------

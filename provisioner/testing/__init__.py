@@ -56,7 +56,7 @@ from provisioner.kinds.provision import provision_key
 from provisioner.local import cluster as local_pg
 from provisioner.models import TenantId
 from provisioner.settings import Settings
-from provisioner.templates import migrations
+from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateUnusable, describe_difference
 from provisioner.tenant import schema as tenant_schema
 
@@ -275,7 +275,9 @@ class TenantFactory:
         )
         conn.execute(ddl.encode())
         tenant_schema.grant_app_role(conn, tenant.schema, app_role)
-        tenant_schema.seed_role_profiles(conn, tenant.schema)
+        seeds.apply(
+            conn, tenant, seeds.declared(self.database.settings.seeds, migrations.tenant_tree())
+        )
         got = tenant_schema.fingerprint(conn, tenant.schema)
         if got != self._model_fingerprint:
             difference = describe_difference(self._model_fingerprint, got)

@@ -6,7 +6,13 @@ import psycopg
 import pytest
 
 from provisioner import db
-from provisioner.errors import DatabaseUnavailable, LockNotAvailable, TransientError
+from provisioner.errors import (
+    DatabaseUnavailable,
+    LockNotAvailable,
+    ProvisionerError,
+    StatementRejected,
+    TransientError,
+)
 
 
 def test_a_lock_timeout_is_lock_not_available_and_transient() -> None:
@@ -31,3 +37,29 @@ def test_translated_hides_passwords_and_chains_the_cause() -> None:
         raise cause
     assert "s3cr3t" not in str(raised.value)
     assert raised.value.__cause__ is cause
+
+
+@pytest.mark.parametrize(
+    ("error", "for_good"),
+    [
+        (psycopg.errors.UndefinedTable("relation does not exist"), True),
+        (psycopg.errors.SyntaxError("syntax error"), True),
+        (psycopg.errors.InvalidTextRepresentation("invalid input syntax"), True),
+        (psycopg.errors.NotNullViolation("null value"), True),
+        (psycopg.errors.LockNotAvailable("lock timeout"), False),
+        (psycopg.errors.SerializationFailure("could not serialize"), False),
+        (psycopg.errors.DeadlockDetected("deadlock detected"), False),
+        (psycopg.OperationalError("server closed the connection"), False),
+    ],
+)
+def test_only_errors_no_retry_can_fix_are_rejected_for_good(
+    error: psycopg.Error, for_good: bool
+) -> None:
+    """Classes 22, 23 and 42 fail a migration or seed at once; lock timeouts, serialization
+    failures, deadlocks and lost connections stay transient."""
+    assert db.rejected_for_good(error) is for_good
+    with pytest.raises(ProvisionerError) as caught, db.statements_of("seed 001.sql"):
+        raise error
+    assert isinstance(caught.value, StatementRejected) is for_good
+    if for_good:
+        assert str(caught.value).startswith("seed 001.sql: ")

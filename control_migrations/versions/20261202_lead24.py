@@ -1,0 +1,38 @@
+"""The seeds applied to each tenant's schema: ``control.tenant_seeds``.
+
+One row per tenant and seed (a SQL file's name or ``module:function``): the content digest
+applied and the OID of the schema it was applied to, so that the seed step's catalog check is
+real (a changed seed, or a schema created again, is not seeded). The owner's alone: the
+application role is granted nothing here.
+
+Revision ID: 20261202_lead24
+Revises: 20260804_c008
+Create Date: 2026-12-02
+"""
+
+from alembic import op
+
+revision = "20261202_lead24"
+down_revision = "20260804_c008"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute(
+        """
+        CREATE TABLE control.tenant_seeds (
+            tenant_id  TEXT NOT NULL,
+            seed       TEXT NOT NULL,
+            schema_oid OID NOT NULL,
+            digest     TEXT NOT NULL,
+            applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (tenant_id, seed)
+        )
+        """
+    )
+    op.execute("REVOKE ALL ON TABLE control.tenant_seeds FROM PUBLIC")
+
+
+def downgrade() -> None:
+    op.execute("DROP TABLE control.tenant_seeds")

@@ -25,7 +25,7 @@ from provisioner.settings import Settings
 
 
 def _settings(settings: Settings | None) -> Settings:
-    return service.resolve(settings if settings is not None else Settings.from_env())
+    return service.resolve(settings if settings is not None else Settings.load())
 
 
 def enqueue(conn: connections.SyncConnection, tenant_id: str) -> Job:

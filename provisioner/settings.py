@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from provisioner import project
 from provisioner.errors import ConfigurationError
 from provisioner.redact import redact
 
@@ -25,7 +26,8 @@ DEFAULT_JOB_TYPES: tuple[str, ...] = ("provision_tenant",)
 #: A tenant tree to use instead of the packaged one (a deployment's own tree; the bench and
 #: the tests use it to add a revision in a copy without touching the shipped tree).
 TENANT_TREE_ENV = "PROVISIONER_TENANT_TREE"
-OBJECT_STORE_PROVIDERS = ("filesystem", "s3", "azure")
+#: ``none``: the project keeps no object store; step 5 checks nothing and says so.
+OBJECT_STORE_PROVIDERS = ("filesystem", "s3", "azure", "none")
 #: The account key or SAS token used with AZURE_STORAGE_ACCOUNT_URL (a secret: never shown).
 AZURE_CREDENTIAL_ENV = "AZURE_STORAGE_CREDENTIAL"
 
@@ -216,6 +218,12 @@ class Settings:
             seeds=parse_job_types(env.get("PROVISIONER_SEEDS") or ""),
         )
 
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, start: Path | None = None) -> Settings:
+        """The settings of the project in ``start`` (the working directory): its configuration
+        file (:mod:`provisioner.project`) under the environment (``env``: the process's)."""
+        return cls.from_env(project.effective(env, start).env)
+
     @property
     def embedded(self) -> bool:
         """True when no database URL is set: one-off commands use the local PostgreSQL."""
@@ -248,8 +256,11 @@ class Settings:
 
 
 def tenant_tree_override(env: Mapping[str, str] | None = None) -> Path | None:
-    """``$PROVISIONER_TENANT_TREE``: the tenant Alembic tree to use instead of the packaged one
-    (None: the packaged one). Read at each use, not once: the tree's digest is looked at for
-    every job, and a test or the bench points a running process at another copy."""
+    """``$PROVISIONER_TENANT_TREE``, else the project file's ``tenant_tree``: the tenant Alembic
+    tree to use instead of the packaged one (None: the packaged one). Read at each use, not
+    once: the tree's digest is looked at for every job, and a test or the bench points a
+    running process at another copy."""
     raw = (os.environ if env is None else env).get(TENANT_TREE_ENV)
-    return Path(raw) if raw else None
+    if raw:
+        return Path(raw)
+    return project.project_tenant_tree() if env is None else None

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import click
 
+from provisioner.cli import config as config_command
 from provisioner.cli import fleet, jobs, local, provisioning, tenants
 from provisioner.cli import worker as worker_commands
 from provisioner.cli.render import OneLineErrors, fail_cleanly
@@ -60,7 +61,7 @@ def main(ctx: click.Context, owner_url: str | None, app_url: str | None) -> None
     if ctx.invoked_subcommand is None:  # bare `provisioner`: the help, and success
         click.echo(ctx.get_help())
         ctx.exit(0)
-    settings = Settings.from_env()
+    settings = Settings.load()
     ctx.obj = replace(
         settings,
         migrations_database_url=owner_url or settings.migrations_database_url,
@@ -82,5 +83,6 @@ for _command in (
     worker_commands.health,
     jobs.jobs,
     local.local,
+    config_command.config,
 ):
     main.add_command(_command)

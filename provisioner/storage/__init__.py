@@ -22,6 +22,7 @@ from provisioner.storage.azure import AzureBlobStore
 from provisioner.storage.base import CONNECT_TIMEOUT, READ_TIMEOUT, ObjectStore
 from provisioner.storage.factory import Readiness, readiness, store_from_settings
 from provisioner.storage.filesystem import FilesystemStore
+from provisioner.storage.none import NoStore
 from provisioner.storage.s3 import S3_ADDRESSING_STYLES, S3Store
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "S3_ADDRESSING_STYLES",
     "AzureBlobStore",
     "FilesystemStore",
+    "NoStore",
     "ObjectStore",
     "Readiness",
     "S3Store",

@@ -15,6 +15,7 @@ from provisioner.settings import AZURE_CREDENTIAL_ENV, OBJECT_STORE_PROVIDERS, S
 from provisioner.storage.azure import azure_store
 from provisioner.storage.base import ObjectStore
 from provisioner.storage.filesystem import FilesystemStore
+from provisioner.storage.none import NoStore
 from provisioner.storage.s3 import s3_store
 
 
@@ -34,6 +35,8 @@ def store_from_settings(
         raise ConfigurationError(
             f"OBJECT_STORE_PROVIDER={provider!r} is not one of {', '.join(OBJECT_STORE_PROVIDERS)}"
         )
+    if provider == "none":
+        return NoStore()
     if provider == "filesystem":
         return FilesystemStore(root=settings.object_store_path or settings.state_dir / "objects")
     if provider == "s3":

@@ -41,7 +41,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Self
 
@@ -147,10 +147,16 @@ class ProvisionerDatabase:
         app_url = role_url(server.admin_url, local_pg.APP_ROLE, name)
         objects = work_dir / "objects"
         objects.mkdir(parents=True, exist_ok=True)
-        settings = Settings(
+        # The project's settings (its configuration file and environment: tree, seeds, roles),
+        # on this database, with a local folder for step 5 unless the project keeps no store.
+        project = Settings.load()
+        settings = replace(
+            project,
             migrations_database_url=owner_url,
             app_database_url=app_url,
-            object_store_provider="filesystem",
+            object_store_provider="none"
+            if project.object_store_provider == "none"
+            else "filesystem",
             object_store_path=objects,
             state_dir=work_dir / "state",
         )

@@ -24,6 +24,7 @@ import click
 
 from provisioner.cli import config as config_command
 from provisioner.cli import fleet, jobs, local, provisioning, tenants
+from provisioner.cli import init as init_command
 from provisioner.cli import worker as worker_commands
 from provisioner.cli.render import OneLineErrors, fail_cleanly
 from provisioner.settings import Settings
@@ -84,5 +85,6 @@ for _command in (
     jobs.jobs,
     local.local,
     config_command.config,
+    init_command.init,
 ):
     main.add_command(_command)

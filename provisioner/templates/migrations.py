@@ -60,11 +60,17 @@ def control_config(**attributes: Any) -> Config:
     return _no_sys_path_change(config)
 
 
+def packaged_tenant_tree() -> Path:
+    """The tenant tree shipped with the package (the example; ``provisioner init`` copies its
+    ``env.py``, ``alembic.ini`` and ``script.py.mako``)."""
+    return _tree("provisioner.tenant_template")
+
+
 def tenant_tree() -> Path:
     """The folder of the tenant Alembic tree: ``$PROVISIONER_TENANT_TREE``
     (:func:`provisioner.settings.tenant_tree_override`), else the one shipped with the
     package."""
-    return tenant_tree_override() or _tree("provisioner.tenant_template")
+    return tenant_tree_override() or packaged_tenant_tree()
 
 
 def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -> Config:

@@ -4,7 +4,19 @@ The public API is what this module exports (see ``__all__`` and README "Using it
 the submodules are the implementation and may change between releases.
 """
 
-from provisioner.api import enqueue, enqueue_async, provision, status, upgrade
+from provisioner.api import (
+    check,
+    deprovision,
+    enqueue,
+    enqueue_async,
+    health,
+    provision,
+    restore,
+    status,
+    suspend,
+    upgrade,
+)
+from provisioner.control.heartbeats import HealthReport
 from provisioner.errors import (
     ConfigurationError,
     InvalidInput,
@@ -13,17 +25,21 @@ from provisioner.errors import (
     UnknownJob,
     UnknownTenant,
 )
+from provisioner.fleet.drift import DriftReport
 from provisioner.models import Job, JobStatus, TenantId
-from provisioner.service import ProvisionResult, TenantStatus, UpgradeReport
+from provisioner.service import LifecycleResult, ProvisionResult, TenantStatus, UpgradeReport
 from provisioner.settings import Settings
 from provisioner.version import __version__
 
 __all__ = [
     "ConfigurationError",
+    "DriftReport",
+    "HealthReport",
     "InvalidInput",
     "Job",
     "JobStatus",
     "KeyConflict",
+    "LifecycleResult",
     "ProvisionResult",
     "ProvisionerError",
     "Settings",
@@ -33,9 +49,14 @@ __all__ = [
     "UnknownTenant",
     "UpgradeReport",
     "__version__",
+    "check",
+    "deprovision",
     "enqueue",
     "enqueue_async",
+    "health",
     "provision",
+    "restore",
     "status",
+    "suspend",
     "upgrade",
 ]

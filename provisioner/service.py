@@ -326,8 +326,13 @@ class TenantStatus:
 
 
 def status(settings: Settings, tenant_id: str) -> TenantStatus:
-    tenant = TenantId(tenant_id)
     with app_connection(settings) as conn:
+        return status_on(conn, TenantId(tenant_id))
+
+
+def status_on(conn: psycopg.Connection[Any], tenant: TenantId) -> TenantStatus:
+    """:func:`status` read on the caller's connection (in its transaction, nothing written)."""
+    with db.translated():
         job = queue.latest_any_for_tenant(conn, tenant)
         if job is None:
             raise UnknownTenant(f"unknown tenant {tenant}: no provisioning job; enqueue it first")

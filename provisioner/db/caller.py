@@ -19,12 +19,14 @@ from provisioner.errors import InvalidInput
 
 # The ORM is imported only by applications that use it: the CLI starts without it.
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     from sqlalchemy.orm import Session
 
 #: What :func:`provisioner.enqueue` accepts.
 SyncConnection: TypeAlias = "Session | sa.Connection | psycopg.Connection[Any]"
-#: What :func:`provisioner.enqueue_async` accepts.
-AsyncConnectionLike: TypeAlias = "psycopg.AsyncConnection[Any]"
+#: What :func:`provisioner.enqueue_async` accepts: a psycopg ``AsyncConnection``, or SQLAlchemy's
+#: ``AsyncSession`` / ``AsyncConnection`` on the psycopg driver.
+AsyncConnectionLike: TypeAlias = "psycopg.AsyncConnection[Any] | AsyncSession | AsyncConnection"
 
 NEEDS_PSYCOPG3 = (
     "needs a psycopg 3 connection: with SQLAlchemy, use a postgresql+psycopg:// URL "
@@ -64,6 +66,10 @@ def sync_connection(conn: object) -> psycopg.Connection[Any]:
         session: Session = conn  # type: ignore[assignment]
         return _driver_only(session.connection().connection.driver_connection, conn)
     if isinstance(conn, sa.Connection):
+        if not conn.in_transaction():
+            # Begin SQLAlchemy's transaction as its first execute would: the statements go to
+            # the driver directly, and conn.commit() must commit them.
+            conn.begin()
         return _driver_only(conn.connection.driver_connection, conn)
     if isinstance(conn, psycopg.AsyncConnection):
         raise InvalidInput("enqueue got an async connection: use enqueue_async (and await it)")
@@ -74,10 +80,35 @@ def sync_connection(conn: object) -> psycopg.Connection[Any]:
     raise InvalidInput(f"enqueue {NEEDS_PSYCOPG3}; got {_describe(conn)}")
 
 
+def _is_sa_async(obj: object, name: str) -> bool:
+    """SQLAlchemy's ``AsyncSession`` or ``AsyncConnection`` (by class), without importing
+    ``sqlalchemy.ext.asyncio`` for applications that never use it."""
+    return any(
+        klass.__module__.startswith("sqlalchemy.ext.asyncio") and klass.__name__ == name
+        for klass in type(obj).__mro__
+    )
+
+
 async def async_connection(conn: object) -> psycopg.AsyncConnection[Any]:
-    """The psycopg ``AsyncConnection`` behind ``conn``, in the caller's transaction."""
+    """The psycopg ``AsyncConnection`` behind ``conn``, in the caller's transaction (an
+    ``AsyncSession`` begins one if none is open, as ``await session.execute`` would)."""
     if isinstance(conn, psycopg.AsyncConnection):
         return conn
+    if _is_sa_async(conn, "AsyncSession"):
+        session: AsyncSession = conn  # type: ignore[assignment]
+        conn = await session.connection()
+    if _is_sa_async(conn, "AsyncConnection"):
+        connection: AsyncConnection = conn  # type: ignore[assignment]
+        if not connection.in_transaction():
+            await connection.begin()  # as its first execute would (see sync_connection)
+        raw = await connection.get_raw_connection()
+        driver = raw.driver_connection
+        if isinstance(driver, psycopg.AsyncConnection):
+            return driver
+        raise InvalidInput(
+            f"enqueue_async {NEEDS_PSYCOPG3} (postgresql+psycopg:// with create_async_engine); "
+            f"got {_describe(driver)} under {_describe(conn)}"
+        )
     if isinstance(conn, psycopg.Connection | sa.Connection) or _is_session(conn):
         raise InvalidInput("enqueue_async got a synchronous connection: use enqueue")
     raise InvalidInput(f"enqueue_async {NEEDS_PSYCOPG3}; got {_describe(conn)}")

@@ -11,9 +11,6 @@ revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
 branch_labels = ${repr(branch_labels)}
 depends_on = ${repr(depends_on)}
-# True only when upgrade() issues DDL alone (no data changes, no Python reading the database):
-# a fleet upgrade then replays its offline SQL, verified; otherwise Alembic runs it per tenant.
-pure_ddl = False
 
 
 def upgrade() -> None:

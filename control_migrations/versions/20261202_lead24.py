@@ -1,4 +1,5 @@
-"""The seeds applied to each tenant's schema: ``control.tenant_seeds``.
+"""The seeds applied to each tenant's schema (``control.tenant_seeds``), and the verdict on an
+upgrade's replay (``tenant_upgrade_references.replay_refused``).
 
 One row per tenant and seed (a SQL file's name or ``module:function``): the content digest
 applied and the OID of the schema it was applied to, so that the seed step's catalog check is
@@ -32,7 +33,11 @@ def upgrade() -> None:
         """
     )
     op.execute("REVOKE ALL ON TABLE control.tenant_seeds FROM PUBLIC")
+    # Why an upgrade's offline SQL must not be replayed (NULL: it is what Alembic ran), decided
+    # by recording Alembic's run on the scratch schema (provisioner.templates.recording).
+    op.execute("ALTER TABLE control.tenant_upgrade_references ADD COLUMN replay_refused TEXT")
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE control.tenant_upgrade_references DROP COLUMN replay_refused")
     op.execute("DROP TABLE control.tenant_seeds")

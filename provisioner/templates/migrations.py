@@ -265,9 +265,6 @@ class Revision:
     """One tenant revision, as far as an upgrade replay cares."""
 
     revision: str
-    #: the revision file says ``pure_ddl = True``: its upgrade only issues DDL statements,
-    #: so the SQL its offline mode emits is the whole of what it does
-    pure_ddl: bool
 
 
 def tenant_revisions_after(start: frozenset[str], tree: Path | None = None) -> list[Revision]:
@@ -276,11 +273,7 @@ def tenant_revisions_after(start: frozenset[str], tree: Path | None = None) -> l
 
     scripts = ScriptDirectory.from_config(tenant_config("tenant_x", tree=tree or tenant_tree()))
     found = list(scripts.iterate_revisions("heads", tuple(start)))
-    return [
-        Revision(s.revision, getattr(s.module, "pure_ddl", False) is True)
-        for s in reversed(found)
-        if s.revision not in start
-    ]
+    return [Revision(s.revision) for s in reversed(found) if s.revision not in start]
 
 
 def _versions(pg_conn: Any, schema: str) -> frozenset[str] | None:

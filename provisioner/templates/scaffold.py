@@ -77,8 +77,6 @@ revision = "{rev}"
 down_revision = None
 branch_labels = None
 depends_on = None
-# DDL alone: a fleet upgrade may replay its offline SQL, verified (docs/upgrades.md).
-pure_ddl = True
 
 
 def upgrade() -> None:

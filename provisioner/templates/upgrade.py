@@ -13,16 +13,16 @@ to what Alembic builds. The step record says which path ran and why::
 
 The checks, in order:
 
-1. **Every revision to run is pure DDL.** A revision opts in with ``pure_ddl = True`` at module
-   level (the revision template writes ``pure_ddl = False``), and the SQL it emits offline must
-   be DDL alone (``CREATE``/``ALTER``/``DROP``/``COMMENT``/``GRANT``/``REVOKE``, plus the version
-   table's own row). A data migration or a revision whose Python reads the database cannot be
-   captured offline: it always runs through Alembic, tenant by tenant.
+1. **The offline SQL is DDL alone** (``CREATE``/``ALTER``/``DROP``/``COMMENT``/``GRANT``/
+   ``REVOKE``, plus the version table's own row). A data migration runs through Alembic.
 2. **The script is current**: captured for this tree digest and this starting revision.
 3. **A reference exists**: the catalog fingerprint of a scratch schema that Alembic built at
    the starting revision, that was granted like a tenant, and that Alembic then upgraded to the
-   head, in the same database, for the same tree. It is computed once per database, tree state
-   and starting revision, under an advisory lock, stored in
+   head, in the same database, for the same tree. That online run is recorded
+   (:mod:`provisioner.templates.recording`): when what the revisions sent differs from the
+   offline SQL, or a revision read the database, the reference says the replay is refused and
+   why, and every tenant runs through Alembic. No revision declares anything. It is computed
+   once per database, tree state and starting revision, under an advisory lock, stored in
    ``control.tenant_upgrade_references`` and the scratch schema rolled back: every process,
    one-off or worker, replays from its first tenant, and no tenant's drift can become the
    reference.
@@ -48,7 +48,7 @@ from psycopg.types.json import Jsonb
 
 from provisioner.db import Transaction, translated
 from provisioner.errors import NotReplayable
-from provisioner.templates import migrations
+from provisioner.templates import migrations, recording
 from provisioner.templates.reference import PLACEHOLDER_SCHEMA, Fingerprint, reference_key
 from provisioner.templates.replay import (
     Outcome,
@@ -65,12 +65,13 @@ REFERENCE_LOCK_CLASS = 0x75706772
 
 # The stored reference of an upgrade from one revision, for one tree state.
 SELECT_REFERENCE = """
-SELECT fingerprint FROM control.tenant_upgrade_references
+SELECT fingerprint, replay_refused FROM control.tenant_upgrade_references
  WHERE tree_digest = %(key)s AND start = %(start)s
 """
 INSERT_REFERENCE = """
-INSERT INTO control.tenant_upgrade_references (tree_digest, start, heads, fingerprint, created_by)
-VALUES (%(key)s, %(start)s, %(heads)s, %(fingerprint)s, %(created_by)s)
+INSERT INTO control.tenant_upgrade_references
+       (tree_digest, start, heads, fingerprint, created_by, replay_refused)
+VALUES (%(key)s, %(start)s, %(heads)s, %(fingerprint)s, %(created_by)s, %(refused)s)
 ON CONFLICT (tree_digest, start) DO NOTHING
 """
 LOCK_REFERENCE = "SELECT pg_advisory_xact_lock(%(class)s, hashtext(%(digest)s || %(start)s))"
@@ -112,17 +113,9 @@ class UpgradeScript:
 
     @classmethod
     def capture(cls, start: frozenset[str], tree: Path | None = None) -> UpgradeScript:
-        """Alembic offline for ``start:head``; refused unless every revision is pure DDL."""
+        """Alembic offline for ``start:head``; refused unless it is DDL alone."""
         if len(start) != 1:
             raise NotReplayable(f"the schema records {len(start)} revisions (a merge point)")
-        impure = [
-            r.revision for r in migrations.tenant_revisions_after(start, tree) if not r.pure_ddl
-        ]
-        if impure:
-            raise NotReplayable(
-                f"revision(s) {', '.join(impure)} do not declare pure_ddl = True: "
-                "data or Python migrations run through Alembic"
-            )
         before = migrations.tenant_tree_state(tree)
         emitted = migrations.tenant_offline_sql(PLACEHOLDER_SCHEMA, tree=tree, start=start)
         if migrations.tenant_tree_state(tree) != before:
@@ -197,13 +190,23 @@ class UpgradeOutcome:
 ReferenceKey = tuple[str, frozenset[str], tuple[str, ...]]
 
 
-def _load_reference(tx: Transaction, digest: str, start: str) -> Fingerprint | None:
+@dataclass(frozen=True)
+class UpgradeReference:
+    """What Alembic built from a start to the head, and why the replay is refused (None: the
+    offline SQL is what Alembic ran)."""
+
+    fingerprint: Fingerprint
+    refused: str | None = None
+
+
+def _load_reference(tx: Transaction, digest: str, start: str) -> UpgradeReference | None:
     with tx.pg.cursor(row_factory=dict_row) as cur:
         cur.execute(SELECT_REFERENCE, {"key": reference_key(digest), "start": start})
         row = cur.fetchone()
     if row is None:
         return None
-    return {name: [tuple(r) for r in rows] for name, rows in row["fingerprint"].items()}
+    found = {name: [tuple(r) for r in rows] for name, rows in row["fingerprint"].items()}
+    return UpgradeReference(found, row["replay_refused"])
 
 
 def obtain_reference(
@@ -212,7 +215,8 @@ def obtain_reference(
     tree: migrations.TreeState,
     app_role: str,
     created_by: str,
-) -> Fingerprint:
+    script: UpgradeScript,
+) -> UpgradeReference:
     """The stored reference of an upgrade from ``start``, computed and stored in ``tx`` when
     nobody did it yet (the caller's transaction holds the advisory lock until it ends)."""
     label = migrations.head_label(start)
@@ -226,7 +230,7 @@ def obtain_reference(
     found = _load_reference(tx, tree.digest, label)  # computed by the lock's previous holder
     if found is not None:
         return found
-    fingerprint = _compute_reference(tx, label, tree, app_role)
+    reference = _compute_reference(tx, label, tree, app_role, script)
     with tx.pg.cursor() as cur:
         cur.execute(
             INSERT_REFERENCE,
@@ -234,18 +238,20 @@ def obtain_reference(
                 "key": reference_key(tree.digest),
                 "start": label,
                 "heads": sorted(tree.heads),
-                "fingerprint": Jsonb(fingerprint),
+                "fingerprint": Jsonb(reference.fingerprint),
                 "created_by": created_by,
+                "refused": reference.refused,
             },
         )
-    return fingerprint
+    return reference
 
 
 def _compute_reference(
-    tx: Transaction, start: str, tree: migrations.TreeState, app_role: str
-) -> Fingerprint:
+    tx: Transaction, start: str, tree: migrations.TreeState, app_role: str, script: UpgradeScript
+) -> UpgradeReference:
     """Alembic builds a scratch schema at ``start``, it is granted like a tenant, Alembic
-    upgrades it to the head, and its fingerprint is taken; the savepoint rolls all of it back."""
+    upgrades it to the head (recorded: :mod:`provisioner.templates.recording`), and its
+    fingerprint is taken; the savepoint rolls all of it back."""
     scratch = f"tenant_zz_upgrade_{secrets.token_hex(6)}"
     savepoint = sql.Identifier(SCRATCH_SAVEPOINT)
     with tx.pg.cursor() as cur:
@@ -254,13 +260,15 @@ def _compute_reference(
             tenant_schema.create_schema(tx.pg, scratch)
             migrations.upgrade_tenant(tx.sa, scratch, start)
             tenant_schema.grant_app_role(tx.pg, scratch, app_role)
-            migrations.upgrade_tenant(tx.sa, scratch)
+            with recording.recorded(tx.sa) as run:
+                migrations.upgrade_tenant(tx.sa, scratch, start=frozenset([start]))
+            refused = run.refusal(script.statements, scratch)
             if migrations.tenant_tree_state() != tree:
                 raise NotReplayable("the tree changed while the upgrade reference was built")
             # Read as the replay reads a tenant: under the session's search_path, not the
             # scratch schema Alembic left in it (it changes how names are printed).
             cur.execute("SET LOCAL search_path TO DEFAULT")
-            return tenant_schema.fingerprint(tx.pg, scratch)
+            return UpgradeReference(tenant_schema.fingerprint(tx.pg, scratch), refused)
         finally:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(savepoint))
             cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(savepoint))
@@ -272,7 +280,7 @@ class UpgradeCache:
 
     def __init__(self) -> None:
         self.scripts: dict[tuple[str, frozenset[str]], UpgradeScript | str] = {}
-        self.references: dict[ReferenceKey, Fingerprint] = {}
+        self.references: dict[ReferenceKey, UpgradeReference] = {}
         self._lock = threading.Lock()
 
     def clear(self) -> None:
@@ -337,11 +345,13 @@ class UpgradeCache:
         reference = self.references.get(key)
         if reference is None:
             try:
-                reference = obtain_reference(tx, start, tree, app_role, holder)
+                reference = obtain_reference(tx, start, tree, app_role, holder, script)
             except NotReplayable as exc:
                 return self._alembic(tx, schema, start, reason=str(exc))
             self.references[key] = reference
-        problem = self._replay(tx, schema, script, reference)
+        if reference.refused is not None:
+            return self._alembic(tx, schema, start, reason=reference.refused)
+        problem = self._replay(tx, schema, script, reference.fingerprint)
         if problem is None:
             return UpgradeOutcome("replay", start, tree.heads)
         return self._alembic(tx, schema, start, reason=problem)

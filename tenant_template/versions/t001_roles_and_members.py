@@ -11,8 +11,6 @@ revision = "t001"
 down_revision = None
 branch_labels = None
 depends_on = None
-# Only DDL in upgrade(): a fleet upgrade may replay its offline SQL (see docs/upgrades.md).
-pure_ddl = True
 
 
 def upgrade() -> None:

@@ -11,8 +11,6 @@ revision = "t002"
 down_revision = "t001"
 branch_labels = None
 depends_on = None
-# Only DDL in upgrade(): a fleet upgrade may replay its offline SQL (see docs/upgrades.md).
-pure_ddl = True
 
 
 def upgrade() -> None:

@@ -11,8 +11,6 @@ revision = "t004"
 down_revision = "t003"
 branch_labels = None
 depends_on = None
-# Only DDL in upgrade(): a fleet upgrade may replay its offline SQL (see docs/upgrades.md).
-pure_ddl = True
 
 
 def upgrade() -> None:

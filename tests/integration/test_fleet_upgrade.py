@@ -40,7 +40,6 @@ revision = "t005"
 down_revision = "t004"
 branch_labels = None
 depends_on = None
-pure_ddl = {pure}
 
 
 def upgrade() -> None:
@@ -58,10 +57,10 @@ ADD_SOURCE = (
 STRICT_TARGET = '    op.execute("ALTER TABLE audit_events ALTER COLUMN target_type SET NOT NULL")'
 
 
-def make_tree(tmp_path: Path, body: str = ADD_SOURCE, *, pure: bool = True) -> Path:
+def make_tree(tmp_path: Path, body: str = ADD_SOURCE) -> Path:
     tree = tmp_path / "tenant_template_t005"
     shutil.copytree(migrations.tenant_tree(), tree, ignore=shutil.ignore_patterns("__pycache__"))
-    tree.joinpath("versions", "t005_generated.py").write_text(T005.format(pure=pure, body=body))
+    tree.joinpath("versions", "t005_generated.py").write_text(T005.format(body=body))
     return tree
 
 
@@ -275,19 +274,59 @@ def test_a_revision_failing_on_one_tenant_only_isolates_it_until_retried(
     assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1
 
 
-def test_a_revision_not_declared_pure_ddl_runs_through_alembic(
+# A revision whose Python reads the database online (guarded, as such revisions are, so that
+# its offline SQL still renders): its offline SQL is not the whole of what it does.
+READS_BACK = (
+    "    import sqlalchemy as sa\n"
+    "    from alembic import context\n\n"
+    "    if not context.is_offline_mode():\n"
+    '        op.get_bind().execute(sa.text("SELECT count(*) FROM audit_events")).scalar()\n'
+    '    op.execute("ALTER TABLE audit_events ADD COLUMN source TEXT")'
+)
+
+
+def test_a_revision_that_reads_the_database_runs_through_alembic(
     settings: Settings,
     database: Database,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     provision_fleet: Fleet,
 ) -> None:
+    """No marker is asked of a revision: Alembic's online run on the scratch schema is recorded,
+    and one that reads rows back is refused the replay (the step record says why)."""
     provision_fleet(settings, ["first", "second"])
-    use_tree(monkeypatch, make_tree(tmp_path, pure=False))
+    use_tree(monkeypatch, make_tree(tmp_path, READS_BACK))
     for tenant in ("first", "second"):  # a one-off run reopens and upgrades in process
         assert service.provision(settings, tenant).job.status is JobStatus.SUCCEEDED
         (detail,) = upgrade_details(database, tenant)
-        assert "path=alembic (fallback: revision(s) t005 do not declare pure_ddl = True" in detail
+        assert "path=alembic (fallback: a revision reads the database: SELECT count(*)" in detail
+    assert fingerprint(database, "first") == fingerprint(database, "second")
+    with database.owner() as conn:
+        refused = conn.execute(
+            "SELECT replay_refused FROM control.tenant_upgrade_references"
+        ).fetchall()
+    assert [r[0][:35] for r in refused] == ["a revision reads the database: SELE"]
+
+
+def test_an_unmarked_ordinary_revision_replays(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
+) -> None:
+    """Written as Alembic's docs show (op.add_column, op.create_index), no marker: replayed."""
+    provision_fleet(settings, ["first", "second"])
+    body = (
+        "    import sqlalchemy as sa\n\n"
+        '    op.add_column("audit_events", sa.Column("source", sa.Text(), nullable=True))\n'
+        '    op.create_index("audit_events_source_idx", "audit_events", ["source"])'
+    )
+    use_tree(monkeypatch, make_tree(tmp_path, body))
+    for tenant in ("first", "second"):
+        assert service.provision(settings, tenant).job.status is JobStatus.SUCCEEDED
+        (detail,) = upgrade_details(database, tenant)
+        assert detail.endswith("path=replay from=t004 head=t005"), detail
     assert fingerprint(database, "first") == fingerprint(database, "second")
 
 

@@ -62,8 +62,13 @@ def held_or_null(column: str) -> str:
 
 
 JOB_TIMES = " AND ".join(
-    [held("created_at"), held("updated_at"), held("available_at")]
-    + [held_or_null("locked_at"), held_or_null("finished_at")]
+    (
+        held("created_at"),
+        held("updated_at"),
+        held("available_at"),
+        held_or_null("locked_at"),
+        held_or_null("finished_at"),
+    )
 )
 REPAIRED = (
     "failed by control migration 20261202_h27_approws: a time of this job was out of the range "
@@ -127,9 +132,7 @@ def _bound_times() -> None:
         ("job_runs", "job_runs_python_time", held("started_at")),
         ("runtime_heartbeats", "runtime_heartbeats_python_time", held("heartbeat_at")),
     ):
-        op.execute(
-            f"ALTER TABLE control.{table} ADD CONSTRAINT {name} CHECK ({check}) NOT VALID"
-        )
+        op.execute(f"ALTER TABLE control.{table} ADD CONSTRAINT {name} CHECK ({check}) NOT VALID")
 
 
 def _reserve_owner_keys() -> None:
@@ -177,9 +180,7 @@ def _job_policies(*, product: str, fresh_times: str) -> None:
 def _tenant_locks() -> None:
     op.execute("CREATE TABLE control.tenant_locks (tenant_id TEXT PRIMARY KEY)")
     revoke_from_app_role("ALL", "TABLE control.tenant_locks")
-    op.execute(
-        "INSERT INTO control.tenant_locks (tenant_id) SELECT tenant_id FROM control.tenants"
-    )
+    op.execute("INSERT INTO control.tenant_locks (tenant_id) SELECT tenant_id FROM control.tenants")
     op.execute(
         """
         CREATE FUNCTION control.add_tenant_lock() RETURNS trigger

@@ -73,6 +73,7 @@ from provisioner.templates.replay import TemplateCache
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import TenantState
 
+
 class Unread:
     """The type of :data:`UNREAD`: a value the caller did not read (the engine reads it)."""
 

@@ -49,7 +49,9 @@ def insert_job(conn: psycopg.Connection, **values: object) -> None:
     """An INSERT into control.platform_jobs of ``values`` (bound parameters)."""
     names = ", ".join(values)
     marks = ", ".join(["%s"] * len(values))
-    conn.execute(f"INSERT INTO control.platform_jobs ({names}) VALUES ({marks})", list(values.values()))
+    conn.execute(
+        f"INSERT INTO control.platform_jobs ({names}) VALUES ({marks})", list(values.values())
+    )
 
 
 def cli_ok(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -97,9 +99,7 @@ TIME_FORGERIES = {
 
 
 @pytest.mark.parametrize("forged", list(TIME_FORGERIES), ids=list(TIME_FORGERIES))
-def test_app_rw_cannot_write_a_job_time_python_cannot_hold(
-    database: Database, forged: str
-) -> None:
+def test_app_rw_cannot_write_a_job_time_python_cannot_hold(database: Database, forged: str) -> None:
     values = {"tenant_id": "mallory", **TIME_FORGERIES[forged]}
     if values["job_type"] == "provision_tenant":
         values["idempotency_key"] = "provision:mallory"
@@ -181,7 +181,10 @@ def test_after_app_rw_tried_far_times_every_command_keeps_working(
                 (FAR,),
             )
         insert_job(  # the application's real sign-up
-            conn, tenant_id="victim", job_type="provision_tenant", idempotency_key="provision:victim"
+            conn,
+            tenant_id="victim",
+            job_type="provision_tenant",
+            idempotency_key="provision:victim",
         )
     worker = workers.start()
     worker.wait_for("succeeded", 60, tenant_id="victim")
@@ -214,7 +217,10 @@ def test_no_product_row_can_hold_a_lifecycle_key_and_the_operator_cuts_the_tenan
         for key in OWNER_KEYS:
             with pytest.raises(errors.InsufficientPrivilege):
                 insert_job(
-                    conn, tenant_id="acme", job_type="send_email", idempotency_key=key.format(t="acme")
+                    conn,
+                    tenant_id="acme",
+                    job_type="send_email",
+                    idempotency_key=key.format(t="acme"),
                 )
         insert_job(conn, tenant_id="acme", job_type="send_email", idempotency_key="mail:acme")
         for key in OWNER_KEYS:  # nor move its own row onto one
@@ -359,7 +365,9 @@ LOCKS_APP_RW_MAY_NOT_TAKE = {
 }
 
 
-@pytest.mark.parametrize("lock", list(LOCKS_APP_RW_MAY_NOT_TAKE), ids=list(LOCKS_APP_RW_MAY_NOT_TAKE))
+@pytest.mark.parametrize(
+    "lock", list(LOCKS_APP_RW_MAY_NOT_TAKE), ids=list(LOCKS_APP_RW_MAY_NOT_TAKE)
+)
 def test_app_rw_cannot_take_a_lock_the_owner_side_waits_on(database: Database, lock: str) -> None:
     with psycopg.connect(database.app_url) as conn, pytest.raises(errors.InsufficientPrivilege):
         conn.execute(LOCKS_APP_RW_MAY_NOT_TAKE[lock])

@@ -22,7 +22,7 @@ import pytest
 from psycopg import errors
 from psycopg.rows import dict_row
 
-from provisioner import service
+from provisioner import queue, service
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli
@@ -51,6 +51,15 @@ def insert_job(conn: psycopg.Connection, **values: object) -> None:
     marks = ", ".join(["%s"] * len(values))
     conn.execute(
         f"INSERT INTO control.platform_jobs ({names}) VALUES ({marks})", list(values.values())
+    )
+
+
+def register(conn: psycopg.Connection, tenant: str) -> None:
+    """Register the tenant as app_rw may (its control row, pending)."""
+    conn.execute(
+        "INSERT INTO control.tenants (tenant_id, schema_name) VALUES (%s, %s) "
+        "ON CONFLICT DO NOTHING",
+        (tenant, f"tenant_{tenant}"),
     )
 
 
@@ -104,26 +113,18 @@ def test_app_rw_cannot_write_a_job_time_python_cannot_hold(database: Database, f
     if values["job_type"] == "provision_tenant":
         values["idempotency_key"] = "provision:mallory"
     with app(database) as conn:
-        service_register(conn, "mallory")
+        register(conn, "mallory")
         with pytest.raises(REFUSED):
             insert_job(conn, **values)
     with database.owner() as conn:
         assert conn.execute("SELECT count(*) FROM control.platform_jobs").fetchone() == (0,)
 
 
-def service_register(conn: psycopg.Connection, tenant: str) -> None:
-    conn.execute(
-        "INSERT INTO control.tenants (tenant_id, schema_name) VALUES (%s, %s) "
-        "ON CONFLICT DO NOTHING",
-        (tenant, f"tenant_{tenant}"),
-    )
-
-
 def test_app_rw_cannot_move_its_own_rows_or_beats_out_of_python_range(
     database: Database,
 ) -> None:
     with app(database) as conn:
-        service_register(conn, "mallory")
+        register(conn, "mallory")
         insert_job(conn, tenant_id="mallory", job_type="send_email", idempotency_key="mail:1")
         for change in ("updated_at", "locked_at", "available_at", "finished_at"):
             with pytest.raises(errors.CheckViolation):
@@ -163,7 +164,7 @@ def test_after_app_rw_tried_far_times_every_command_keeps_working(
     product row in year 20000 and a heartbeat in year 20000 (all refused); the worker still
     provisions, and health, jobs list, status, upgrade --all --dry-run and check --all answer."""
     with app(database) as conn:
-        service_register(conn, "victim")
+        register(conn, "victim")
         with pytest.raises(REFUSED):
             insert_job(
                 conn,
@@ -247,7 +248,7 @@ def test_no_product_row_can_hold_a_lifecycle_key_and_the_operator_cuts_the_tenan
 
 def test_product_keys_of_the_application_own_naming_still_work(database: Database) -> None:
     with app(database) as conn:
-        service_register(conn, "acme")
+        register(conn, "acme")
         for key in ("mail:acme", "email:acme:1", "welcome:acme", "tenant:acme", "m:1"):
             insert_job(conn, tenant_id="acme", job_type="send_email", idempotency_key=key)
         insert_job(conn, tenant_id="acme", job_type="send_email")  # and no key at all
@@ -376,10 +377,8 @@ def test_app_rw_cannot_take_a_lock_the_owner_side_waits_on(database: Database, l
 def test_a_product_worker_still_claims_and_settles_its_jobs_as_app_rw(database: Database) -> None:
     """The column privileges and the claim's try-lock leave the product side whole: a claim as
     app_rw, a running product row holding back only the application's own kinds."""
-    from provisioner import queue
-
     with psycopg.connect(database.app_url, row_factory=dict_row) as conn:
-        service_register(conn, "acme")
+        register(conn, "acme")
         queue.enqueue(conn, "send_email", tenant_id="acme", idempotency_key="mail:1")
         queue.enqueue(conn, "send_email", tenant_id="acme", idempotency_key="mail:2")
         conn.commit()

@@ -316,7 +316,7 @@ def retry_failed(settings: Settings, kind: str | None = None) -> list[Job]:
 
 @dataclass(frozen=True)
 class TenantStatus:
-    #: the tenant's most recently changed job, whatever its kind
+    #: the tenant's most recently changed job of the owner's kinds (never the application's)
     job: Job
     tenant: tenants.Tenant | None
     #: every step run of the tenant's jobs (each with its job_type, run and attempt)

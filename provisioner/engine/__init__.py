@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from provisioner.engine.engine import (
     LOCK_ASYNC_COMMIT,
-    TENANT_LOCK_CLASS,
     UNREAD,
     Engine,
     JobRun,
@@ -33,7 +32,6 @@ from provisioner.errors import StepFailed
 
 __all__ = [
     "LOCK_ASYNC_COMMIT",
-    "TENANT_LOCK_CLASS",
     "UNREAD",
     "Engine",
     "EngineSessions",

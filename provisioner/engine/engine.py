@@ -6,7 +6,7 @@ For one claimed job it
    unless the kind's scope trusts the recorded steps for this job (:class:`kinds.Scope`);
 2. runs every missing step in order, each in ONE transaction together with its entry in
    ``steps_completed`` and the new ``progress`` (PostgreSQL DDL is transactional): a crash leaves
-   a step done and recorded, or neither. The transaction holds the tenant's advisory lock, so two
+   a step done and recorded, or neither. The transaction holds the tenant's lock, so two
    engines never run a step of one tenant at the same time, whatever the jobs' kinds (and the
    queue never claims a job while another job of its tenant runs). A step may ask for the steps
    after it to join its transaction (:attr:`kinds.RunMemo.one_transaction`: a spare taken from
@@ -73,9 +73,6 @@ from provisioner.templates.replay import TemplateCache
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import TenantState
 
-#: First key of the two-key advisory lock that serialises steps of one tenant ('prov').
-TENANT_LOCK_CLASS = 0x70726F76
-
 
 class Unread:
     """The type of :data:`UNREAD`: a value the caller did not read (the engine reads it)."""
@@ -86,7 +83,12 @@ UNREAD = Unread()
 
 
 # A step's transaction starts by taking its tenant's lock, in the same simple query as its
-# BEGIN (db.Database.transaction): the values are composed as literals. It also sets the
+# BEGIN (db.Database.transaction): the values are composed as literals. The lock is the
+# tenant's row in control.tenant_locks, on which the application role has no privilege at all,
+# so no application session can take it or hold it (the advisory lock it replaced could be held
+# by any role, and an app_rw session holding it hung suspend and purge). The upsert locks the
+# row whether it exists or not: ON CONFLICT DO UPDATE locks the row even when its WHERE
+# updates nothing, and writes no new row version. It also sets the
 # transaction to commit without waiting for its WAL flush. Safe: WAL is replayed in order, so a
 # server crash can lose only a tail of such commits, each one atomically (the step's work
 # together with its checkpoint): the job then resumes from an earlier, consistent checkpoint
@@ -95,7 +97,9 @@ UNREAD = Unread()
 # succeeded is durable, and that flush makes every earlier step of the job durable with it.
 # One statement, not two: one execute costs psycopg less than a pipeline of two.
 LOCK_ASYNC_COMMIT = sql.SQL(
-    "SELECT pg_advisory_xact_lock({}, hashtext({})), set_config('synchronous_commit', 'off', true)"
+    "WITH locked AS (INSERT INTO control.tenant_locks AS l (tenant_id) VALUES ({}) "
+    "ON CONFLICT (tenant_id) DO UPDATE SET tenant_id = l.tenant_id WHERE false) "
+    "SELECT set_config('synchronous_commit', 'off', true)"
 )
 
 
@@ -561,7 +565,7 @@ class Engine:
 def _tenant_lock(tenant: TenantId) -> sql.Composed:
     """A step's first statement: the tenant's lock and the step's commit mode, in one statement,
     sent with the transaction's BEGIN."""
-    return LOCK_ASYNC_COMMIT.format(sql.Literal(TENANT_LOCK_CLASS), sql.Literal(tenant.value))
+    return LOCK_ASYNC_COMMIT.format(sql.Literal(tenant.value))
 
 
 def _failure(exc: BaseException, failed: Step, first: Step) -> str:

@@ -104,9 +104,12 @@ RETURNING *
 GET_JOB = "SELECT * FROM control.platform_jobs WHERE id = %(id)s"
 
 
-# The tenant's most recently changed job of any kind.
+# The tenant's most recently changed job of any of the owner's kinds: a row of the
+# application's kinds (control.by_application) is the application's to write, its times and
+# error text included, so it never stands for the tenant's state.
 LATEST_ANY_FOR_TENANT = """
-SELECT * FROM control.platform_jobs WHERE tenant_id = %(tenant_id)s
+SELECT * FROM control.platform_jobs
+ WHERE tenant_id = %(tenant_id)s AND NOT control.by_application(job_type)
  ORDER BY updated_at DESC, created_at DESC LIMIT 1
 """
 
@@ -239,7 +242,8 @@ def latest_for_tenant(conn: Conn, tenant: TenantId, job_type: str) -> Job | None
 
 
 def latest_any_for_tenant(conn: Conn, tenant: TenantId) -> Job | None:
-    """The tenant's most recently changed job, whatever its kind."""
+    """The tenant's most recently changed job of the owner's kinds (provisioning, lifecycle,
+    plug-in kinds), never one of the application's."""
     row = fetch_one(conn, LATEST_ANY_FOR_TENANT, {"tenant_id": tenant.value})
     return Job.from_row(row) if row else None
 

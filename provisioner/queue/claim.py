@@ -17,7 +17,12 @@ from provisioner.queue.rows import TENANT_JOB_LOCK_CLASS, Conn, fetch_one
 
 # Claim the oldest claimable job of the allowed types; SKIP LOCKED keeps claimants apart. A job
 # whose tenant has another job running waits (jobs of one tenant never run at the same time,
-# whatever their kinds); the try-lock keeps two claimants from taking two jobs of one tenant.
+# whatever their kinds), except that a running row of the application's kinds
+# (control.by_application), which app_rw writes as it likes, holds back only the application's
+# own kinds: never an owner job. The try-lock keeps two claimants from taking two jobs of one
+# tenant: control.try_lock_tenant locks the tenant's control.tenant_locks row, which app_rw can
+# neither take nor hold, for the owner, and takes the old advisory lock for anyone else (a
+# product worker's claim as app_rw, whose hold then stalls only the application's own kinds).
 # A row no claim could load (a non-finite time: impossible since control c005) is passed by;
 # FAIL_UNPROCESSABLE fails it with a reason. The try-lock is tried only on a job of the given
 # kinds: a CASE, because the planner orders a filter's conditions by their cost, and a generic
@@ -28,10 +33,12 @@ CLAIMABLE = """
     SELECT id FROM control.platform_jobs q
      WHERE status = 'queued' AND available_at <= now() AND job_type = ANY(%(job_types)s)
        AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
-                        WHERE r.tenant_id = q.tenant_id AND r.status = 'running')
+                        WHERE r.tenant_id = q.tenant_id AND r.status = 'running'
+                          AND (NOT control.by_application(r.job_type)
+                               OR control.by_application(q.job_type)))
        AND CASE WHEN job_type <> ALL(%(job_types)s) THEN false
                 WHEN tenant_id IS NULL THEN true
-                ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(tenant_id)) END
+                ELSE control.try_lock_tenant(tenant_id, %(lock_class)s) END
        AND isfinite(available_at) AND isfinite(created_at) AND isfinite(updated_at)
        AND jsonb_typeof(steps_completed) = 'array'
      ORDER BY available_at, created_at
@@ -78,10 +85,13 @@ SELECT claimed.*, t.state AS tenant_state
 
 
 # A queued job's claim, unless another job of its tenant is running (and, with the condition
-# filled in, only one whose holder is live).
+# filled in, only one whose holder is live); a running row of the application's kinds holds
+# back only the application's kinds, as in CLAIMABLE.
 _CLAIM_QUEUED = _CLAIM_JOB.format("""j.status = 'queued'
        AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
                         WHERE r.tenant_id = j.tenant_id AND r.id <> j.id AND r.status = 'running'
+                          AND (NOT control.by_application(r.job_type)
+                               OR control.by_application(j.job_type))
                           {})""")
 
 

@@ -23,7 +23,9 @@ BACKOFF_CAP_SECONDS = 300
 RECOVERED_DETAIL = "Recovered after worker lease expired."
 
 
-#: First key of the advisory lock a claim takes on the job's tenant for its transaction ('jobs').
+#: First key of the advisory lock a claim takes on the job's tenant for its transaction ('jobs')
+#: when its role may not lock the tenant's control.tenant_locks row (a product worker's claim
+#: as app_rw; the owner's claims lock the row: see control.try_lock_tenant).
 TENANT_JOB_LOCK_CLASS = 0x6A6F6273
 
 

@@ -6,7 +6,7 @@ A taken spare's six steps run in one transaction (``RunMemo.one_transaction``), 
 any point before its commit leaves the spare whole and no tenant. The worker is frozen at each
 boundary by a lock the step needs:
 
-* before the take: the tenant's advisory lock (the step's first statement waits for it);
+* before the take: the tenant's lock row held (the step's first statement waits for it);
 * inside the take (spare row deleted, schema renamed): the tenant's row in
   ``control.tenants``, which ``create_schema`` updates after the take;
 * after the take's step recorded its checkpoint: the spare's ``alembic_version`` table, locked
@@ -30,7 +30,6 @@ import pytest
 from psycopg import sql
 
 from provisioner import pool, service
-from provisioner.engine import TENANT_LOCK_CLASS
 from provisioner.kinds.provision import STEPS
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
@@ -55,10 +54,16 @@ def fast(settings: Settings) -> Settings:
 
 
 @contextmanager
-def advisory_locked(database: Database, tenant: str) -> Iterator[None]:
-    with psycopg.connect(database.owner_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (TENANT_LOCK_CLASS, tenant))
+def step_lock_held(database: Database, tenant: str) -> Iterator[None]:
+    """Hold the tenant's lock row FOR KEY SHARE: a step's transaction (which locks it FOR
+    UPDATE) waits at its start; a claim (FOR NO KEY UPDATE) does not."""
+    with psycopg.connect(database.owner_url) as conn:
+        locked = conn.execute(
+            "SELECT 1 FROM control.tenant_locks WHERE tenant_id = %s FOR KEY SHARE", (tenant,)
+        ).fetchone()
+        assert locked, f"tenant {tenant} has no lock row yet: enqueue it first"
         yield
+        conn.rollback()
 
 
 @contextmanager
@@ -90,7 +95,7 @@ def test_a_take_killed_at_each_boundary_leaves_a_spare_or_a_tenant(
     spare = build_spare(fast)
     service.enqueue(fast, TENANT)
     blocker = {
-        "before_take": lambda: advisory_locked(database, TENANT),
+        "before_take": lambda: step_lock_held(database, TENANT),
         "inside_take": lambda: tenant_row_locked(database, TENANT),
         "after_take": lambda: table_locked(database, spare, "alembic_version"),
         "after_grant": lambda: table_locked(database, spare, "role_profiles"),

@@ -325,9 +325,11 @@ def test_enqueue_refuses_an_absurd_max_attempts(database: Database) -> None:
 
 
 def bad_row_past_the_constraint(database: Database, tenant: str) -> None:
-    """A -infinity row as it could exist before control c005 (the constraint dropped for it)."""
+    """A -infinity row as it could exist before control c005 (the constraints dropped for it:
+    c005's, and 20261202_h27_approws's, which refuses it too)."""
     with psycopg.connect(database.admin_url, autocommit=True) as conn:
         conn.execute("ALTER TABLE control.platform_jobs DROP CONSTRAINT platform_jobs_finite_times")
+        conn.execute("ALTER TABLE control.platform_jobs DROP CONSTRAINT platform_jobs_python_times")
         register(conn, tenant)
         conn.execute(
             "INSERT INTO control.platform_jobs (tenant_id, job_type, idempotency_key, "

@@ -60,10 +60,11 @@ def test_control_tree_downgrades_and_upgrades(database: Database) -> None:
     assert privileges == [
         ("job_runs", "INSERT,SELECT"),
         ("job_step_runs", "SELECT"),
-        ("platform_jobs", "INSERT,SELECT,UPDATE"),
+        # UPDATE as column privileges (control 20261202_h27_approws): no LOCK TABLE for app_rw
+        ("platform_jobs", "INSERT,SELECT"),
         ("rollout_tenants", "SELECT"),
         ("rollouts", "SELECT"),
-        ("runtime_heartbeats", "INSERT,SELECT,UPDATE"),
+        ("runtime_heartbeats", "INSERT,SELECT"),
         # app_rw inserts only (tenant_id, schema_name, display_name): a column privilege
         ("tenants", "SELECT"),
     ]

@@ -27,7 +27,7 @@
   ``app_rw`` could hold the whole queue (or every heartbeat) in ACCESS EXCLUSIVE mode.
 
 Revision ID: 20261202_h27_approws
-Revises: 20260804_c008
+Revises: 20261202_lead24
 Create Date: 2026-12-02
 """
 
@@ -40,7 +40,7 @@ from provisioner.control_migrations.privileges import (
 )
 
 revision = "20261202_h27_approws"
-down_revision = "20260804_c008"
+down_revision = "20261202_lead24"
 branch_labels = None
 depends_on = None
 

@@ -13,6 +13,7 @@ from provisioner.cli.options import settings_of
 from provisioner.cli.render import StepPrinter, emit_json, fail_cleanly
 from provisioner.errors import InvalidInput
 from provisioner.fleet.drift import DriftReport, TenantCheck, TenantDrift
+from provisioner.models import JobStatus
 from provisioner.templates import migrations
 from provisioner.tenant import catalog
 from provisioner.tenant.catalog import Difference
@@ -179,10 +180,8 @@ def repair(
         emit_json(repair_view(report, dry_run))
     else:
         render_repair(report, dry_run)
-    left = [
-        r for r in report.results if r.after is not None and r.after.state is TenantCheck.DRIFTED
-    ]
-    failed = [r for r in report.results if r.job is not None and r.job.status.value == "failed"]
+    left = [r for r in report.results if (r.after or r.plan.check).state is TenantCheck.DRIFTED]
+    failed = [r for r in report.results if r.job is not None and r.job.status is JobStatus.FAILED]
     sys.exit(1 if (left or failed) and not dry_run else 0)
 
 

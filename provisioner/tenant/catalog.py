@@ -71,7 +71,8 @@ acls AS (
            coalesce(nspacl, acldefault('n', nspowner)) AS acl FROM nsp
     UNION ALL
     SELECT CASE relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, relname, relname,
-           coalesce(relacl, acldefault(CASE relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", relowner))
+           coalesce(relacl,
+                    acldefault(CASE relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", relowner))
       FROM rels
     UNION ALL
     SELECT 'COLUMN', c.relname || '.' || a.attname, c.relname, a.attacl

@@ -208,7 +208,7 @@ def _default_privilege(conn: Conn, schema: str, d: Difference, owner: str) -> Re
 def _extra_table(conn: Conn, schema: str, d: Difference, owner: str) -> Result:
     query = sql.SQL("SELECT EXISTS (SELECT FROM {})").format(_id(schema, d.name))
     held = "it holds rows" if _holds_data(conn, query) else "it is empty"
-    return LeftAlone(describe(d), f"not the template's ({held}): drop it by hand if unwanted")
+    return LeftAlone(describe(d), f"not the template's ({held}): drop it by hand if it is unwanted")
 
 
 def _extra_column(conn: Conn, schema: str, d: Difference, owner: str) -> Result:
@@ -217,7 +217,7 @@ def _extra_column(conn: Conn, schema: str, d: Difference, owner: str) -> Result:
         _id(schema, table), sql.Identifier(column)
     )
     held = "it holds values" if _holds_data(conn, query) else "it holds no value"
-    return LeftAlone(describe(d), f"not the template's ({held}): drop it by hand if unwanted")
+    return LeftAlone(describe(d), f"not the template's ({held}): drop it by hand if it is unwanted")
 
 
 def _missing_column(conn: Conn, schema: str, d: Difference, owner: str) -> Result:

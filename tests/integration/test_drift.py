@@ -251,7 +251,12 @@ def test_a_dropped_schema_or_version_table_of_a_provisioned_tenant_is_drift(
     code, view = check_json(settings, "--all")
     assert code == 1
     states = {t["tenant_id"]: t["state"] for t in view["tenants"]}
-    assert states == {"gone": "drifted", "unversioned": "drifted", "emptied": "drifted", "fine": "clean"}
+    assert states == {
+        "gone": "drifted",
+        "unversioned": "drifted",
+        "emptied": "drifted",
+        "fine": "clean",
+    }
     assert findings(view, "gone") == {("missing", "schema", "tenant_gone")}
     assert ("missing", "table", "alembic_version") in findings(view, "unversioned")
     assert findings(view, "emptied") == {("missing", "version", "alembic_version")}

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,9 +22,10 @@ from provisioner.errors import InvalidInput
 from provisioner.kinds import lifecycle
 from provisioner.models import TenantId
 from provisioner.settings import Settings
-from provisioner.templates import expected
+from provisioner.templates import expected, migrations
 from provisioner.testing import Tenant
 from tests.conftest import Database, run_cli, settings_env
+from tests.integration.test_fleet_upgrade import make_tree
 
 Make = Callable[..., Tenant]
 
@@ -355,3 +357,20 @@ def test_check_all_fails_in_one_line_on_a_silent_or_unreachable_server(
     assert len(errors) == 1, result.stderr
     assert "timeout expired" in errors[0] or "unavailable" in errors[0], errors[0]
     assert result.stdout == ""
+
+
+def test_a_tenant_behind_the_head_is_reported_behind_not_drifted(
+    settings: Settings,
+    make: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    make("older")
+    monkeypatch.setenv(migrations.TENANT_TREE_ENV, str(make_tree(tmp_path)))
+    report = service.check(settings, ["older"])
+    assert [(t.tenant_id, t.state.value) for t in report.tenants] == [("older", "behind")]
+    result = run_cli(
+        settings, "check", "older", env={migrations.TENANT_TREE_ENV: str(make_tree(tmp_path / "b"))}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "older: behind (at t004; see `provisioner upgrade`)" in result.stdout

@@ -180,7 +180,11 @@ def repair(
         emit_json(repair_view(report, dry_run))
     else:
         render_repair(report, dry_run)
-    left = [r for r in report.results if (r.after or r.plan.check).state is TenantCheck.DRIFTED]
+    left = [
+        r
+        for r in report.results
+        if not r.queued and (r.after or r.plan.check).state is TenantCheck.DRIFTED
+    ]
     failed = [r for r in report.results if r.job is not None and r.job.status is JobStatus.FAILED]
     sys.exit(1 if (left or failed) and not dry_run else 0)
 

@@ -240,3 +240,24 @@ def test_repair_refuses_bad_input(settings: Settings, make: Callable[[str], str]
     assert run_cli(settings, "repair", "ghost").returncode == 3
     clean = run_cli(settings, "repair", "--all")
     assert clean.returncode == 0 and "nothing to repair" in clean.stdout
+
+
+def test_queued_repairs_are_run_by_a_worker(
+    settings: Settings, database: Database, make: Callable[[str], str]
+) -> None:
+    schema = make("later")
+    by_hand(database, f"REVOKE INSERT ON {schema}.audit_events FROM app_rw")
+    queued = run_cli(settings, "repair", "later", "--queue", "--json")
+    assert queued.returncode == 0, queued.stderr
+    (tenant,) = json.loads(queued.stdout)["tenants"]
+    assert tenant["queued"] and tenant["job_status"] == "queued"
+    assert check_findings(settings, "later") == {
+        ("missing", "privilege", "INSERT ON TABLE audit_events TO app_rw")
+    }
+    env = {"PROVISIONER_WORKER_JOB_TYPES": REPAIR_JOB_TYPE}
+    assert run_cli(settings, "worker", "--once", env=env).returncode == 0
+    assert check_findings(settings, "later") == set()
+    with database.app() as app:
+        app.execute(f"INSERT INTO {schema}.audit_events (action) VALUES ('a')")  # type: ignore[arg-type]
+    status = run_cli(settings, "status", "later", "--json")
+    assert json.loads(status.stdout)["job_type"] == REPAIR_JOB_TYPE

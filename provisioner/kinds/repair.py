@@ -15,6 +15,8 @@ deleted. A tenant behind the head, or without its version table, is not repaired
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from provisioner.db import Transaction
 from provisioner.errors import PermanentError
 from provisioner.kinds.registry import JobKind, keyed_by_tenant
@@ -40,6 +42,11 @@ def expected_for(
 
 def current_plan(tx: Transaction, ctx: StepContext) -> repairs.Plan:
     """The tenant's repair plan now, in the step's transaction."""
+    return _planner(tx, ctx)()
+
+
+def _planner(tx: Transaction, ctx: StepContext) -> Callable[[], repairs.Plan]:
+    """Plans for the tenant as it is at each call, against the head's shape built once."""
     schema = ctx.tenant.schema
     versions = migrations.tenant_versions(tx.pg, schema)
     if versions is None:
@@ -54,17 +61,29 @@ def current_plan(tx: Transaction, ctx: StepContext) -> repairs.Plan:
             f"{migrations.head_label(heads)}: `provisioner upgrade {ctx.tenant}` first"
         )
     head = expected.build(tx.pg, tx.sa, ctx.app_role)
-    found = catalog.read(tx.pg, schema)
-    if found is None:
-        raise PermanentError(f"{schema} does not exist: `provisioner provision {ctx.tenant}`")
     want = expected_for(head, tenants.state_of(tx.pg, ctx.tenant), ctx.app_role)
     owner = tenant_schema.schema_owner(tx.pg, schema)[1]
-    return repairs.plan(tx.pg, schema, catalog.compare(want, found), owner=owner)
+
+    def plan() -> repairs.Plan:
+        found = catalog.read(tx.pg, schema)
+        if found is None:
+            raise PermanentError(f"{schema} does not exist: `provisioner provision {ctx.tenant}`")
+        return repairs.plan(tx.pg, schema, catalog.compare(want, found), owner=owner)
+
+    return plan
 
 
 def _restore(tx: Transaction, ctx: StepContext) -> str | None:
-    plan = current_plan(tx, ctx)
+    """Plan and apply, then once more: what belongs to an object created again (a view's
+    grants, a column of a restored type) is only seen once that object exists."""
+    planner = _planner(tx, ctx)
+    plan = planner()
     applied = repairs.apply(tx.pg, plan.actions)
+    if applied.restored:
+        plan = planner()
+        tried = {what for what, _ in applied.failed}
+        more = repairs.apply(tx.pg, [a for a in plan.actions if a.what not in tried])
+        applied = repairs.Applied(applied.restored + more.restored, applied.failed + more.failed)
     parts = [f"restored {len(applied.restored)}"]
     if applied.restored:
         parts[0] += ": " + "; ".join(applied.restored)

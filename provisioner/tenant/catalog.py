@@ -311,6 +311,24 @@ class Difference:
         table = attrs.get("table")
         return str(table) if table is not None else None
 
+    @property
+    def parent(self) -> str | None:
+        """The object this one belongs to (:data:`CONTAINERS`): a column's or an index's table,
+        a domain constraint's type, a privilege's table, view, sequence, function or type."""
+        attrs = self.expected or self.found or {}
+        if self.kind in CONTAINERS:
+            return None
+        for name in ("table", "type"):
+            if attrs.get(name) is not None:
+                return str(attrs[name])
+        if self.kind == "privilege" and attrs.get("on") in ("FUNCTION", "TYPE"):
+            return str(attrs["object"])
+        return None
+
+    def within(self, whole: set[tuple[str, str]]) -> bool:
+        """True when it belongs to an object that is itself missing (or extra) as a whole."""
+        return self.parent is not None and (self.parent, self.change) in whole
+
 
 MISSING, EXTRA, ALTERED = "missing", "extra", "altered"
 
@@ -338,17 +356,22 @@ def compare(expected: Inventory, found: Inventory) -> list[Difference]:
     return sorted(out, key=lambda d: (order.get(d.kind, len(KINDS)), d.kind, d.name, d.change))
 
 
+#: Kinds whose objects hold others (columns, indexes, privileges...).
+CONTAINERS = ("table", "foreign table", "view", "materialized view", "sequence", "type", "function")
+
+
+def wholes(differences: list[Difference]) -> set[tuple[str, str]]:
+    """(name, change) of the objects missing or extra as a whole that may hold others."""
+    return {(d.name, d.change) for d in differences if d.kind in CONTAINERS and d.change != ALTERED}
+
+
 def fold(differences: list[Difference]) -> list[tuple[Difference, int]]:
-    """The differences as a report lists them: what belongs to a table that is itself missing
-    or extra (its columns, indexes, privileges...) counted on the table, not listed."""
-    whole = {(d.name, d.change) for d in differences if d.kind == "table" and d.change != ALTERED}
-    within = Counter(
-        (d.table, d.change)
-        for d in differences
-        if d.kind != "table" and (d.table, d.change) in whole
-    )
+    """The differences as a report lists them: what belongs to an object that is itself
+    missing or extra (a table's columns, indexes, privileges...) counted on it, not listed."""
+    whole = wholes(differences)
+    within = Counter((d.parent, d.change) for d in differences if d.within(whole))
     return [
-        (d, within[(d.name, d.change)] if d.kind == "table" else 0)
+        (d, within[(d.name, d.change)] if d.kind in CONTAINERS else 0)
         for d in differences
-        if d.kind == "table" or (d.table, d.change) not in whole
+        if not d.within(whole)
     ]

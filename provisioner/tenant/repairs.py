@@ -72,19 +72,22 @@ def plan(conn: Conn, schema: str, differences: list[Difference], *, owner: str) 
     left alone. ``owner``: the role that runs them (the default privileges it may restore are
     its own). Reads the catalog only to say whether an extra table or column holds data."""
     out = Plan()
-    # Objects of a table that is itself missing or extra go with it (they are not listed twice).
-    whole = {d.name for d in differences if d.kind == "table" and d.change != ALTERED}
+    # What belongs to an object missing or extra as a whole goes with it: left alone with it,
+    # or given back by its creation (a new view has its owner's default privileges; whatever
+    # else it lacks, the job's second pass sees).
+    whole = catalog.wholes(differences)
     for difference in differences:
-        if difference.table in whole and difference.kind != "table":
+        if difference.within(whole):
             continue
         rule = RULES.get((difference.kind, difference.change))
         result = rule(conn, schema, difference, owner) if rule else None
         if result is None:
             result = LeftAlone(describe(difference), _default_reason(difference))
-        if isinstance(result, LeftAlone):
-            out.left_alone.append(result)
-        else:
-            out.actions.extend(result)
+        for item in result if isinstance(result, list) else [result]:
+            if isinstance(item, LeftAlone):
+                out.left_alone.append(item)
+            else:
+                out.actions.append(item)
     out.actions.sort(key=lambda a: a.order)
     return out
 
@@ -121,7 +124,9 @@ def _holds_data(conn: Conn, statement: sql.Composed) -> bool:
     return bool(row and row[0])
 
 
-Result = list[Action] | LeftAlone | None
+#: a rule's answer: actions (and, for what part of an object it cannot restore, LeftAlone
+#: entries), one LeftAlone, or None for the default reason
+Result = list[Action | LeftAlone] | LeftAlone | None
 Rule = Callable[[Conn, str, Difference, str], Result]
 
 # -- privileges ---------------------------------------------------------------------------------
@@ -259,7 +264,7 @@ _TABLE_FLAGS = {
 def _altered_relation(conn: Conn, schema: str, d: Difference, owner: str) -> Result:
     """A table's row-level security flags and a relation's owner; the rest is left alone."""
     keyword = {"table": "TABLE", "view": "VIEW", "sequence": "SEQUENCE"}[d.kind]
-    actions: list[Action] = []
+    actions: list[Action | LeftAlone] = []
     rest: list[str] = []
     for name, want, _ in d.changes:
         if name in _TABLE_FLAGS and d.kind == "table":
@@ -281,11 +286,7 @@ def _altered_relation(conn: Conn, schema: str, d: Difference, owner: str) -> Res
         view = _view(conn, schema, d, owner)
         actions += view if isinstance(view, list) else []
     if rest:
-        if not actions:
-            return LeftAlone(describe(d), f"{', '.join(rest)} changed: review it by hand")
-        actions.append(
-            Action(f"{describe(d)}: {', '.join(rest)} left as found", sql.SQL("SELECT 1"))
-        )
+        actions.append(LeftAlone(describe(d), f"{', '.join(rest)} changed: review it by hand"))
     return actions
 
 
@@ -317,8 +318,10 @@ def _view(conn: Conn, schema: str, d: Difference, owner: str) -> Result:
 def _index(conn: Conn, schema: str, d: Difference, owner: str) -> Result:
     attrs = d.expected or {}
     if attrs.get("constraint"):
-        return []  # the constraint's own action builds it
-    actions = []
+        if d.change == MISSING:
+            return []  # the missing constraint's own action builds it
+        return LeftAlone(describe(d), f"it backs constraint {attrs['constraint']}: by hand")
+    actions: list[Action | LeftAlone] = []
     if d.change == ALTERED:
         drop = sql.SQL("DROP INDEX {}").format(_id(schema, d.name))
         actions.append(Action(f"{describe(d)}: dropped", drop, order=5))
@@ -352,7 +355,7 @@ def _drop_and_create(kind: str) -> Rule:
     def rule(conn: Conn, schema: str, d: Difference, owner: str) -> Result:
         attrs = d.expected or {}
         table, _, name = d.name.partition(".")
-        actions = []
+        actions: list[Action | LeftAlone] = []
         if d.change == ALTERED:
             drop = sql.SQL("DROP " + kind + " {} ON {}").format(
                 sql.Identifier(name), _id(schema, table)

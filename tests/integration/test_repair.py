@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,8 +18,10 @@ from provisioner import kinds, service
 from provisioner.kinds import lifecycle
 from provisioner.kinds.repair import REPAIR_JOB_TYPE
 from provisioner.settings import Settings
+from provisioner.templates import migrations
 from provisioner.testing import Tenant
 from tests.conftest import Database, run_cli
+from tests.integration.test_fleet_upgrade import make_tree
 from tests.workers import step_runs
 
 
@@ -261,3 +264,80 @@ def test_queued_repairs_are_run_by_a_worker(
         app.execute(f"INSERT INTO {schema}.audit_events (action) VALUES ('a')")  # type: ignore[arg-type]
     status = run_cli(settings, "status", "later", "--json")
     assert json.loads(status.stdout)["job_type"] == REPAIR_JOB_TYPE
+
+
+# A template revision that creates what the shipped template does not: an enum type and a
+# column of it, a trigger and its function, a view, row-level security and a policy, a rule.
+EVERY_KIND = "\n".join(
+    f"    op.execute({statement!r})"
+    for statement in (
+        "CREATE TYPE mood AS ENUM ('calm', 'busy')",
+        "ALTER TABLE members ADD COLUMN mood mood",
+        "CREATE FUNCTION touch_updated_at() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$BEGIN NEW.updated_at := now(); RETURN NEW; END$$",
+        "CREATE TRIGGER members_touch BEFORE UPDATE ON members "
+        "FOR EACH ROW EXECUTE FUNCTION touch_updated_at()",
+        "CREATE VIEW active_members AS SELECT id, email FROM members WHERE status = 'active'",
+        "ALTER TABLE api_keys ENABLE ROW LEVEL SECURITY",
+        "CREATE POLICY live_keys ON api_keys USING (revoked_at IS NULL)",
+        "CREATE RULE keep_audit AS ON DELETE TO audit_events DO INSTEAD NOTHING",
+    )
+)
+
+
+def test_objects_the_template_defines_are_created_again_from_its_definitions(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tree = make_tree(tmp_path, EVERY_KIND, pure=False)
+    monkeypatch.setenv(migrations.TENANT_TREE_ENV, str(tree))
+    env = {migrations.TENANT_TREE_ENV: str(tree)}
+    service.provision(settings, "rich")
+    assert run_cli(settings, "check", "rich", env=env).returncode == 0
+    by_hand(
+        database,
+        "DROP TRIGGER members_touch ON tenant_rich.members",
+        "CREATE OR REPLACE FUNCTION tenant_rich.touch_updated_at() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$",
+        "DROP VIEW tenant_rich.active_members",
+        "DROP POLICY live_keys ON tenant_rich.api_keys",
+        "ALTER TABLE tenant_rich.api_keys DISABLE ROW LEVEL SECURITY",
+        "DROP RULE keep_audit ON tenant_rich.audit_events",
+        "DROP TYPE tenant_rich.mood CASCADE",  # and the column of that type with it
+    )
+    found = run_cli(settings, "check", "rich", "--json", env=env)
+    assert found.returncode == 1
+    (view,) = json.loads(found.stdout)["tenants"]
+    assert {(f["change"], f["kind"], f["name"]) for f in view["findings"]} == {
+        ("missing", "type", "mood"),
+        ("missing", "column", "members.mood"),
+        ("altered", "function", "touch_updated_at()"),
+        ("missing", "trigger", "members.members_touch"),
+        ("missing", "view", "active_members"),
+        ("altered", "table", "api_keys"),
+        ("missing", "policy", "api_keys.live_keys"),
+        ("missing", "rule", "audit_events.keep_audit"),
+    }
+
+    repaired = run_cli(settings, "repair", "rich", env=env)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert "  now clean" in repaired.stdout
+    with database.owner() as conn:  # and they work again
+        conn.execute(
+            "INSERT INTO tenant_rich.role_profiles (key, name) VALUES ('r', 'R');"
+            "INSERT INTO tenant_rich.members (email, role_profile_id, status, updated_at, mood)"
+            " SELECT 'a@b.c', id, 'active', '2000-01-01', 'busy' FROM tenant_rich.role_profiles"
+            " WHERE key = 'r';"
+            "UPDATE tenant_rich.members SET display_name = 'A'"
+        )
+        row = conn.execute(
+            "SELECT updated_at > '2001-01-01', (SELECT count(*) FROM tenant_rich.active_members)"
+            " FROM tenant_rich.members"
+        ).fetchone()
+        assert row == (True, 1)
+        conn.execute("INSERT INTO tenant_rich.audit_events (action) VALUES ('kept')")
+        conn.execute("DELETE FROM tenant_rich.audit_events")
+        kept = conn.execute("SELECT count(*) FROM tenant_rich.audit_events").fetchone()
+        assert kept == (1,)

@@ -335,7 +335,8 @@ MISSING, EXTRA, ALTERED = "missing", "extra", "altered"
 
 def compare(expected: Inventory, found: Inventory) -> list[Difference]:
     """Every object that differs: in ``expected`` only (missing), in ``found`` only (extra), or
-    in both with other attributes (altered), in :data:`KINDS` order, then by name."""
+    in both with other attributes (altered); grouped in that order, then in :data:`KINDS`
+    order, then by name."""
     out: list[Difference] = []
     for key in expected.keys() | found.keys():
         want, have = expected.get(key), found.get(key)
@@ -352,8 +353,11 @@ def compare(expected: Inventory, found: Inventory) -> list[Difference]:
                 if want.get(attr) != have.get(attr)
             )
             out.append(Difference(ALTERED, key[0], key[1], want, have, changes))
-    order = {kind: i for i, kind in enumerate(KINDS)}
-    return sorted(out, key=lambda d: (order.get(d.kind, len(KINDS)), d.kind, d.name, d.change))
+    rank = {change: i for i, change in enumerate((MISSING, EXTRA, ALTERED))}
+    kinds = {kind: i for i, kind in enumerate(KINDS)}
+    return sorted(
+        out, key=lambda d: (rank[d.change], kinds.get(d.kind, len(KINDS)), d.kind, d.name)
+    )
 
 
 #: Kinds whose objects hold others (columns, indexes, privileges...).

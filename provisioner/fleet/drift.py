@@ -75,8 +75,9 @@ class TenantDrift:
     @property
     def expects(self) -> str:
         """Which shape the tenant was compared with."""
-        revoked = self.lifecycle in (TenantState.SUSPENDED, TenantState.ARCHIVED)
-        return "no application access (suspended)" if revoked else "the template head"
+        if self.lifecycle in (TenantState.SUSPENDED, TenantState.ARCHIVED):
+            return f"no application access ({self.lifecycle})"
+        return "the template head"
 
 
 @dataclass(frozen=True)

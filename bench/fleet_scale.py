@@ -61,6 +61,8 @@ AUDIT_ROWS = 100
 RAW_SCHEMAS = 100
 #: Who-is-behind repetitions (in process).
 BEHIND_RUNS = 7
+#: Runs of `check --all` over the fleet.
+CHECK_RUNS = 3
 
 MODEL = "f00000"
 
@@ -394,6 +396,20 @@ def who_is_behind(database: BenchDatabase, tenants: int) -> dict[str, list[float
     return samples
 
 
+def drift_check(database: BenchDatabase, tenants: int) -> list[float]:
+    """``check --all`` in process (the head's inventory built once, then one catalog statement
+    and one version read per tenant), ms per tenant, run by run; every tenant must be clean."""
+    samples = []
+    for _ in range(CHECK_RUNS):
+        began = time.perf_counter()
+        report = service.check(database.settings())
+        samples.append((time.perf_counter() - began) * 1000 / tenants)
+        states = Counter(t.state.value for t in report.tenants)
+        if states != {"clean": tenants}:
+            raise RuntimeError(f"check --all over the bulk-built fleet: {dict(states)}")
+    return samples
+
+
 def _cli(database: BenchDatabase, tree: Path, *args: str) -> tuple[float, str]:
     began = time.perf_counter()
     out = subprocess.run(
@@ -522,6 +538,8 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         built = build_fleet(database, tenants)
         say(f"  fleet-scale: built in {built:.0f} s")
         waited = wait_for_autovacuum(database)
+        checked = drift_check(database, tenants)
+        say(f"  fleet-scale: check --all {[round(ms, 2) for ms in checked]} ms per tenant")
         with tenant_tree(tree):
             behinds = who_is_behind(database, tenants)
             behind = behinds["now"]
@@ -565,6 +583,16 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
             behind,
             baseline="fleet_scale_behind_before",
             note=f"goal < 1 s; `upgrade --all --dry-run` process: {dry_cli * 1000:.0f} ms",
+        )
+    )
+    results.add(
+        Figure(
+            "fleet_scale_check",
+            f"fleet scale: check --all per tenant, {tenants:,} tenants (in process)",
+            "ms",
+            checked,
+            baseline="fleet_scale_raw",
+            note="every object kind compared; one catalog statement and one version read each",
         )
     )
     results.add(
@@ -625,6 +653,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         "who_is_behind_ms": [round(ms, 1) for ms in behind],
         "who_is_behind_before_ms": [round(ms, 1) for ms in behinds["before"]],
         "dry_run_process_ms": round(dry_cli * 1000, 1),
+        "check_ms_per_tenant": [round(ms, 3) for ms in checked],
         "per_block_ms": [round(ms, 2) for ms in blocks],
         "step_median_ms": [round(ms, 2) for ms in steps],
         "cpu_ms_per_tenant": [round(cpu, 2) for _, _, cpu, _ in timed],

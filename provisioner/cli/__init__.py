@@ -7,7 +7,8 @@ This module is the one place the command groups are joined; each command lives i
 named for what it is about:
 
     provisioning  migrate, provision, enqueue, status
-    fleet         upgrade (and its rollout levers), check
+    fleet         upgrade (and its rollout levers)
+    drift         check, repair
     tenants       suspend, restore, deprovision
     worker        worker, health
     jobs          jobs list / retry / cancel
@@ -23,7 +24,7 @@ from dataclasses import replace
 import click
 
 from provisioner.cli import config as config_command
-from provisioner.cli import fleet, jobs, local, provisioning, tenants
+from provisioner.cli import drift, fleet, jobs, local, provisioning, tenants
 from provisioner.cli import init as init_command
 from provisioner.cli import worker as worker_commands
 from provisioner.cli.render import OneLineErrors, fail_cleanly
@@ -75,7 +76,8 @@ for _command in (
     provisioning.provision,
     provisioning.enqueue,
     fleet.upgrade,
-    fleet.check,
+    drift.check,
+    drift.repair,
     provisioning.status,
     tenants.suspend,
     tenants.restore,

@@ -1,5 +1,5 @@
-"""The fleet's commands: ``upgrade`` (with its rollout levers: canary, resume, abort, watch) and
-``check`` (drift against the template head), with their text and JSON reports."""
+"""The fleet's commands: ``upgrade`` (with its rollout levers: canary, resume, abort, watch), with
+its text and JSON reports (``check`` and ``repair`` live in :mod:`provisioner.cli.drift`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from provisioner import service
 from provisioner.cli.options import settings_of
 from provisioner.cli.render import emit_json, fail_cleanly
 from provisioner.errors import InvalidInput
-from provisioner.fleet.drift import TenantCheck
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 
@@ -182,64 +181,6 @@ def print_upgrade(report: service.UpgradeReport, details: bool) -> None:
             f"(they reach head when it runs; see `provisioner jobs list`): {names}"
             + (f" and {more} more" if more > 0 else "")
         )
-
-
-@click.command()
-@click.argument("tenant_ids", nargs=-1, metavar="[TENANT_ID]...")
-@click.option("--all", "every", is_flag=True, help="Every provisioned tenant.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.pass_context
-@fail_cleanly
-def check(ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, as_json: bool) -> None:
-    """Compare tenants' catalogs with what the template head builds (read-only).
-
-    Reports extra, missing and altered objects and missing grants. Exit 0 clean, 1 drift found.
-    """
-    if every == bool(tenant_ids):
-        raise InvalidInput("name tenants to check, or pass --all (not both)")
-    for tenant_id in tenant_ids:
-        service.TenantId(tenant_id)
-    report = service.check(settings_of(ctx), list(tenant_ids) or None)
-    if as_json:
-        emit_json(
-            {
-                "heads": sorted(report.heads),
-                "tenants": [
-                    {
-                        "tenant_id": t.tenant_id,
-                        "state": t.state.value,
-                        "versions": sorted(t.versions),
-                        "drift": [
-                            {
-                                "kind": d.kind.value,
-                                "section": d.section,
-                                "name": d.name,
-                                "detail": d.detail,
-                            }
-                            for d in t.drifts
-                        ],
-                    }
-                    for t in report.tenants
-                ],
-            }
-        )
-    else:
-        states = Counter(t.state.value for t in report.tenants)
-        click.echo(
-            f"tenant template head {migrations.head_label(report.heads)}: "
-            f"{len(report.tenants)} tenant(s) checked: "
-            + ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-        )
-        for tenant in report.tenants:
-            if tenant.state is TenantCheck.BEHIND:
-                at = migrations.head_label(tenant.versions)
-                click.echo(f"  {tenant.tenant_id}: behind (at {at}; see `provisioner upgrade`)")
-            for drift in tenant.drifts:
-                click.echo(
-                    f"  {tenant.tenant_id}: {drift.kind.value} {drift.section} {drift.name}: "
-                    f"{drift.detail}"
-                )
-    sys.exit(1 if report.drifted else 0)
 
 
 def watch_rollout(settings: Settings, interval: float, as_json: bool) -> None:

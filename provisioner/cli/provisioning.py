@@ -70,6 +70,10 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: 
     else:
         if result.already_provisioned:
             click.echo(f"tenant {tenant_id} is already provisioned; nothing to do")
+            click.echo(
+                f"(its objects are not compared with the template here: "
+                f"`provisioner check {tenant_id}` does, `provisioner repair {tenant_id}` restores)"
+            )
         else:
             click.echo(f"finished in {time.monotonic() - started:.2f} s")
         render_job(job, kinds.for_settings(settings))

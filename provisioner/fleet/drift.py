@@ -1,177 +1,223 @@
-"""Drift detection: does each tenant's catalog still match what the template head builds?
+"""Drift: does each tenant still hold what the template head builds, and what can repair restore?
 
-The expected shape is built, never kept: a scratch schema is created, migrated by Alembic to the
-head and granted to the application role exactly as provisioning does, fingerprinted
-(:func:`provisioner.tenant.schema.fingerprint`, schema name abstracted), and the transaction is
-rolled back. Nothing is written. Each tenant's fingerprint (one catalog query and its version
-read, in a transaction of its own) is then compared with it, section by section, and every
-difference is named: an extra object (a hand-made index), a missing one (a dropped column), an
-altered one (another definition, other grants), and the application role's missing privileges.
+The expected shape is the inventory (:mod:`provisioner.tenant.catalog`) of a schema built at the
+head and granted like a tenant, in a transaction that is rolled back
+(:mod:`provisioner.templates.expected`: nothing is written, and the scratch schema's name is one
+no tenant id maps to). Each tenant's inventory is then read, one catalog statement per tenant
+plus its version rows, and compared object by object: missing, extra, altered.
 
-A tenant whose schema records another revision than the head is reported as behind, not as
-drifted: ``provisioner upgrade`` is the cure for that.
+What a tenant should hold depends on its lifecycle state: a suspended or archived tenant has no
+privilege of the application role (revoked by design, not drift). A tenant whose provisioning
+succeeded (or whose control row says it was onboarded) and whose schema or version table is gone
+is drifted, not "not provisioned". A tenant whose schema records another revision than the head
+is reported as behind: ``provisioner upgrade`` is the cure for that. Purged tenants are left out
+of ``--all``.
+
+Every connection gives up after the connect timeout (:data:`provisioner.db.SA_CONNECT_ARGS`):
+a silent or unreachable server fails ``check`` in one line instead of hanging it.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.rows import tuple_row
 
 from provisioner import db, queue
+from provisioner.control.schema import require_control_at_head
 from provisioner.errors import UnknownTenant
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
-from provisioner.models import JobStatus, TenantId
+from provisioner.kinds.repair import expected_for
+from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
-from provisioner.templates import migrations
-from provisioner.templates.reference import Fingerprint
+from provisioner.templates import expected, migrations
+from provisioner.tenant import catalog, repairs
+from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
-
-#: The scratch schema the expected shape is built in (rolled back; never committed).
-SCRATCH_SCHEMA = "tenant_zz_drift_expected"
-
-#: How many leading fields name an object in each fingerprint section (the rest describe it).
-KEY_FIELDS = {
-    "relations": 1,
-    "columns": 2,
-    "indexes": 1,
-    "constraints": 2,
-    "schema": 0,
-    "default_privileges": 2,
-    "alembic_version": 1,
-}
-
-
-class DriftKind(enum.StrEnum):
-    EXTRA = "extra"
-    MISSING = "missing"
-    ALTERED = "altered"
-    MISSING_GRANT = "missing grant"
+from provisioner.tenant.catalog import MISSING, Difference
+from provisioner.tenant.state import ONBOARDED, TenantState
 
 
 class TenantCheck(enum.StrEnum):
     CLEAN = "clean"
     DRIFTED = "drifted"
     BEHIND = "behind"
-    #: no schema, or its provisioning job has not succeeded
+    #: its provisioning has not finished (nor has it been onboarded)
     NOT_PROVISIONED = "not provisioned"
-
-
-@dataclass(frozen=True)
-class Drift:
-    kind: DriftKind
-    section: str
-    name: str
-    detail: str
+    #: purged: its schema is gone by design
+    DELETED = "deleted"
 
 
 @dataclass(frozen=True)
 class TenantDrift:
     tenant_id: str
     state: TenantCheck
-    drifts: tuple[Drift, ...] = ()
+    #: control.tenants.state (None: no control row)
+    lifecycle: TenantState | None = None
+    differences: tuple[Difference, ...] = ()
     versions: frozenset[str] = frozenset()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many objects are missing, extra and altered (what belongs to a missing or extra
+        table is counted with it: :func:`provisioner.tenant.catalog.fold`)."""
+        found = Counter(d.change for d, _ in catalog.fold(list(self.differences)))
+        return {
+            change: found[change] for change in (catalog.MISSING, catalog.EXTRA, catalog.ALTERED)
+        }
+
+    @property
+    def expects(self) -> str:
+        """Which shape the tenant was compared with."""
+        if self.lifecycle in (TenantState.SUSPENDED, TenantState.ARCHIVED):
+            return f"no application access ({self.lifecycle})"
+        return "the template head"
 
 
 @dataclass(frozen=True)
 class DriftReport:
     heads: frozenset[str]
-    tenants: list[TenantDrift]
+    tenants: list[TenantDrift] = field(default_factory=list)
 
     @property
     def drifted(self) -> list[TenantDrift]:
         return [t for t in self.tenants if t.state is TenantCheck.DRIFTED]
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """Tenants by outcome, every outcome named (0 when none)."""
+        found = Counter(t.state for t in self.tenants)
+        return {state.value: found[state] for state in TenantCheck}
 
-def expected_fingerprint(settings: Settings) -> Fingerprint:
-    """The fingerprint of a schema freshly built at head, in a transaction rolled back."""
-    engine = sa.create_engine(db.sqlalchemy_url(settings.owner_url), poolclass=sa.pool.NullPool)
+
+def expected_inventory(settings: Settings) -> catalog.Inventory:
+    """The head's inventory, built in a transaction that is rolled back."""
+    engine = sa.create_engine(
+        db.sqlalchemy_url(settings.owner_url),
+        poolclass=sa.pool.NullPool,
+        connect_args={**db.SA_CONNECT_ARGS, "application_name": "check"},
+    )
     try:
         with db.translated(), engine.connect() as connection:
             transaction = connection.begin()
             try:
                 pg = connection.connection.driver_connection
-                tenant_schema.create_schema(pg, SCRATCH_SCHEMA)  # type: ignore[arg-type]
-                migrations.upgrade_tenant(connection, SCRATCH_SCHEMA)
-                tenant_schema.grant_app_role(pg, SCRATCH_SCHEMA, settings.app_role)  # type: ignore[arg-type]
-                # Alembic left search_path on the scratch schema, which changes how the catalog
-                # prints names (pg_get_constraintdef): read it as the tenants are read.
-                connection.execute(sa.text("SET LOCAL search_path TO DEFAULT"))
-                return tenant_schema.fingerprint(pg, SCRATCH_SCHEMA)  # type: ignore[arg-type]
+                return expected.build(pg, connection, settings.app_role)  # type: ignore[arg-type]
             finally:
                 transaction.rollback()
     finally:
         engine.dispose()
 
 
-def compare(expected: Fingerprint, got: Fingerprint) -> list[Drift]:
-    """Every object that differs, by section: extra, missing, or altered (same name)."""
-    drifts: list[Drift] = []
-    for section in sorted(set(expected) | set(got)):
-        want, have = expected.get(section, []), got.get(section, [])
-        if want == have:
-            continue
-        width = KEY_FIELDS.get(section, 1)
-        want_by = {_key(row, width): row for row in want}
-        have_by = {_key(row, width): row for row in have}
-        for key in sorted(set(want_by) | set(have_by)):
-            before, after = want_by.get(key), have_by.get(key)
-            if before == after:
-                continue
-            if before is None:
-                drifts.append(Drift(DriftKind.EXTRA, section, key, _show(after)))
-            elif after is None:
-                drifts.append(Drift(DriftKind.MISSING, section, key, _show(before)))
-            else:
-                drifts.append(
-                    Drift(DriftKind.ALTERED, section, key, f"{_show(before)} -> {_show(after)}")
-                )
-    return drifts
-
-
-def _key(row: tuple[Any, ...], width: int) -> str:
-    return ".".join(str(v) for v in row[:width]) or "(schema)"
-
-
-def _show(row: tuple[Any, ...] | None) -> str:
-    text = ", ".join(str(v) for v in row or ())
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
 def check(settings: Settings, tenant_ids: list[str] | None = None) -> DriftReport:
-    """Compare each provisioned tenant (all, or the named ones) with the head's shape."""
+    """Compare each provisioned tenant (all but the purged, or the named ones) with the head."""
     wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
     heads = migrations.tenant_heads()
-    expected = expected_fingerprint(settings)
     owner = db.connect(settings.owner_url, application_name="check", autocommit=True)
-    results: list[TenantDrift] = []
     with closing(owner) as conn, db.translated():
-        jobs = queue.latest_jobs(conn, PROVISION_JOB_TYPE, wanted)
-        missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
-        if missing:
-            raise UnknownTenant(f"unknown tenant(s) {', '.join(missing)}: no provisioning job")
-        for job in jobs:
-            tenant = TenantId(str(job.tenant_id))
-            if job.status is not JobStatus.SUCCEEDED:
-                results.append(TenantDrift(tenant.value, TenantCheck.NOT_PROVISIONED))
-                continue
-            versions = migrations.tenant_versions(conn, tenant.schema)
-            if versions is None:
-                results.append(TenantDrift(tenant.value, TenantCheck.NOT_PROVISIONED))
-                continue
-            if versions != heads:
-                results.append(TenantDrift(tenant.value, TenantCheck.BEHIND, versions=versions))
-                continue
-            drifts = compare(expected, tenant_schema.fingerprint(conn, tenant.schema))
-            drifts += [
-                Drift(DriftKind.MISSING_GRANT, "grants", grant, settings.app_role)
-                for grant in tenant_schema.missing_app_grants(
-                    conn, tenant.schema, settings.app_role
-                )
-            ]
-            state = TenantCheck.DRIFTED if drifts else TenantCheck.CLEAN
-            results.append(TenantDrift(tenant.value, state, tuple(drifts), versions))
+        require_control_at_head(conn)
+        jobs = {str(j.tenant_id): j for j in queue.latest_jobs(conn, PROVISION_JOB_TYPE, wanted)}
+        states = tenants.states_of(conn, wanted)
+        known = sorted(jobs.keys() | states.keys())
+        unknown = sorted({t.value for t in wanted or []} - set(known))
+        if unknown:
+            raise UnknownTenant(f"unknown tenant(s) {', '.join(unknown)}: no provisioning job")
+        head = expected_inventory(settings)
+        results = []
+        for tenant_id in known:
+            result = check_tenant(
+                conn,
+                TenantId(tenant_id),
+                heads,
+                head,
+                settings.app_role,
+                job=jobs.get(tenant_id),
+                lifecycle=states.get(tenant_id),
+            )
+            if result.state is TenantCheck.DELETED and wanted is None:
+                continue  # purged tenants are out of the fleet's view
+            results.append(result)
     return DriftReport(heads, results)
+
+
+def check_tenant(
+    conn: psycopg.Connection[Any],
+    tenant: TenantId,
+    heads: frozenset[str],
+    head: catalog.Inventory,
+    app_role: str,
+    *,
+    job: Job | None,
+    lifecycle: TenantState | None,
+) -> TenantDrift:
+    """One tenant against the head's inventory ``head``: one catalog statement, and one more
+    for its version rows when it has a version table."""
+    name = tenant.value
+    if lifecycle is TenantState.DELETED:
+        return TenantDrift(name, TenantCheck.DELETED, lifecycle)
+    provisioned = (job is not None and job.status is JobStatus.SUCCEEDED) or lifecycle in ONBOARDED
+    if not provisioned:
+        return TenantDrift(name, TenantCheck.NOT_PROVISIONED, lifecycle)
+    found = catalog.read(conn, tenant.schema)
+    if found is None:
+        gone = Difference(MISSING, "schema", tenant.schema, {"owner": "?"}, None)
+        return TenantDrift(name, TenantCheck.DRIFTED, lifecycle, (gone,))
+    versions: frozenset[str] = frozenset()
+    if ("table", "alembic_version") in found:
+        versions = _versions(conn, tenant.schema)
+        if versions and versions != heads:
+            return TenantDrift(name, TenantCheck.BEHIND, lifecycle, versions=versions)
+    differences = catalog.compare(expected_for(head, lifecycle, app_role), found)
+    if ("table", "alembic_version") in found and not versions:
+        empty = Difference(MISSING, "version", "alembic_version", {"revision": "?"}, None)
+        differences.insert(0, empty)
+    state = TenantCheck.DRIFTED if differences else TenantCheck.CLEAN
+    return TenantDrift(name, state, lifecycle, tuple(differences), versions)
+
+
+def _versions(conn: psycopg.Connection[Any], schema: str) -> frozenset[str]:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(tenant_schema.versions_query(schema), prepare=False)
+        return frozenset(str(row[0]) for row in cur.fetchall())
+
+
+@dataclass(frozen=True)
+class TenantPlan:
+    """What ``repair`` would do to one tenant (``plan.actions``), and what it leaves alone."""
+
+    tenant_id: str
+    check: TenantDrift
+    plan: repairs.Plan
+
+
+def plans(settings: Settings, report: DriftReport) -> list[TenantPlan]:
+    """Each drifted tenant's repair plan, from its check (read-only: a dry run)."""
+    out: list[TenantPlan] = []
+    owner = db.connect(settings.owner_url, application_name="repair", autocommit=True)
+    with closing(owner) as conn, db.translated():
+        me = tenant_schema.schema_owner(conn, "")[1]
+        for tenant in report.drifted:
+            out.append(TenantPlan(tenant.tenant_id, tenant, _plan(conn, tenant, me)))
+    return out
+
+
+def _plan(conn: psycopg.Connection[Any], tenant: TenantDrift, owner: str) -> repairs.Plan:
+    """The tenant's plan, or why it cannot be repaired in place."""
+    first = tenant.differences[0] if tenant.differences else None
+    if first is not None and first.kind == "schema":
+        why = f"`provisioner provision {tenant.tenant_id}` builds it again"
+        return repairs.Plan([], [repairs.LeftAlone(repairs.describe(first), why)])
+    if (first is not None and first.kind == "version") or any(
+        d.kind == "table" and d.name == "alembic_version" for d in tenant.differences
+    ):
+        what = "missing version table alembic_version"
+        why = f"its revision is unknown: `provisioner provision {tenant.tenant_id}` records it"
+        return repairs.Plan([], [repairs.LeftAlone(what, why)])
+    schema = TenantId(tenant.tenant_id).schema
+    return repairs.plan(conn, schema, list(tenant.differences), owner=owner)

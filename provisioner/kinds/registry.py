@@ -40,6 +40,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "provisioner.kinds.provision",
     "provisioner.kinds.lifecycle",
     "provisioner.kinds.product",
+    "provisioner.kinds.repair",
 )
 
 

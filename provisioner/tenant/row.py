@@ -23,6 +23,12 @@ Conn = psycopg.Connection[Any]
 
 GET_TENANT = "SELECT * FROM control.tenants WHERE tenant_id = %(tenant_id)s"
 
+# The state of each named tenant (every tenant when the names are NULL).
+TENANT_STATES = """
+SELECT tenant_id, state FROM control.tenants
+ WHERE %(tenants)s::text[] IS NULL OR tenant_id = ANY(%(tenants)s)
+"""
+
 # pending -> provisioning, when the first step of a tenant's provisioning commits.
 MARK_PROVISIONING = """
 UPDATE control.tenants SET state = 'provisioning', updated_at = now()
@@ -154,6 +160,15 @@ def reuse_deleted(conn: Conn, tenant: TenantId) -> bool:
     with conn.cursor() as cur:
         cur.execute(REUSE_DELETED, {"tenant_id": tenant.value})
         return cur.fetchone() is not None
+
+
+def states_of(conn: Conn, tenants: list[TenantId] | None = None) -> dict[str, TenantState]:
+    """Each named tenant's state (every tenant's for None), by tenant id; ids without a row are
+    absent."""
+    names = None if tenants is None else [t.value for t in tenants]
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(TENANT_STATES, {"tenants": names})
+        return {str(r["tenant_id"]): TenantState(r["state"]) for r in cur.fetchall()}
 
 
 def state_of(conn: Conn, tenant: TenantId) -> TenantState | None:

@@ -191,6 +191,8 @@ def test_no_command_hangs_on_a_stopped_server(own: Own) -> None:
         ("status", "acme"): 1,
         ("health",): 1,
         ("worker", "--once"): 2,
+        ("check", "--all"): 1,
+        ("repair", "--all", "--dry-run"): 1,
     }
     pid = own.postmaster_pid
     os.kill(pid, signal.SIGSTOP)

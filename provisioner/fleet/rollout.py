@@ -28,6 +28,7 @@ from provisioner import queue
 from provisioner.errors import InvalidInput
 from provisioner.kinds.provision import MIGRATION_STEP, PROVISION_JOB_TYPE, STEPS
 from provisioner.models import Job
+from provisioner.queue import stats
 from provisioner.templates import upgrade as upgrade_replay
 
 # The newest rollout that still needs an operator or a worker.
@@ -259,3 +260,32 @@ def wait_for_canary(conn: Conn, rollout: Rollout, poll_seconds: float = 0.5) -> 
         if not counts.get("queued") and not counts.get("running"):
             return counts
         time.sleep(poll_seconds)
+
+
+# The newest rollouts, newest first.
+NEWEST = "SELECT * FROM control.rollouts ORDER BY id DESC LIMIT %(limit)s"
+
+
+@dataclass(frozen=True)
+class PastRollout:
+    """One rollout and its tenants by phase, for the console's list."""
+
+    rollout: Rollout
+    phases: dict[str, int]
+    updated_at: datetime
+
+
+def latest(conn: Conn) -> Rollout | None:
+    """The newest rollout, whatever its state."""
+    row = conn.execute(LATEST).fetchone()
+    return Rollout.from_row(row) if row else None
+
+
+def history(conn: Conn, limit: int = 20) -> list[PastRollout]:
+    """The newest ``limit`` rollouts, each with its tenants by phase (two statements)."""
+    rows = conn.execute(NEWEST, {"limit": limit}).fetchall()
+    phases = stats.rollout_phases(conn, [row["id"] for row in rows])
+    return [
+        PastRollout(Rollout.from_row(row), phases.get(row["id"], {}), row["updated_at"])
+        for row in rows
+    ]

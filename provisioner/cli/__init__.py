@@ -12,6 +12,7 @@ named for what it is about:
     worker        worker, health
     jobs          jobs list / retry / cancel
     local         local stop / status / env
+    console       console (the web console, the [console] extra)
     render        output, progress and the error -> exit code mapping every command shares
 """
 
@@ -22,7 +23,7 @@ from dataclasses import replace
 
 import click
 
-from provisioner.cli import fleet, jobs, local, provisioning, tenants
+from provisioner.cli import console, fleet, jobs, local, provisioning, tenants
 from provisioner.cli import worker as worker_commands
 from provisioner.cli.render import OneLineErrors, fail_cleanly
 from provisioner.settings import Settings
@@ -82,5 +83,6 @@ for _command in (
     worker_commands.health,
     jobs.jobs,
     local.local,
+    console.console,
 ):
     main.add_command(_command)

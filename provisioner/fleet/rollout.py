@@ -98,9 +98,16 @@ class Rollout:
         )
 
 
-def _reopen(conn: Conn, rollout: Rollout, job_ids: list[UUID]) -> list[Job]:
+def _reopen(
+    conn: Conn, rollout: Rollout, job_ids: list[UUID], started_by: str = "upgrade"
+) -> list[Job]:
     jobs = queue.reopen_for_upgrade(
-        conn, job_ids, step=MIGRATION_STEP, key=upgrade_replay.UPGRADE_TO, head=rollout.head
+        conn,
+        job_ids,
+        step=MIGRATION_STEP,
+        key=upgrade_replay.UPGRADE_TO,
+        head=rollout.head,
+        started_by=started_by,
     )
     conn.execute(MARK_QUEUED, {"rollout": rollout.id, "jobs": [j.id for j in jobs]})
     return jobs
@@ -154,9 +161,10 @@ class Resumed:
     released: int
 
 
-def resume(conn: Conn) -> Resumed:
-    """Continue the active rollout: after a successful canary, queue the rest; after a halt,
-    release the held jobs. In the caller's transaction."""
+def resume(conn: Conn, *, started_by: str = "upgrade") -> Resumed:
+    """Continue the active rollout: after a successful canary, queue the rest (their runs
+    record ``started_by``); after a halt, release the held jobs. In the caller's
+    transaction."""
     row = conn.execute(ACTIVE).fetchone()
     if row is None or row["state"] == "running":
         raise InvalidInput("no rollout waits for review or is halted: nothing to resume")
@@ -171,7 +179,7 @@ def resume(conn: Conn) -> Resumed:
                 "`jobs retry --failed`, or `upgrade --abort`"
             )
         pending = [r["job_id"] for r in conn.execute(PENDING_JOBS, {"rollout": rollout.id})]
-        queued = _reopen(conn, rollout, pending)
+        queued = _reopen(conn, rollout, pending, started_by)
         conn.execute(DROP_PENDING, {"rollout": rollout.id})  # no longer behind: nothing to do
         conn.execute(SET_STATE, {"state": "running", "id": rollout.id})
         return Resumed(rollout, len(queued), 0)

@@ -159,10 +159,11 @@ def _owner(settings: Settings, name: str) -> psycopg.Connection[dict[str, Any]]:
     return db.connect(settings.owner_url, application_name=name, autocommit=True)
 
 
-def resume(settings: Settings) -> rollout.Resumed:
-    """Continue the active rollout (the rest after a canary, or the jobs a halt held)."""
+def resume(settings: Settings, *, started_by: str = "upgrade") -> rollout.Resumed:
+    """Continue the active rollout (the rest after a canary, or the jobs a halt held); the
+    runs it starts record ``started_by``."""
     with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
-        return rollout.resume(conn)
+        return rollout.resume(conn, started_by=started_by)
 
 
 def abort(settings: Settings) -> rollout.Aborted:

@@ -69,9 +69,7 @@ def test_a_scrape_while_the_worker_runs_jobs_matches_the_queue_rows(
         return Counter(r["status"] for r in found)["succeeded"] == len(TENANTS)
 
     wait_until(all_done, 60, "the worker to provision every tenant")
-    wait_until(
-        lambda: labelled(scrape(port), "provisioner_jobs_total"), 30, "the outcomes counted"
-    )
+    wait_until(lambda: labelled(scrape(port), "provisioner_jobs_total"), 30, "the outcomes counted")
     samples = scrape(port)
 
     by_status = rows(

@@ -4,6 +4,7 @@ real jobs, the endpoint is scraped over HTTP, and every figure is checked agains
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from collections import Counter
 from dataclasses import replace
@@ -122,3 +123,16 @@ def test_the_metrics_are_off_unless_a_port_is_set_and_a_bad_port_is_refused() ->
     for bad in ("http", "-1", "70000"):
         with pytest.raises(Exception, match="PROVISIONER_METRICS_PORT must be a port number"):
             Settings.from_env({"PROVISIONER_METRICS_PORT": bad})
+
+
+def test_a_metrics_port_already_taken_stops_the_start_in_one_line(
+    fast: Settings, workers: Workers
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = workers.start(env={"PROVISIONER_METRICS_PORT": str(port)})
+        assert worker.wait(60) == 2
+    lines = [line for line in worker.output().splitlines() if line.strip()]
+    assert lines == [f"error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"]

@@ -43,6 +43,7 @@ from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.local import cluster as local_pg
 from provisioner.models import Job, JobStatus, TenantId
+from provisioner.queue import journal
 from provisioner.templates import migrations
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import INACTIVE, TenantState
@@ -362,10 +363,15 @@ def retry_job(settings: Settings, job_id: str, *, started_by: str = "jobs retry"
         return queue.retry(conn, parse_job_id(job_id), started_by=started_by)
 
 
-def cancel_job(settings: Settings, job_id: str) -> Job:
+def cancel_job(settings: Settings, job_id: str, *, cancelled_by: str = "jobs cancel") -> Job:
+    """Cancel a queued or running job; with the owner URL, its run records ``cancelled_by``
+    as what ended it (the application role may not write the run's record)."""
     with writer_connection(settings) as conn:
         _require_owner_for(settings, conn, parse_job_id(job_id))
-        return queue.cancel(conn, parse_job_id(job_id))
+        job = queue.cancel(conn, parse_job_id(job_id))
+        if settings.migrations_database_url:
+            journal.record_run_ended(conn, job.id, job.run, cancelled_by)
+        return job
 
 
 def _require_owner_for(settings: Settings, conn: psycopg.Connection[Any], job_id: UUID) -> None:

@@ -196,7 +196,9 @@ class Console:
         )
 
     def cancel(self, request: Request) -> str:
-        job = service.cancel_job(self.settings, request.path_params["job_id"])
+        job = service.cancel_job(
+            self.settings, request.path_params["job_id"], cancelled_by=STARTED_BY
+        )
         return f"job {job.id} ({job.job_type} of {job.tenant_id or '-'}) cancelled"
 
     def lifecycle(self, job_type: str) -> Callable[[Request], str]:

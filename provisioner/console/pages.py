@@ -56,6 +56,8 @@ class Attempt:
     attempt: int
     started_by: str
     steps: list[StepRunRecord]
+    #: what ended the run by hand (a cancel), if anything
+    ended_by: str | None = None
 
 
 def _attempts(runs: list[JobRunRecord], step_runs: list[StepRunRecord]) -> list[Attempt]:
@@ -63,21 +65,16 @@ def _attempts(runs: list[JobRunRecord], step_runs: list[StepRunRecord]) -> list[
     grouped: dict[tuple[str, int, int], list[StepRunRecord]] = {}
     for step in step_runs:
         grouped.setdefault((str(step.job_id), step.run, step.attempt), []).append(step)
-    attempts = [
-        Attempt(
-            job_id,
-            steps[0].job_type or "",
-            run,
-            attempt,
-            started[(job_id, run)].started_by if (job_id, run) in started else "",
-            steps,
-        )
-        for (job_id, run, attempt), steps in grouped.items()
-    ]
+    attempts = []
+    for (job_id, run, attempt), steps in grouped.items():
+        record = started.get((job_id, run))
+        started_by, ended_by = (record.started_by, record.ended_by) if record else ("", None)
+        kind = steps[0].job_type or ""
+        attempts.append(Attempt(job_id, kind, run, attempt, started_by, steps, ended_by))
     # Runs that never reached a step (queued, cancelled before a claim) show with none.
     seen = {(a.job_id, a.run) for a in attempts}
     attempts += [
-        Attempt(str(r.job_id), r.job_type, r.run, 0, r.started_by, [])
+        Attempt(str(r.job_id), r.job_type, r.run, 0, r.started_by, [], r.ended_by)
         for r in runs
         if (str(r.job_id), r.run) not in seen
     ]

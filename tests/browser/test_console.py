@@ -10,6 +10,7 @@ A missing browser fails here: ``make test`` installs chromium and chromium-drive
 from __future__ import annotations
 
 import http.client
+import re
 import shutil
 import socket
 import subprocess
@@ -23,7 +24,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -152,6 +153,24 @@ def runs_started_by(database: Database, tenant: str) -> list[str]:
     return [r["started_by"] for r in rows]
 
 
+def kind_job(database: Database, tenant: str, kind: str) -> dict:
+    with psycopg.connect(database.owner_url, row_factory=dict_row) as conn:
+        row = conn.execute(
+            "SELECT * FROM control.platform_jobs WHERE tenant_id = %s AND job_type = %s",
+            (tenant, kind),
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+def runs_ended_by(database: Database, job_id: object) -> list[str | None]:
+    with psycopg.connect(database.owner_url) as conn:
+        rows = conn.execute(
+            "SELECT ended_by FROM control.job_runs WHERE job_id = %s ORDER BY run", (job_id,)
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
 def fail_job_with_hostile_error(database: Database, tenant: str) -> None:
     """The job failed, with an error text that is markup: as a hostile or broken step could
     leave it (the console must show it as text)."""
@@ -163,8 +182,34 @@ def fail_job_with_hostile_error(database: Database, tenant: str) -> None:
         )
 
 
+def all_text(driver: WebDriver, css: str) -> list[str]:
+    script = "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText);"
+    return [str(t) for t in driver.execute_script(script, css)]
+
+
+def press(driver: WebDriver, name: str) -> None:
+    """Click the button named ``name`` (found again if a live update replaced it), then wait
+    for the action's answer."""
+
+    def clicked(d: WebDriver) -> bool:
+        try:
+            d.find_element(By.NAME, name).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait = WebDriverWait(driver, 60, poll_frequency=0.1)
+    wait.until(clicked)
+    wait.until(lambda d: d.find_elements(By.ID, "message"))
+
+
 def text(driver: WebDriver, css: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+    """The element's text, read in one script call (a live update cannot make it stale)."""
+    found = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;", css
+    )
+    assert found is not None, f"no {css} on {driver.current_url}"
+    return re.sub(r"[ \t]+", " ", str(found))
 
 
 def shot(driver: WebDriver, name: str) -> None:
@@ -197,7 +242,9 @@ def test_every_page_a_live_rollout_and_actions_without_and_with_the_token(
     tree = {migrations.TENANT_TREE_ENV: str(make_tree(tmp_path))}
     console = Console(fast, tmp_path / "console.log", {**tree, "PROVISIONER_CONSOLE_TOKEN": TOKEN})
     consoles.append(console)
-    wait = WebDriverWait(browser, 60, poll_frequency=0.2)
+    wait = WebDriverWait(
+        browser, 60, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException]
+    )
 
     # The fleet at a glance; the hostile error is text, and nothing ran.
     browser.get(console.url + "/")
@@ -230,7 +277,7 @@ def test_every_page_a_live_rollout_and_actions_without_and_with_the_token(
     # One tenant: every run, attempt and step.
     browser.get(console.url + "/tenants/con_a")
     assert text(browser, "#tenant-state") in ("onboarding", "active")
-    started_by = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".started-by")]
+    started_by = all_text(browser, ".started-by")
     assert started_by[:1] == ["upgrade"] and len(started_by) == len(
         runs_started_by(database, "con_a")
     )
@@ -247,7 +294,7 @@ def test_every_page_a_live_rollout_and_actions_without_and_with_the_token(
     failed_job = job_row(database, "con_broken")
     assert HOSTILE in text(browser, "#failed")
     shot(browser, "queue")
-    browser.find_element(By.NAME, f"retry-{failed_job['id']}").click()
+    press(browser, f"retry-{failed_job['id']}")
     assert "log in with the console token first" in text(browser, "#message")
     assert job_row(database, "con_broken")["status"] == "failed"
 
@@ -255,6 +302,7 @@ def test_every_page_a_live_rollout_and_actions_without_and_with_the_token(
     browser.get(console.url + "/login")
     browser.find_element(By.ID, "token").send_keys("not-the-token")
     browser.find_element(By.ID, "login").click()
+    wait.until(lambda d: d.find_elements(By.ID, "login-error"))
     assert text(browser, "#login-error") == "wrong token"
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.ID, "login").click()
@@ -266,19 +314,31 @@ def test_every_page_a_live_rollout_and_actions_without_and_with_the_token(
 
     # The same action with the token: done, and recorded as started by the console.
     browser.get(console.url + "/queue")
-    browser.find_element(By.NAME, f"retry-{failed_job['id']}").click()
+    press(browser, f"retry-{failed_job['id']}")
     assert "queued again" in text(browser, "#message")
     assert runs_started_by(database, "con_broken")[-1] == "console"
     wait_until(lambda: job_row(database, "con_broken")["status"] == "succeeded", 60, "the retry")
 
     # Suspend one tenant from its page.
     browser.get(console.url + "/tenants/con_b")
-    browser.find_element(By.NAME, "suspend").click()
+    press(browser, "suspend")
     assert "tenant con_b is suspended" in text(browser, "#message")
     assert runs_started_by(database, "con_b")[-1] == "console"
     browser.get(console.url + "/tenants/con_b")
     assert text(browser, "#tenant-state") == "suspended"
     assert no_alert(browser)
+
+    # Cancel a queued job (a suspend no worker here drains): its run says who ended it.
+    queued = run_cli(fast, "suspend", "con_c", "--queue")
+    assert queued.returncode == 0, queued.stderr
+    suspend_job = kind_job(database, "con_c", "suspend_tenant")
+    browser.get(console.url + "/queue")
+    press(browser, f"cancel-{suspend_job['id']}")
+    assert "cancelled" in text(browser, "#message")
+    assert kind_job(database, "con_c", "suspend_tenant")["status"] == "cancelled"
+    assert runs_ended_by(database, suspend_job["id"]) == ["console"]
+    browser.get(console.url + "/tenants/con_c")
+    assert all_text(browser, ".ended-by") == ["console"]
 
     # Cross-site requests are refused even with the session cookie: no Origin of ours, or no
     # CSRF token from the page.

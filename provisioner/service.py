@@ -287,8 +287,8 @@ def upgrade_resume(settings: Settings, *, started_by: str = "upgrade") -> rollou
     return fleet.resume(settings, started_by=started_by)
 
 
-def upgrade_abort(settings: Settings) -> rollout.Aborted:
-    return fleet.abort(settings)
+def upgrade_abort(settings: Settings, *, ended_by: str = "upgrade --abort") -> rollout.Aborted:
+    return fleet.abort(settings, ended_by=ended_by)
 
 
 def upgrade_progress(settings: Settings) -> rollout.Progress:

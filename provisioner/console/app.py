@@ -226,7 +226,7 @@ class Console:
         )
 
     def abort(self, request: Request) -> str:
-        aborted = service.upgrade_abort(self.settings)
+        aborted = service.upgrade_abort(self.settings, ended_by=STARTED_BY)
         return f"rollout {aborted.rollout.id} aborted: {aborted.dropped_jobs} job(s) dropped"
 
     # -- the app --------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from provisioner import queue
 from provisioner.errors import InvalidInput
 from provisioner.kinds.provision import MIGRATION_STEP, PROVISION_JOB_TYPE, STEPS
 from provisioner.models import Job
-from provisioner.queue import stats
+from provisioner.queue import journal, stats
 from provisioner.templates import upgrade as upgrade_replay
 
 # The newest rollout that still needs an operator or a worker.
@@ -196,14 +196,16 @@ class Aborted:
     dropped_jobs: int
 
 
-def abort(conn: Conn) -> Aborted:
-    """Drop what the active rollout has not started; running jobs finish. In the caller's
-    transaction."""
+def abort(conn: Conn, *, ended_by: str = "upgrade --abort") -> Aborted:
+    """Drop what the active rollout has not started (each dropped run records ``ended_by``);
+    running jobs finish. In the caller's transaction."""
     row = conn.execute(ACTIVE).fetchone()
     if row is None:
         raise InvalidInput("no rollout is in progress: nothing to abort")
     rollout = Rollout.from_row(row)
-    count = len(queue.drop_queued(conn, rollout.id, list(STEPS)))
+    dropped = queue.drop_queued(conn, rollout.id, list(STEPS))
+    journal.record_runs_ended(conn, dropped, ended_by)
+    count = len(dropped)
     conn.execute(DROP_PENDING, {"rollout": rollout.id})
     conn.execute(SET_STATE, {"state": "aborted", "id": rollout.id})
     return Aborted(rollout, count)

@@ -166,10 +166,10 @@ def resume(settings: Settings, *, started_by: str = "upgrade") -> rollout.Resume
         return rollout.resume(conn, started_by=started_by)
 
 
-def abort(settings: Settings) -> rollout.Aborted:
-    """Drop what the active rollout has not started."""
+def abort(settings: Settings, *, ended_by: str = "upgrade --abort") -> rollout.Aborted:
+    """Drop what the active rollout has not started; the dropped runs record ``ended_by``."""
     with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
-        return rollout.abort(conn)
+        return rollout.abort(conn, ended_by=ended_by)
 
 
 def progress(settings: Settings) -> rollout.Progress:

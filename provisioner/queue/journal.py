@@ -190,6 +190,20 @@ def record_run_ended(conn: Conn, job_id: UUID, run: int, ended_by: str) -> None:
         cur.execute(RUN_ENDED, {"job_id": job_id, "run": run, "ended_by": ended_by})
 
 
+# Many jobs' current runs ended by hand at once (a rollout's abort drops its queued jobs).
+RUNS_ENDED = """
+UPDATE control.job_runs r SET ended_by = %(ended_by)s, ended_at = now()
+  FROM control.platform_jobs j
+ WHERE j.id = ANY(%(job_ids)s) AND r.job_id = j.id AND r.run = j.run
+"""
+
+
+def record_runs_ended(conn: Conn, job_ids: list[UUID], ended_by: str) -> None:
+    """Record on each job's current run what ended it by hand (in the caller's transaction)."""
+    with conn.cursor() as cur:
+        cur.execute(RUNS_ENDED, {"job_ids": job_ids, "ended_by": ended_by})
+
+
 def runs(conn: Conn, job_id: UUID) -> list[JobRunRecord]:
     """Each run of the job: its number, kind, the command that started it, when."""
     return [JobRunRecord.from_row(row) for row in fetch_all(conn, RUNS_FOR_JOB, {"job_id": job_id})]

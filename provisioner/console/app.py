@@ -28,7 +28,7 @@ from provisioner import service
 from provisioner.console import pages
 from provisioner.console.guard import SESSION_COOKIE, SESSION_SECONDS, Guard
 from provisioner.engine.holder import holder_id
-from provisioner.errors import ProvisionerError, UnknownJob, UnknownTenant
+from provisioner.errors import InvalidInput, ProvisionerError, UnknownJob, UnknownTenant
 from provisioner.kinds.lifecycle import RESTORE_JOB_TYPE, SUSPEND_JOB_TYPE
 from provisioner.settings import Settings
 
@@ -124,6 +124,8 @@ class Console:
                 context = await run_in_threadpool(read, request)
             except (UnknownTenant, UnknownJob) as exc:
                 return self.message(request, 404, str(exc))
+            except InvalidInput as exc:
+                return self.message(request, 400, str(exc))
             except ProvisionerError as exc:
                 return self.message(request, 503, f"cannot read the fleet: {exc}")
             return self.render(request, name, context)

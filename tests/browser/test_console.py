@@ -301,3 +301,5 @@ def test_without_a_token_the_console_is_read_only(
     for path in ("/", "/rollouts", "/pool", "/queue?fragment=1"):
         assert request(port, "GET", path)[0] == 200
     assert request(port, "GET", "/tenants/nobody")[0] == 404
+    status, page, _ = request(port, "GET", "/tenants/Not%20Valid")
+    assert status == 400 and "invalid tenant id" in page.lower()

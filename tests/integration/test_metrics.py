@@ -7,7 +7,9 @@ from __future__ import annotations
 import socket
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,10 +18,14 @@ from psycopg.rows import dict_row
 
 from provisioner import queue, service
 from provisioner.settings import Settings
-from tests.conftest import Database
+from provisioner.templates import migrations
+from provisioner.testing import Tenant
+from tests.conftest import Database, run_cli
+from tests.integration.test_fleet_upgrade import make_tree
 from tests.workers import Workers, wait_until
 
-TENANTS = ["met_a", "met_b", "met_c"]
+TENANTS = ["met_a", "met_b"]
+UPGRADED = ["met_up_a", "met_up_b", "met_up_c"]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -50,8 +56,18 @@ def rows(database: Database, statement: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_a_scrape_while_the_worker_runs_jobs_matches_the_queue_rows(
-    fast: Settings, database: Database, workers: Workers
+    fast: Settings,
+    database: Database,
+    workers: Workers,
+    tmp_path: Path,
+    tenant_factory: Callable[..., Tenant],
 ) -> None:
+    # Three tenants at the packaged head, queued for an upgrade to a new revision (a rollout);
+    # two more queued for provisioning: the worker runs all five.
+    for tenant in UPGRADED:
+        tenant_factory(tenant, settings=fast)
+    tree = {migrations.TENANT_TREE_ENV: str(make_tree(tmp_path))}
+    assert run_cli(fast, "upgrade", "--all", env=tree).returncode == 0
     for tenant in TENANTS:
         service.enqueue(fast, tenant)
     # A kind no worker here drains: it waits in the queue, the oldest ready job.
@@ -60,16 +76,16 @@ def test_a_scrape_while_the_worker_runs_jobs_matches_the_queue_rows(
         cancelled = queue.enqueue(conn, "not_drained_here", idempotency_key="y").job
         queue.cancel(conn, cancelled.id)
 
-    worker = workers.start(env={"PROVISIONER_METRICS_PORT": "0"})
+    worker = workers.start(env={"PROVISIONER_METRICS_PORT": "0", **tree})
     listening = worker.wait_for("metrics_listening")
     assert listening["host"] == "127.0.0.1"
     port = int(listening["port"])
 
     def all_done() -> bool:
         found = rows(database, "SELECT status FROM control.platform_jobs")
-        return Counter(r["status"] for r in found)["succeeded"] == len(TENANTS)
+        return Counter(r["status"] for r in found)["succeeded"] == len(TENANTS) + len(UPGRADED)
 
-    wait_until(all_done, 60, "the worker to provision every tenant")
+    wait_until(all_done, 60, "the worker to provision and upgrade every tenant")
     wait_until(lambda: labelled(scrape(port), "provisioner_jobs_total"), 30, "the outcomes counted")
     samples = scrape(port)
 
@@ -81,7 +97,9 @@ def test_a_scrape_while_the_worker_runs_jobs_matches_the_queue_rows(
         (("kind", r["job_type"]), ("status", r["status"])): float(r["n"]) for r in by_status
     }
     assert labelled(samples, "provisioner_jobs_total") == {
-        (("kind", "provision_tenant"), ("outcome", "succeeded")): float(len(TENANTS))
+        (("kind", "provision_tenant"), ("outcome", "succeeded")): float(
+            len(TENANTS) + len(UPGRADED)
+        )
     }
     oldest = labelled(samples, "provisioner_queue_oldest_age_seconds")
     assert oldest[(("kind", "not_drained_here"),)] > 0
@@ -90,7 +108,7 @@ def test_a_scrape_while_the_worker_runs_jobs_matches_the_queue_rows(
     steps = rows(
         database,
         "SELECT step, count(*) AS n FROM control.job_step_runs WHERE outcome = 'succeeded' "
-        "GROUP BY step",
+        "AND worker LIKE 'worker:%%' GROUP BY step",
     )
     counts = labelled(samples, "provisioner_step_duration_seconds_count")
     assert counts == {
@@ -108,7 +126,17 @@ def test_a_scrape_while_the_worker_runs_jobs_matches_the_queue_rows(
         (("state", "stale"),): 0.0,
         (("state", "unfinished"),): 0.0,
     }
-    assert labelled(samples, "provisioner_rollout_tenants") == {}
+    phases = rows(
+        database,
+        "SELECT CASE WHEN j.status = 'succeeded' THEN 'done' ELSE j.status END AS phase, "
+        "count(*) AS n FROM control.rollout_tenants t "
+        "JOIN control.platform_jobs j ON j.id = t.job_id GROUP BY 1",
+    )
+    assert (
+        labelled(samples, "provisioner_rollout_tenants")
+        == {(("state", r["phase"]),): float(r["n"]) for r in phases}
+        == {(("state", "done"),): float(len(UPGRADED))}
+    )
     beats = labelled(samples, "provisioner_worker_heartbeat_age_seconds")
     assert set(beats) == {(("component", "provisioner-worker"),)}
     assert samples[("provisioner_database_up", ())] == 1.0

@@ -10,7 +10,7 @@ HAVE_PG := $(shell ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | head -n 1; 
 RUN_TARGET := $(if $(strip $(HAVE_PG)),.,.[embedded])
 AZURITE := tests/azurite/node_modules/.bin/azurite-blob
 
-.PHONY: install demo demo-stop test lint bench bench-scale bench-fleet-scale clean
+.PHONY: install demo demo-stop test lint browser bench bench-scale bench-fleet-scale clean
 
 install: $(STAMP)
 
@@ -43,9 +43,15 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The console's browser test drives Debian's chromium through chromedriver: installed here on a
+# fresh machine (nothing when both are on PATH). A missing browser fails that test, never skips.
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update && apt-get install -y chromium chromium-driver; }
+
 # The static checks, then the suite: it starts its own PostgreSQL (unless DATABASE_URL names a
 # superuser URL), moto and Azurite, one pytest-xdist process per core.
-test: lint $(AZURITE)
+test: lint $(AZURITE) browser
 	$(BIN)/pytest -n auto
 
 bench: $(STAMP)

@@ -38,11 +38,13 @@ from provisioner.errors import (
     WrongState,
 )
 from provisioner.fleet import drift, rollout
+from provisioner.fleet import overview as fleet_overview
 from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.kinds import repair as repair_kind
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.local import cluster as local_pg
 from provisioner.models import Job, JobStatus, TenantId
+from provisioner.queue import journal
 from provisioner.templates import migrations
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import INACTIVE, TenantState
@@ -211,6 +213,7 @@ def change_lifecycle(
     on_progress: ProgressCallback = ignore_progress,
     should_stop: StopRequested = never_stop,
     holder: str | None = None,
+    started_by: str | None = None,
 ) -> LifecycleResult:
     """Suspend, restore, deprovision or purge one tenant (``job_type`` names the kind), here
     through its job row and the step engine, or queued for a worker (``queue_only``).
@@ -223,7 +226,7 @@ def change_lifecycle(
     kind = kinds.for_settings(settings)[job_type]
     rule = tenant_lifecycle.RULES[job_type]
     holder = holder or holder_id("cli")
-    command = f"{kind.command or job_type}{' (queued)' if queue_only else ''}"
+    command = started_by or f"{kind.command or job_type}{' (queued)' if queue_only else ''}"
     with Engine.from_settings(settings, holder) as engine:
         conn = engine.control
         require_control_at_head(conn)
@@ -281,12 +284,12 @@ def upgrade(
     )
 
 
-def upgrade_resume(settings: Settings) -> rollout.Resumed:
-    return fleet.resume(settings)
+def upgrade_resume(settings: Settings, *, started_by: str = "upgrade") -> rollout.Resumed:
+    return fleet.resume(settings, started_by=started_by)
 
 
-def upgrade_abort(settings: Settings) -> rollout.Aborted:
-    return fleet.abort(settings)
+def upgrade_abort(settings: Settings, *, ended_by: str = "upgrade --abort") -> rollout.Aborted:
+    return fleet.abort(settings, ended_by=ended_by)
 
 
 def upgrade_progress(settings: Settings) -> rollout.Progress:
@@ -421,16 +424,22 @@ def parse_job_id(raw: str) -> UUID:
         raise InvalidInput(f"invalid job id {raw!r}: expected a UUID") from None
 
 
-def retry_job(settings: Settings, job_id: str) -> Job:
+def retry_job(settings: Settings, job_id: str, *, started_by: str = "jobs retry") -> Job:
+    """Queue a failed or cancelled job again; its new run records ``started_by``."""
     with writer_connection(settings) as conn:
         _require_owner_for(settings, conn, parse_job_id(job_id))
-        return queue.retry(conn, parse_job_id(job_id))
+        return queue.retry(conn, parse_job_id(job_id), started_by=started_by)
 
 
-def cancel_job(settings: Settings, job_id: str) -> Job:
+def cancel_job(settings: Settings, job_id: str, *, cancelled_by: str = "jobs cancel") -> Job:
+    """Cancel a queued or running job; with the owner URL, its run records ``cancelled_by``
+    as what ended it (the application role may not write the run's record)."""
     with writer_connection(settings) as conn:
         _require_owner_for(settings, conn, parse_job_id(job_id))
-        return queue.cancel(conn, parse_job_id(job_id))
+        job = queue.cancel(conn, parse_job_id(job_id))
+        if settings.migrations_database_url:
+            journal.record_run_ended(conn, job.id, job.run, cancelled_by)
+        return job
 
 
 def _require_owner_for(settings: Settings, conn: psycopg.Connection[Any], job_id: UUID) -> None:
@@ -456,3 +465,18 @@ def health(settings: Settings) -> heartbeats.HealthReport:
     application_kinds = kinds.for_settings(settings).application_kinds
     with app_connection(settings) as conn:
         return heartbeats.readiness(conn, required, settings.heartbeat_seconds, application_kinds)
+
+
+# -- the console's reads -------------------------------------------------------------------
+
+
+def overview(settings: Settings) -> fleet_overview.Overview:
+    """The fleet at a glance (:mod:`provisioner.fleet.overview`), read as the owner."""
+    with writer_connection(settings, "console") as conn, conn.transaction():
+        return fleet_overview.read(conn)
+
+
+def rollout_history(settings: Settings, limit: int = 20) -> list[rollout.PastRollout]:
+    """The newest rollouts, each with its tenants by phase."""
+    with writer_connection(settings, "console") as conn:
+        return rollout.history(conn, limit)

@@ -109,6 +109,16 @@ def _count(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _port(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    """A TCP port, 0 (any free port) to 65535; ``default`` when unset."""
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ConfigurationError(f"{name} must be a port number (0 to 65535), got {raw!r}")
+    return int(raw)
+
+
 def parse_job_types(raw: str) -> tuple[str, ...]:  # also the seeds' list
     """A comma-separated list, trimmed, empty items dropped, order kept, duplicates removed."""
     items = [item.strip() for item in raw.split(",")]
@@ -149,9 +159,16 @@ class Settings:
     state_dir: Path = Path(".provisioner")
     #: spare schemas the worker keeps built at the template head (0: no warm pool)
     pool_size: int = 0
-    #: the project's seeds (PROVISIONER_SEEDS: folders of *.sql, .sql files, module:function);
-    #: empty: the tenant tree's seeds/ folder (provisioner.templates.seeds)
-    seeds: tuple[str, ...] = ()
+    #: the port the worker serves Prometheus metrics on (None: no metrics; 0: any free port,
+    #: logged at start)
+    metrics_port: int | None = None
+    #: the address the metrics listen on: the loopback unless the operator says otherwise
+    metrics_host: str = "127.0.0.1"
+    #: the operator's token for the console's actions (None: the console is read-only)
+    console_token: str | None = field(default=None, repr=False)
+    #: where ``provisioner console`` listens
+    console_host: str = "127.0.0.1"
+    console_port: int = 8080
 
     def __post_init__(self) -> None:
         for name, url in (
@@ -215,7 +232,11 @@ class Settings:
             azure_credential=env.get(AZURE_CREDENTIAL_ENV) or None,
             state_dir=Path(env.get("PROVISIONER_STATE_DIR") or cls.state_dir),
             pool_size=_count(env, "PROVISIONER_POOL_SIZE", cls.pool_size),
-            seeds=parse_job_types(env.get("PROVISIONER_SEEDS") or ""),
+            metrics_port=_port(env, "PROVISIONER_METRICS_PORT", None),
+            metrics_host=env.get("PROVISIONER_METRICS_HOST") or cls.metrics_host,
+            console_token=env.get("PROVISIONER_CONSOLE_TOKEN") or None,
+            console_host=env.get("PROVISIONER_CONSOLE_HOST") or cls.console_host,
+            console_port=_port(env, "PROVISIONER_CONSOLE_PORT", cls.console_port) or 0,
         )
 
     @classmethod

@@ -13,6 +13,7 @@ named for what it is about:
     worker        worker, health
     jobs          jobs list / retry / cancel
     local         local stop / status / env
+    console       console (the web console, the [console] extra)
     render        output, progress and the error -> exit code mapping every command shares
 """
 
@@ -24,7 +25,7 @@ from dataclasses import replace
 import click
 
 from provisioner.cli import config as config_command
-from provisioner.cli import drift, fleet, jobs, local, provisioning, tenants
+from provisioner.cli import console, drift, fleet, jobs, local, provisioning, tenants
 from provisioner.cli import init as init_command
 from provisioner.cli import worker as worker_commands
 from provisioner.cli.render import OneLineErrors, fail_cleanly
@@ -88,5 +89,6 @@ for _command in (
     local.local,
     config_command.config,
     init_command.init,
+    console.console,
 ):
     main.add_command(_command)

@@ -139,3 +139,10 @@ def readiness(
             reason, ready = "ok", True
         verdicts.append(ComponentHealth(component, ready, reason, row["instance_id"], age, detail))
     return HealthReport(all(v.ready for v in verdicts), verdicts)
+
+
+def ages(conn: Conn) -> dict[str, float]:
+    """Each component's heartbeat age in seconds, by the database clock (for the metrics)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(READ_ALL)
+        return {row["component"]: float(row["age_seconds"]) for row in cur.fetchall()}

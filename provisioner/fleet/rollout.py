@@ -28,6 +28,7 @@ from provisioner import queue
 from provisioner.errors import InvalidInput
 from provisioner.kinds.provision import MIGRATION_STEP, PROVISION_JOB_TYPE, STEPS
 from provisioner.models import Job
+from provisioner.queue import journal, stats
 from provisioner.templates import upgrade as upgrade_replay
 
 # The newest rollout that still needs an operator or a worker.
@@ -97,9 +98,16 @@ class Rollout:
         )
 
 
-def _reopen(conn: Conn, rollout: Rollout, job_ids: list[UUID]) -> list[Job]:
+def _reopen(
+    conn: Conn, rollout: Rollout, job_ids: list[UUID], started_by: str = "upgrade"
+) -> list[Job]:
     jobs = queue.reopen_for_upgrade(
-        conn, job_ids, step=MIGRATION_STEP, key=upgrade_replay.UPGRADE_TO, head=rollout.head
+        conn,
+        job_ids,
+        step=MIGRATION_STEP,
+        key=upgrade_replay.UPGRADE_TO,
+        head=rollout.head,
+        started_by=started_by,
     )
     conn.execute(MARK_QUEUED, {"rollout": rollout.id, "jobs": [j.id for j in jobs]})
     return jobs
@@ -153,9 +161,10 @@ class Resumed:
     released: int
 
 
-def resume(conn: Conn) -> Resumed:
-    """Continue the active rollout: after a successful canary, queue the rest; after a halt,
-    release the held jobs. In the caller's transaction."""
+def resume(conn: Conn, *, started_by: str = "upgrade") -> Resumed:
+    """Continue the active rollout: after a successful canary, queue the rest (their runs
+    record ``started_by``); after a halt, release the held jobs. In the caller's
+    transaction."""
     row = conn.execute(ACTIVE).fetchone()
     if row is None or row["state"] == "running":
         raise InvalidInput("no rollout waits for review or is halted: nothing to resume")
@@ -170,7 +179,7 @@ def resume(conn: Conn) -> Resumed:
                 "`jobs retry --failed`, or `upgrade --abort`"
             )
         pending = [r["job_id"] for r in conn.execute(PENDING_JOBS, {"rollout": rollout.id})]
-        queued = _reopen(conn, rollout, pending)
+        queued = _reopen(conn, rollout, pending, started_by)
         conn.execute(DROP_PENDING, {"rollout": rollout.id})  # no longer behind: nothing to do
         conn.execute(SET_STATE, {"state": "running", "id": rollout.id})
         return Resumed(rollout, len(queued), 0)
@@ -187,14 +196,16 @@ class Aborted:
     dropped_jobs: int
 
 
-def abort(conn: Conn) -> Aborted:
-    """Drop what the active rollout has not started; running jobs finish. In the caller's
-    transaction."""
+def abort(conn: Conn, *, ended_by: str = "upgrade --abort") -> Aborted:
+    """Drop what the active rollout has not started (each dropped run records ``ended_by``);
+    running jobs finish. In the caller's transaction."""
     row = conn.execute(ACTIVE).fetchone()
     if row is None:
         raise InvalidInput("no rollout is in progress: nothing to abort")
     rollout = Rollout.from_row(row)
-    count = len(queue.drop_queued(conn, rollout.id, list(STEPS)))
+    dropped = queue.drop_queued(conn, rollout.id, list(STEPS))
+    journal.record_runs_ended(conn, dropped, ended_by)
+    count = len(dropped)
     conn.execute(DROP_PENDING, {"rollout": rollout.id})
     conn.execute(SET_STATE, {"state": "aborted", "id": rollout.id})
     return Aborted(rollout, count)
@@ -259,3 +270,32 @@ def wait_for_canary(conn: Conn, rollout: Rollout, poll_seconds: float = 0.5) -> 
         if not counts.get("queued") and not counts.get("running"):
             return counts
         time.sleep(poll_seconds)
+
+
+# The newest rollouts, newest first.
+NEWEST = "SELECT * FROM control.rollouts ORDER BY id DESC LIMIT %(limit)s"
+
+
+@dataclass(frozen=True)
+class PastRollout:
+    """One rollout and its tenants by phase, for the console's list."""
+
+    rollout: Rollout
+    phases: dict[str, int]
+    updated_at: datetime
+
+
+def latest(conn: Conn) -> Rollout | None:
+    """The newest rollout, whatever its state."""
+    row = conn.execute(LATEST).fetchone()
+    return Rollout.from_row(row) if row else None
+
+
+def history(conn: Conn, limit: int = 20) -> list[PastRollout]:
+    """The newest ``limit`` rollouts, each with its tenants by phase (two statements)."""
+    rows = conn.execute(NEWEST, {"limit": limit}).fetchall()
+    phases = stats.rollout_phases(conn, [row["id"] for row in rows])
+    return [
+        PastRollout(Rollout.from_row(row), phases.get(row["id"], {}), row["updated_at"])
+        for row in rows
+    ]

@@ -159,16 +159,17 @@ def _owner(settings: Settings, name: str) -> psycopg.Connection[dict[str, Any]]:
     return db.connect(settings.owner_url, application_name=name, autocommit=True)
 
 
-def resume(settings: Settings) -> rollout.Resumed:
-    """Continue the active rollout (the rest after a canary, or the jobs a halt held)."""
+def resume(settings: Settings, *, started_by: str = "upgrade") -> rollout.Resumed:
+    """Continue the active rollout (the rest after a canary, or the jobs a halt held); the
+    runs it starts record ``started_by``."""
     with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
-        return rollout.resume(conn)
+        return rollout.resume(conn, started_by=started_by)
 
 
-def abort(settings: Settings) -> rollout.Aborted:
-    """Drop what the active rollout has not started."""
+def abort(settings: Settings, *, ended_by: str = "upgrade --abort") -> rollout.Aborted:
+    """Drop what the active rollout has not started; the dropped runs record ``ended_by``."""
     with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
-        return rollout.abort(conn)
+        return rollout.abort(conn, ended_by=ended_by)
 
 
 def progress(settings: Settings) -> rollout.Progress:

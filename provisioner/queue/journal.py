@@ -54,6 +54,9 @@ class JobRunRecord(_ByKey):
     job_type: str
     started_by: str
     started_at: datetime
+    #: what ended the run by hand (a cancel: ``jobs cancel``, ``console``); None otherwise
+    ended_by: str | None = None
+    ended_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobRunRecord:
@@ -63,6 +66,8 @@ class JobRunRecord(_ByKey):
             job_type=row["job_type"],
             started_by=row["started_by"],
             started_at=row["started_at"],
+            ended_by=row.get("ended_by"),
+            ended_at=row.get("ended_at"),
         )
 
 
@@ -169,6 +174,34 @@ SELECT r.* FROM control.job_runs r JOIN control.platform_jobs j ON j.id = r.job_
  WHERE j.tenant_id = %(tenant_id)s
  ORDER BY r.started_at, r.run
 """
+
+
+# A run ended by hand (a cancel): what ended it, when. The owner's only (app_rw may not
+# update job_runs).
+RUN_ENDED = """
+UPDATE control.job_runs SET ended_by = %(ended_by)s, ended_at = now()
+ WHERE job_id = %(job_id)s AND run = %(run)s
+"""
+
+
+def record_run_ended(conn: Conn, job_id: UUID, run: int, ended_by: str) -> None:
+    """Record on the job's run what ended it by hand (in the caller's transaction)."""
+    with conn.cursor() as cur:
+        cur.execute(RUN_ENDED, {"job_id": job_id, "run": run, "ended_by": ended_by})
+
+
+# Many jobs' current runs ended by hand at once (a rollout's abort drops its queued jobs).
+RUNS_ENDED = """
+UPDATE control.job_runs r SET ended_by = %(ended_by)s, ended_at = now()
+  FROM control.platform_jobs j
+ WHERE j.id = ANY(%(job_ids)s) AND r.job_id = j.id AND r.run = j.run
+"""
+
+
+def record_runs_ended(conn: Conn, job_ids: list[UUID], ended_by: str) -> None:
+    """Record on each job's current run what ended it by hand (in the caller's transaction)."""
+    with conn.cursor() as cur:
+        cur.execute(RUNS_ENDED, {"job_ids": job_ids, "ended_by": ended_by})
 
 
 def runs(conn: Conn, job_id: UUID) -> list[JobRunRecord]:

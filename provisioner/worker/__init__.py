@@ -42,6 +42,7 @@ Where each part lives:
     options.py     WorkerOptions and the parent's fixed timings
     processes.py   the engine processes (the child's loop) and the typed messages both ways
     heartbeat.py   the heartbeat thread and the one-line outage log
+    metrics.py     the Prometheus metrics: counters kept here, gauges read at each scrape
     startup.py     what the worker refuses to start without
 """
 

@@ -58,6 +58,7 @@ class Worker(Supervisor):
     # -- lifecycle --------------------------------------------------------------------------
 
     def run(self) -> int:
+        self._start_metrics()
         previous = self._install_signals()
         try:
             for _ in range(self.options.concurrency):
@@ -78,6 +79,22 @@ class Worker(Supervisor):
                     child.reap(0)
             self._close_connections()
             self._restore_signals(previous)
+            if self.metrics is not None:
+                self.metrics.stop()
+
+    def _start_metrics(self) -> None:
+        """Serve the Prometheus metrics when asked to; a port that cannot be bound stops the
+        start, in one line."""
+        if self.metrics is None:
+            return
+        try:
+            host, port = self.metrics.start()
+        except OSError as exc:
+            where = f"{self.settings.metrics_host}:{self.settings.metrics_port}"
+            raise ConfigurationError(
+                f"cannot serve metrics on {where}: {exc.strerror or exc}"
+            ) from None
+        event(self.log, "metrics_listening", host=host, port=port, path="/metrics")
 
     def _install_signals(self) -> dict[int, Any]:
         """Signals only write to a socket the loop waits on: no work in a signal handler."""

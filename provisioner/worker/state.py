@@ -34,6 +34,7 @@ from provisioner.models import Job
 from provisioner.settings import Settings
 from provisioner.version import __version__
 from provisioner.worker.heartbeat import Heartbeat, Outage
+from provisioner.worker.metrics import WorkerMetrics
 from provisioner.worker.options import WorkerOptions
 from provisioner.worker.orphans import DeadHolder, Orphan
 from provisioner.worker.processes import EngineProcess
@@ -103,6 +104,10 @@ class WorkerState:
         #: the pool keeper's thread writes a byte here after each spare it builds
         self._built_r, self._built_w = socket.socketpair()
         self._heartbeat = Heartbeat(settings, self.instance_id, self.snapshot, self.outage)
+        #: the Prometheus metrics (None unless PROVISIONER_METRICS_PORT is set)
+        self.metrics: WorkerMetrics | None = None
+        if settings.metrics_port is not None:
+            self.metrics = WorkerMetrics(settings, self.instance_id)
         self._pool: pool.PoolKeeper | None = None
         if settings.pool_size > 0:
             self._pool = pool.PoolKeeper(
@@ -130,10 +135,15 @@ class WorkerState:
 
     def _log_outcome(self, job: Job, *, released: bool, seconds: float | None) -> None:
         self.stats["done"] += 1
-        self.stats[logs.job_outcome(self.log, job, released=released, seconds=seconds)] += 1
+        outcome = logs.job_outcome(self.log, job, released=released, seconds=seconds)
+        self.stats[outcome] += 1
+        if self.metrics is not None:
+            self.metrics.job_ended(job.job_type, outcome)
 
     def _log_lease_lost(self, job: Job, detail: str) -> None:
         self.stats["lease_lost"] += 1
+        if self.metrics is not None:
+            self.metrics.job_ended(job.job_type, "lease_lost")
         event(
             self.log,
             "lease_lost",

@@ -32,6 +32,9 @@ from provisioner.worker.processes import (
     Warm,
 )
 
+#: The step reports whose seconds the step duration histogram counts (the step ran).
+TIMED = frozenset({StepOutcome.DONE, StepOutcome.REPAIRED, StepOutcome.FAILED})
+
 
 def _readable(conn: Connection) -> bool:
     """True when the pipe holds more (a message, or the end of file); never waits. A bare
@@ -162,6 +165,8 @@ class Supervisor(DatabaseWork):
             return
         if outcome is StepOutcome.FAILED:
             child.failure = f"{step}: {detail}"
+        if self.metrics is not None and outcome in TIMED:
+            self.metrics.step_timed(job.job_type, step, seconds)
         level = logging.WARNING if outcome is StepOutcome.FAILED else logging.INFO
         event(
             self.log,

@@ -49,7 +49,7 @@ def test_the_cloud_sdks_are_extras(pyproject: dict[str, Any]) -> None:
     extras = project["optional-dependencies"]
     assert [d.split(">")[0] for d in extras["s3"]] == ["boto3"]
     assert [d.split(">")[0] for d in extras["azure"]] == ["azure-storage-blob"]
-    assert f"{project['name']}[s3,azure]" in extras["dev"]
+    assert f"{project['name']}[s3,azure,console]" in extras["dev"]
 
 
 def test_license_and_metadata(pyproject: dict[str, Any]) -> None:

@@ -1,0 +1,92 @@
+"""The console's rollout levers over plain HTTP, on a real console process and a real rollout:
+resume after a canary and abort, each recorded in the tenants' history as the console's
+(the browser test covers the pages, the login form and the other actions)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from provisioner.settings import Settings
+from provisioner.templates import migrations
+from provisioner.testing import Tenant
+from tests.conftest import Database, run_cli
+from tests.console_server import Console, request, runs_started_by
+from tests.integration.test_fleet_upgrade import make_tree
+from tests.workers import job_row
+
+TOKEN = "rollout-lever-token"
+TENANTS = ["lever_a", "lever_b", "lever_c"]
+
+
+def log_in(console: Console) -> tuple[str, str]:
+    """The session cookie and the page's CSRF token, as the login form gets them."""
+    status, _, headers = request(
+        console.port, "POST", "/login", f"token={TOKEN}", Origin=console.url
+    )
+    assert status == 303
+    cookie = headers["set-cookie"].split(";")[0]
+    assert "httponly" in headers["set-cookie"].lower()
+    assert "samesite=strict" in headers["set-cookie"].lower()
+    _, page, _ = request(console.port, "GET", "/rollouts", Cookie=cookie)
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found is not None, page
+    return cookie, found.group(1)
+
+
+def runs_ended_by(database: Database, tenant: str) -> list[str | None]:
+    with psycopg.connect(database.owner_url) as conn:
+        rows = conn.execute(
+            "SELECT r.ended_by FROM control.job_runs r JOIN control.platform_jobs j "
+            "ON j.id = r.job_id WHERE j.tenant_id = %s ORDER BY r.run",
+            (tenant,),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.slow
+def test_resume_after_the_canary_and_abort_from_the_console_are_recorded_as_the_consoles(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    tenant_factory: Callable[..., Tenant],
+    consoles: list[Console],
+) -> None:
+    for tenant in TENANTS:
+        tenant_factory(tenant, settings=settings)
+    tree = {migrations.TENANT_TREE_ENV: str(make_tree(tmp_path))}
+    started = run_cli(settings, "upgrade", "--all", "--canary", "1", env=tree)
+    assert started.returncode == 0, started.stderr
+    assert run_cli(settings, "worker", "--once", env=tree).returncode == 0
+
+    console = Console(
+        settings, tmp_path / "console.log", {**tree, "PROVISIONER_CONSOLE_TOKEN": TOKEN}
+    )
+    consoles.append(console)
+    cookie, csrf = log_in(console)
+
+    status, page, _ = request(
+        console.port, "POST", "/rollouts/resume", f"csrf={csrf}", Cookie=cookie, Origin=console.url
+    )
+    assert status == 200, page
+    assert "rollout 1 resumed: 2 tenant(s) queued" in page
+    for tenant in TENANTS[1:]:
+        assert runs_started_by(database, tenant)[-1] == "console"
+        assert job_row(database, tenant)["status"] == "queued"
+
+    status, page, _ = request(
+        console.port, "POST", "/rollouts/abort", f"csrf={csrf}", Cookie=cookie, Origin=console.url
+    )
+    assert status == 200, page
+    assert "rollout 1 aborted: 2 job(s) dropped" in page
+    for tenant in TENANTS[1:]:
+        assert job_row(database, tenant)["status"] == "succeeded"
+        assert runs_ended_by(database, tenant) == [None, "console"]
+    assert runs_ended_by(database, TENANTS[0]) == [None, None]  # the canary ran to its end
+
+    _, page, _ = request(console.port, "GET", "/rollouts")
+    assert "aborted" in page

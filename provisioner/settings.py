@@ -159,6 +159,9 @@ class Settings:
     state_dir: Path = Path(".provisioner")
     #: spare schemas the worker keeps built at the template head (0: no warm pool)
     pool_size: int = 0
+    #: the project's seeds (PROVISIONER_SEEDS: folders of *.sql, .sql files, module:function);
+    #: empty: the tenant tree's seeds/ folder (provisioner.templates.seeds)
+    seeds: tuple[str, ...] = ()
     #: the port the worker serves Prometheus metrics on (None: no metrics; 0: any free port,
     #: logged at start)
     metrics_port: int | None = None
@@ -232,6 +235,7 @@ class Settings:
             azure_credential=env.get(AZURE_CREDENTIAL_ENV) or None,
             state_dir=Path(env.get("PROVISIONER_STATE_DIR") or cls.state_dir),
             pool_size=_count(env, "PROVISIONER_POOL_SIZE", cls.pool_size),
+            seeds=parse_job_types(env.get("PROVISIONER_SEEDS") or ""),
             metrics_port=_port(env, "PROVISIONER_METRICS_PORT", None),
             metrics_host=env.get("PROVISIONER_METRICS_HOST") or cls.metrics_host,
             console_token=env.get("PROVISIONER_CONSOLE_TOKEN") or None,

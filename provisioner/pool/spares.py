@@ -424,12 +424,15 @@ def check_spare_grants(conn: Any, schema: str, app_role: str) -> None:
 
 
 def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
-    """The grant step on a schema whose other grants are as a spare carries them (a taken
-    spare): USAGE and the sequences' grants given, after a check of every ACL. False, with
-    nothing changed, when any other grant is missing (or a sequence was already granted): the
-    caller then runs the full grant step (which grants everything, and checks)."""
+    """The grant step on a tenant's schema whose table grants and default privileges are in
+    place (a taken spare, a tenant that lost USAGE alone): USAGE and the sequences' grants given
+    (again, for sequences already granted), after a check of every ACL. False, with nothing
+    changed, when any other grant is missing: the caller then runs the full grant step (which
+    grants everything, and checks)."""
     held = grants_held(conn, schema, app_role)
-    if held is None or not held.all_but_usage:
+    if held is None or held.can_create or held.lacking_defaults:
+        return False
+    if set(held.lacking) - set(held.sequences):  # a table: a sequence listed is merely usable
         return False
     with conn.cursor() as cur:
         cur.execute(sql.SQL("; ").join(_take_grants(schema, app_role, held.sequences)))

@@ -215,6 +215,22 @@ def test_app_rw_cannot_advance_a_spares_sequences_by_oid_and_a_taken_tenant_star
     assert fingerprint(database, "from_pool") == clean_fingerprint
 
 
+def test_a_spare_whose_sequence_app_rw_may_use_is_not_as_built(
+    settings: Settings, database: Database
+) -> None:
+    """The build's check and the take's ACL check list a sequence the role may use: such a
+    spare is refused by the build, and a take of it runs the full grant step."""
+    spare = build_spare(settings)
+    with psycopg.connect(database.owner_url) as conn:  # rolled back
+        conn.execute(f'GRANT USAGE ON SEQUENCE "{spare}".members_id_seq TO app_rw')
+        held = pool.grants_held(conn, spare, settings.app_role)
+        assert held is not None and held.lacking == ["members_id_seq"]
+        assert not held.all_but_usage and "members_id_seq" in held.sequences
+        with pytest.raises(pool.SpareRejected, match="members_id_seq"):
+            pool.check_spare_grants(conn, spare, settings.app_role)
+        conn.rollback()
+
+
 # -- item 7: the pool's names ---------------------------------------------------------------------
 
 

@@ -135,6 +135,12 @@ def health(
     else:
         for c in report.components:
             click.echo(f"{c.component}: {'ready' if c.ready else 'NOT READY'} ({c.reason})")
+            foreign = (c.detail.get("pool") or {}).get("foreign") or []
+            if foreign:
+                click.echo(
+                    f"  warm pool: {len(foreign)} pool_* schema(s) not the pool's, left alone: "
+                    + ", ".join(foreign[:10])
+                )
         if check_storage:
             click.echo(
                 f"object store: {'ready' if view['storage']['ready'] else 'NOT READY'} "

@@ -37,6 +37,7 @@ from provisioner.pool.spares import (
     build_spare,
     counts,
     drop_schema,
+    foreign_schemas,
 )
 from provisioner.templates import migrations
 
@@ -66,14 +67,18 @@ def builder_lock(session: db.Session) -> Iterator[bool]:
 
 
 def drop_unfinished(session: db.Session) -> list[str]:
-    """Drop every spare schema that has no row, under the builders' lock (the caller holds it:
-    no build is under way, so each was left by a build whose process died); their names."""
+    """Drop every schema the pool recorded that holds no ready spare, under the builders' lock
+    (the caller holds it: no build is under way, so each was left by a build whose process
+    died); the names dropped. Only recorded schemas are looked at: a schema merely named
+    ``pool_*`` is not the pool's (:data:`FOREIGN_SCHEMAS`)."""
     with session.transaction() as tx:
         names = [str(row[0]) for row in tx.pg.execute(UNFINISHED_SPARES).fetchall()]
+    dropped = []
     for name in names:
         with session.transaction() as tx:
-            drop_schema(tx, name)
-    return names
+            if drop_schema(tx, name):
+                dropped.append(name)
+    return dropped
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,8 @@ class PoolKeeper(threading.Thread):
         self._db = db.Database(owner_url, application_name=holder)
         self._status: dict[str, Any] = {"size": size, "ready": None, "stale": None}
         self._problem: str | None = None
+        #: ``pool_*`` schemas not the pool's that were reported (each is logged once)
+        self._reported: set[str] = set()
 
     def status(self) -> dict[str, Any]:
         """The heartbeat's ``pool`` entry."""
@@ -178,6 +185,8 @@ class PoolKeeper(threading.Thread):
             with self._db.transaction() as tx:
                 found = counts(tx.pg)
             self._status.update(asdict(found), size=self.size, error=self._problem)
+            if set(found.foreign) - self._reported:
+                self._report_foreign()
             if not self.is_idle() or self._problem is not None:
                 return False
             if found.stale:
@@ -215,6 +224,23 @@ class PoolKeeper(threading.Thread):
             event(self.log, "pool_error", logging.WARNING, error=str(exc))
             self.halt.wait(2.0)
             return False
+
+    def _report_foreign(self) -> None:
+        """One WARNING per ``pool_*`` schema that is not the pool's, with its name and owner:
+        the keeper leaves it alone (never drops, never hands it out) and goes on with its own."""
+        with self._db.transaction() as tx:
+            found = foreign_schemas(tx.pg)
+        for name, owner in found:
+            if name not in self._reported:
+                self._reported.add(name)
+                event(
+                    self.log,
+                    "pool_schema_not_ours",
+                    logging.WARNING,
+                    schema=name,
+                    owner=owner,
+                    action="left alone: not recorded by the pool or not owned by it",
+                )
 
     def stop(self) -> None:
         self.halt.set()

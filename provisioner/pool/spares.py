@@ -46,7 +46,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import sql
@@ -63,22 +63,47 @@ from provisioner.tenant import schema as tenant_schema
 
 #: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
 SPARE_PREFIX = "pool_"
+#: Names a build tries before it gives up (a name is skipped when a schema holds it already).
+NAME_ATTEMPTS = 5
 
 # -- statements ---------------------------------------------------------------------------------
 
 # Take the oldest spare of this tree state whose schema exists, unless the tenant's schema
-# already does (a resume): the row goes, the caller renames the schema in the same transaction.
+# already does (a resume): its rows go (the ready row and the record of the schema, which is
+# about to become the tenant's), the caller renames the schema in the same transaction.
 TAKE_SPARE = """
-DELETE FROM control.tenant_pool
- WHERE schema_name = (
-       SELECT p.schema_name FROM control.tenant_pool p
-        WHERE p.tree_digest = %(digest)s
-          AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
-          AND NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = %(tenant)s)
-        ORDER BY p.created_at
-        LIMIT 1
-          FOR UPDATE SKIP LOCKED)
+WITH taken AS (
+    DELETE FROM control.tenant_pool
+     WHERE schema_name = (
+           SELECT p.schema_name FROM control.tenant_pool p
+            WHERE p.tree_digest = %(digest)s
+              AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
+              AND NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = %(tenant)s)
+            ORDER BY p.created_at
+            LIMIT 1
+              FOR UPDATE SKIP LOCKED)
+    RETURNING schema_name)
+DELETE FROM control.tenant_pool_schemas s USING taken WHERE s.schema_name = taken.schema_name
+RETURNING s.schema_name
+"""
+
+# Record the name of a schema the pool is about to create, in the transaction that creates it
+# (no row when a schema of that name exists: the builder picks another name).
+RECORD_SPARE_SCHEMA = """
+INSERT INTO control.tenant_pool_schemas (schema_name, created_by)
+SELECT %(schema)s::text, %(created_by)s::text
+ WHERE NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s::text)
 RETURNING schema_name
+"""
+
+# Forget a schema the pool recorded, and say whether the schema is there and still owned by
+# the connected role (only then does the caller drop it).
+FORGET_SPARE_SCHEMA = """
+DELETE FROM control.tenant_pool_schemas s WHERE s.schema_name = %(schema)s
+RETURNING EXISTS (SELECT 1 FROM pg_namespace n
+                   WHERE n.nspname = s.schema_name
+                     AND n.nspowner = (SELECT oid FROM pg_roles WHERE rolname = current_user))
+          AS ours
 """
 
 # Record a spare built (and verified) in the same transaction.
@@ -87,21 +112,33 @@ INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by)
 VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s)
 """
 
-# Spare schemas with no row: being built, or left by a build whose process died. The names
-# 'pool_' <= n < 'pool`' (the character after '_') are those starting with 'pool_', as a range
-# of pg_namespace's name index: the keeper counts them every half second, in a catalog that
-# holds a schema per tenant.
+# Schemas the pool recorded that hold no ready spare: being built, or left by a build whose
+# process died (dropped by the next builder, under the builders' lock).
 UNFINISHED_SPARES = """
-SELECT n.nspname FROM pg_namespace n
+SELECT s.schema_name FROM control.tenant_pool_schemas s
+ WHERE NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = s.schema_name)
+ ORDER BY s.created_at
+"""
+
+# Schemas named like spares that are not the pool's: never recorded by a builder, or no longer
+# owned by the connected role. Reported, never dropped. The names 'pool_' <= n < 'pool`' (the
+# character after '_') are those starting with 'pool_', as a range of pg_namespace's name
+# index: the keeper looks every half second, in a catalog that holds a schema per tenant.
+FOREIGN_SCHEMAS = """
+SELECT n.nspname AS schema_name, pg_get_userbyid(n.nspowner) AS owner FROM pg_namespace n
  WHERE n.nspname >= 'pool_' AND n.nspname < 'pool`'
-   AND NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = n.nspname)
+   AND (n.nspowner <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
+        OR NOT EXISTS (SELECT 1 FROM control.tenant_pool_schemas s
+                        WHERE s.schema_name = n.nspname))
+ ORDER BY n.nspname
 """
 
 # Spares ready for this tree state, the useless ones (built for another tree state, or whose
 # schema is gone: dropped by hand), and the unfinished ones.
 COUNT_SPARES = f"""
 SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usable) AS stale,
-       (SELECT count(*) FROM ({UNFINISHED_SPARES}) u) AS unfinished
+       (SELECT count(*) FROM ({UNFINISHED_SPARES}) u) AS unfinished,
+       ARRAY(SELECT f.schema_name FROM ({FOREIGN_SCHEMAS}) f) AS foreign_schemas
   FROM (SELECT tree_digest = %(digest)s
                AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name) AS usable
           FROM control.tenant_pool p) s
@@ -119,13 +156,16 @@ RETURNING schema_name
 """
 
 # What the application role holds in one schema, read from the ACLs themselves in one round
-# trip. A relation is listed unless its ACL holds every privilege the grant step gives the
-# role, granted to the role itself by the relation's owner (as the grant step, run by the
-# owner, records them; a superuser's grant is recorded as the owner's); which implies
-# has_table_privilege for each of them. aclcontains on the ACL as stored costs half what
+# trip, against what a spare carries. A table is listed unless its ACL holds every privilege the
+# grant step gives the role, granted to the role itself by the table's owner (as the grant
+# step, run by the owner, records them; a superuser's grant is recorded as the owner's); which
+# implies has_table_privilege for each of them. aclcontains on the ACL as stored costs half what
 # expanding it with aclexplode did (1.7 against 3.1-4.4 ms for 400 relations). A grant by
 # another grantor is not counted: the caller then runs the full grant step, which grants again
-# as the owner.
+# as the owner. The version table is listed unless the role may read it and write nothing; a
+# sequence is listed when the role holds any privilege on it: a spare's sequences are granted
+# by the take, since a privilege on a sequence is usable by its oid without USAGE on the schema
+# (nextval(oid) needs no name). ``sequences`` names them all, for the take's grant.
 GRANTS_HELD = (
     tenant_schema.SCHEMA_RELATIONS_CTE
     + """
@@ -134,11 +174,17 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
        has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
        ARRAY(SELECT r.relname FROM rels r
               WHERE r.relkind IN ('r', 'p', 'S')
-                AND (CASE r.relkind
-                     WHEN 'S' THEN aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                                      r.relowner, 'USAGE', false))
-                               AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                                      r.relowner, 'SELECT', false))
+                AND (CASE
+                     WHEN r.relkind = 'S'
+                     THEN NOT has_sequence_privilege(%(role)s, r.oid, 'USAGE, SELECT, UPDATE')
+                     WHEN r.relname = '"""
+    + tenant_schema.VERSION_TABLE
+    + """'
+                     THEN aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
+                                                            r.relowner, 'SELECT', false))
+                      AND NOT has_table_privilege(%(role)s, r.oid, '"""
+    + ", ".join(tenant_schema.VERSION_TABLE_WRITES)
+    + """')
                      ELSE aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
                                                             r.relowner, 'SELECT', false))
                       AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
@@ -156,7 +202,8 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
                      WHERE d.defaclrole = (SELECT oid FROM pg_roles WHERE rolname = current_user)
                        AND d.defaclnamespace = n.oid AND d.defaclobjtype::text = t.kind
                        AND ARRAY(SELECT a.privilege_type FROM aclexplode(d.defaclacl) a, role
-                                  WHERE a.grantee = role.oid) @> t.wanted)) AS lacking_defaults
+                                  WHERE a.grantee = role.oid) @> t.wanted)) AS lacking_defaults,
+       ARRAY(SELECT r.relname FROM rels r WHERE r.relkind = 'S' ORDER BY r.relname) AS sequences
   FROM pg_namespace n WHERE n.nspname = %(schema)s
 """
 )
@@ -187,20 +234,24 @@ class GrantsHeld:
 
     usage: bool
     can_create: bool
-    #: tables and sequences lacking one of the grant step's privileges
+    #: relations not as a spare carries them: a table lacking one of the grant step's
+    #: privileges, the version table not readable or writable, a sequence the role may use
     lacking: list[str]
     #: 'r' / 'S': the schema's default privileges for tables / sequences are not in place
     lacking_defaults: list[str]
+    #: every sequence of the schema, by name (the take grants them)
+    sequences: list[str] = field(default_factory=list)
 
     @property
     def all_but_usage(self) -> bool:
-        """Every grant of the grant step is in place except (perhaps) USAGE; no CREATE."""
+        """The schema is as a spare is built: every grant of the grant step is in place but
+        USAGE on the schema and the sequences' grants (the take's); no CREATE."""
         return not (self.can_create or self.lacking or self.lacking_defaults)
 
     def problems(self) -> list[str]:
         return [
             *(["CREATE must NOT be held"] if self.can_create else []),
-            *(f"{name}: not every privilege" for name in self.lacking),
+            *(f"{name}: not as a spare carries it" for name in self.lacking),
             *(f"default privileges ({kind}): missing" for kind in self.lacking_defaults),
         ]
 
@@ -211,9 +262,12 @@ class PoolCounts:
     ready: int
     #: spares at another tree state: never handed out, rebuilt by the keeper
     stale: int
-    #: spare schemas with no row: being built, or left by a build that died (dropped by the
-    #: next builder)
+    #: schemas the pool recorded with no ready row: being built, or left by a build that died
+    #: (dropped by the next builder)
     unfinished: int = 0
+    #: schemas named ``pool_*`` that the pool did not record or does not own: reported, left
+    #: alone, never handed out
+    foreign: tuple[str, ...] = ()
 
 
 # -- operations ---------------------------------------------------------------------------------
@@ -237,8 +291,8 @@ class Taken:
 
 def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | None:
     """Rename a ready spare to the tenant's schema in ``tx`` and grant ``app_role`` USAGE on it
-    (the job's later steps join this transaction: nothing is visible before they all commit);
-    None when no spare is ready (or the tenant's schema already exists)."""
+    and on its sequences (the job's later steps join this transaction: nothing is visible before
+    they all commit); None when no spare is ready (or the tenant's schema already exists)."""
     digest = migrations.tenant_tree_state().digest
     with tx.pg.cursor() as cur:
         cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
@@ -248,27 +302,32 @@ def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | Non
         spare = str(row[0])
         grants = grants_held(tx.pg, spare, app_role)
         assert grants is not None  # the take found the schema, and holds its row
-        # The rename, USAGE for the application role (the grant step's one grant on a spare)
-        # and the catalog's view of the result in one round trip (simple query). Each change
-        # of the schema's catalog row makes every session plan its statements again: made
-        # together, they cost one such reset, not two. The rename touches only this schema,
-        # which no prepared statement of the session names: the queue's statements stay
-        # prepared (see keeping_prepared_statements).
+        # The rename, the application role's grants that a spare lacks (USAGE; the sequences,
+        # named under the tenant's schema) and the catalog's view of the result in one round
+        # trip (simple query). Each change of the schema's catalog row makes every session plan
+        # its statements again: made together, they cost one such reset, not two. The rename
+        # touches only this schema, which no prepared statement of the session names: the
+        # queue's statements stay prepared (see keeping_prepared_statements).
+        changes = [
+            sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(
+                sql.Identifier(spare), sql.Identifier(tenant_schema_name)
+            ),
+            *_take_grants(tenant_schema_name, app_role, grants.sequences),
+        ]
         with keeping_prepared_statements(tx.pg):
             cur.execute(
-                sql.SQL(
-                    "ALTER SCHEMA {} RENAME TO {}; {}; "
-                    "SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace"
-                    " WHERE nspname = {}), current_user"
-                ).format(
-                    sql.Identifier(spare),
-                    sql.Identifier(tenant_schema_name),
-                    tenant_schema.usage_grant(tenant_schema_name, app_role),
-                    sql.Literal(tenant_schema_name),
+                sql.SQL("; ").join(
+                    [
+                        *changes,
+                        sql.SQL(
+                            "SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace"
+                            " WHERE nspname = {}), current_user"
+                        ).format(sql.Literal(tenant_schema_name)),
+                    ]
                 )
             )
-        cur.nextset()  # past the ALTER's empty result and the GRANT's, to the SELECT's row
-        cur.nextset()
+        for _ in changes:  # past each change's empty result, to the SELECT's row
+            cur.nextset()
         checked = cur.fetchone()
     assert checked is not None
     owner, me = checked[0], checked[1]
@@ -277,6 +336,15 @@ def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | Non
             f"spare {spare} is owned by role {owner}, not {me}; drop it from control.tenant_pool"
         )
     return Taken(spare, grants)
+
+
+def _take_grants(schema: str, app_role: str, sequences: list[str]) -> list[sql.Composable]:
+    """What a taken spare's schema still needs for the application role: USAGE, and USAGE and
+    SELECT on its sequences (held back until now, see :data:`GRANTS_HELD`)."""
+    return [
+        tenant_schema.usage_grant(schema, app_role),
+        *([tenant_schema.sequence_grant(schema, app_role, sequences)] if sequences else []),
+    ]
 
 
 def plan_take(conn: Any) -> None:
@@ -295,8 +363,18 @@ def counts(conn: Any) -> PoolCounts:
         row = cur.fetchone()
     assert row is not None
     return PoolCounts(
-        ready=int(row["ready"]), stale=int(row["stale"]), unfinished=int(row["unfinished"])
+        ready=int(row["ready"]),
+        stale=int(row["stale"]),
+        unfinished=int(row["unfinished"]),
+        foreign=tuple(row["foreign_schemas"]),
     )
+
+
+def foreign_schemas(conn: Any) -> list[tuple[str, str]]:
+    """(name, owner) of each ``pool_*`` schema the pool did not record or does not own."""
+    with conn.cursor() as cur:
+        cur.execute(FOREIGN_SCHEMAS)
+        return [(str(name), str(owner)) for name, owner in cur.fetchall()]
 
 
 def grants_held(conn: Any, schema: str, app_role: str) -> GrantsHeld | None:
@@ -313,32 +391,32 @@ def _held(row: dict[str, Any]) -> GrantsHeld:
         can_create=bool(row["can_create"]),
         lacking=list(row["lacking"]),
         lacking_defaults=list(row["lacking_defaults"]),
+        sequences=list(row["sequences"]),
     )
 
 
 def spare_grant_batches(schema: str, app_role: str, conn: Any) -> list[sql.Composed]:
-    """The grant step's statements but its first, USAGE on the schema: what a spare is built
-    with, one batch per transaction: the schema's own statements, then the relations'
-    grants, :data:`BATCH` tables and sequences at a time."""
+    """The grant step's statements but USAGE on the schema and the sequences' grants (the
+    take's): what a spare is built with, one batch per transaction: the schema's own
+    statements, then the tables' grants, :data:`BATCH` tables at a time."""
     schema_wide = tenant_schema.schema_grant_statements(schema, app_role)
     assert schema_wide[0] == tenant_schema.usage_grant(schema, app_role), (
         "the grant step's first statement is no longer USAGE"
     )
-    tables, sequences = tenant_schema.relations(conn, schema)
+    tables, _ = tenant_schema.relations(conn, schema)
     batches = [sql.SQL("; ").join(schema_wide[1:])]
-    for start in range(0, max(len(tables), len(sequences)), BATCH):
-        end = start + BATCH
+    for start in range(0, len(tables), BATCH):
         statements = tenant_schema.relation_grant_statements(
-            schema, app_role, tables[start:end], sequences[start:end]
+            schema, app_role, tables[start : start + BATCH], []
         )
         batches.append(sql.SQL("; ").join(statements))
     return batches
 
 
 def check_spare_grants(conn: Any, schema: str, app_role: str) -> None:
-    """Every grant of the grant step but USAGE is in place in a spare, and the application role
-    holds neither USAGE nor CREATE (so it is refused anything in it). :class:`SpareRejected`
-    otherwise."""
+    """Every grant of the grant step but USAGE and the sequences' is in place in a spare, and
+    the application role holds neither USAGE nor CREATE nor any privilege on a sequence (so it
+    is refused anything in it). :class:`SpareRejected` otherwise."""
     held = grants_held(conn, schema, app_role)
     if held is None or held.usage or not held.all_but_usage:
         found = "no schema" if held is None else "; ".join(held.problems()) or "USAGE is held"
@@ -346,19 +424,19 @@ def check_spare_grants(conn: Any, schema: str, app_role: str) -> None:
 
 
 def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
-    """The grant step on a schema whose other grants are already in place (a taken spare):
-    USAGE granted and every grant checked, in one round trip. False, with nothing else
+    """The grant step on a tenant's schema whose table grants and default privileges are in
+    place (a taken spare, a tenant that lost USAGE alone): USAGE and the sequences' grants given
+    (again, for sequences already granted), after a check of every ACL. False, with nothing
     changed, when any other grant is missing: the caller then runs the full grant step (which
-    grants USAGE again with the rest, and checks)."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        with conn.pipeline():  # the grant and the check in one round trip
-            conn.execute(tenant_schema.usage_grant(schema, app_role))
-            cur.execute(GRANTS_HELD, {"schema": schema, "role": app_role})
-        row = cur.fetchone()
-    if row is None:
+    grants everything, and checks)."""
+    held = grants_held(conn, schema, app_role)
+    if held is None or held.can_create or held.lacking_defaults:
         return False
-    held = _held(row)
-    return held.usage and held.all_but_usage
+    if set(held.lacking) - set(held.sequences):  # a table: a sequence listed is merely usable
+        return False
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("; ").join(_take_grants(schema, app_role, held.sequences)))
+    return True
 
 
 def usage_held(conn: Any, schema: str, app_role: str) -> bool:
@@ -397,12 +475,9 @@ def build_spare(
     two transactions: the schema is then dropped (by the next builder, if this process dies).
     """
     tree = migrations.tenant_tree_state()
-    name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
     with session.transaction() as tx:
         reference, _ = template_reference.obtain(tx, tree, created_by)
-        tx.pg.execute(
-            sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(sql.Identifier(name))
-        )
+        name = _create_recorded_schema(tx, created_by)
     try:
         _replay_batches(session, name, reference.template.statements, stop)
         with session.transaction() as tx:
@@ -455,6 +530,23 @@ def _between_batches(stop: Callable[[], bool]) -> None:
         raise BuildStopped("the spare build was stopped")
 
 
+def _create_recorded_schema(tx: Transaction, created_by: str) -> str:
+    """Record a new spare's name, then create its schema, in ``tx``: the pool's schemas are
+    those it recorded, whatever else is named ``pool_*``. A name already taken (by a schema
+    that is not the pool's) is skipped for another."""
+    for _ in range(NAME_ATTEMPTS):
+        name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
+        with tx.pg.cursor() as cur:
+            cur.execute(RECORD_SPARE_SCHEMA, {"schema": name, "created_by": created_by})
+            if cur.fetchone() is None:
+                continue
+            cur.execute(
+                sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(sql.Identifier(name))
+            )
+        return name
+    raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
+
+
 def _drop_schema_quietly(session: db.Session, schema: str) -> None:
     """Drop a spare schema a build did not finish; when that fails too (the server is gone),
     the next builder drops it."""
@@ -462,5 +554,15 @@ def _drop_schema_quietly(session: db.Session, schema: str) -> None:
         drop_schema(tx, schema)
 
 
-def drop_schema(tx: Transaction, schema: str) -> None:
-    tx.pg.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+def drop_schema(tx: Transaction, schema: str) -> bool:
+    """Forget a schema the pool recorded and drop it (``DROP SCHEMA ... CASCADE``) if it is
+    still there and owned by the connected role; True when dropped. A schema the pool never
+    recorded is never dropped, whatever its name; one whose owner changed is forgotten and left
+    (then reported as not the pool's)."""
+    with tx.pg.cursor() as cur:
+        cur.execute(FORGET_SPARE_SCHEMA, {"schema": schema})
+        row = cur.fetchone()
+        if row is None or not row[0]:
+            return False
+        cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    return True

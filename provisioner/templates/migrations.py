@@ -9,7 +9,9 @@ concurrency from processes.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
+import sys
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -108,43 +110,81 @@ class TreeState:
         return head_label(self.heads)
 
 
+#: Folders and files of a tree that are no part of what it builds: Python's byte-code caches
+#: (rewritten by every import) and hidden files (an editor's swap file, a VCS folder).
+_NOT_TREE_FILES = ("__pycache__",)
+#: Bumped when what the digest covers changes: a digest of another format names another state
+#: (spares and references of the earlier format are rebuilt once, never taken for this one).
+#: v2: every file of the tree (helper modules a revision imports, ``alembic.ini``, data files a
+#: revision reads); v1 covered ``env.py`` and ``versions/*.py`` alone.
+DIGEST_FORMAT = b"tree-digest-v2"
+
+
 def _tree_files(tree: Path) -> list[str]:
-    """``env.py`` and the revision files, in a stable order: what the digest covers. Listed
-    with ``os.scandir`` (pathlib's glob costs several times more, and this runs at every job)."""
-    root = str(tree)
-    versions = os.path.join(root, "versions")
-    with os.scandir(versions) as entries:
-        names = sorted(entry.name for entry in entries if entry.name.endswith(".py"))
-    return [os.path.join(root, "env.py"), *(os.path.join(versions, name) for name in names)]
+    """Every file of the tree, in a stable order: what the digest covers. A revision can take
+    its DDL from any of them (a helper module it imports, a ``.sql`` file it reads), so a
+    change to any of them is another tree state. Listed with ``os.scandir`` (pathlib's glob
+    costs several times more, and this runs at every job)."""
+    found: list[str] = []
+    pending = [str(tree)]
+    while pending:
+        folder = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith(".") or entry.name in _NOT_TREE_FILES:
+                    continue
+                if entry.is_dir():
+                    pending.append(entry.path)
+                elif entry.is_file() and not entry.name.endswith((".pyc", ".pyo")):
+                    found.append(entry.path)
+    return sorted(found)
 
 
 def tree_digest(tree: Path | None = None) -> str:
-    """SHA-256 over the tree's ``env.py`` and revision files (names and bytes).
+    """SHA-256 over every file of the tree (relative names and bytes, :func:`_tree_files`).
 
-    Computed again whenever a file's size, mtime or inode changed (one ``stat`` per file, so
-    callers ask at every use rather than trust a memo): a tree replaced under a running process
-    shows up at once.
+    Computed again whenever a file's size, mtime or inode changed, or a file came or went (one
+    ``stat`` per file, so callers ask at every use rather than trust a memo): a tree replaced
+    under a running process shows up at once.
     """
     tree = tree or tenant_tree()
     return _digest(tree, _signature(tree))
 
 
 def _signature(tree: Path) -> tuple[tuple[str, int, int, int], ...]:
-    """Name, size, mtime and inode of each file :func:`_tree_files` lists."""
+    """Relative name, size, mtime and inode of each file :func:`_tree_files` lists."""
+    root = str(tree)
     return tuple(
-        (os.path.basename(path), st.st_size, st.st_mtime_ns, st.st_ino)
+        (os.path.relpath(path, root), st.st_size, st.st_mtime_ns, st.st_ino)
         for path, st in ((path, os.stat(path)) for path in _tree_files(tree))
     )
 
 
 @cache
 def _digest(tree: Path, signature: tuple[tuple[str, int, int, int], ...]) -> str:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(DIGEST_FORMAT + b"\0")
     for name in _tree_files(tree):
         path = Path(name)
         digest.update(path.relative_to(tree).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+@cache
+def _forget_tree_modules(tree: Path, digest: str) -> None:
+    """Once per tree state: forget the modules this process imported from the tree's files
+    (helper modules its revisions import), so that the next revision that imports one reads
+    the file as it is now. Alembic loads the revision files afresh each time, but Python keeps
+    a module a revision imported (``sys.modules``) for the life of the process: a worker would
+    otherwise build the new state's reference with the old helper."""
+    roots = tuple(
+        {os.path.join(os.path.abspath(tree), ""), os.path.join(os.path.realpath(tree), "")}
+    )
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and os.path.abspath(path).startswith(roots):
+            del sys.modules[name]
+    importlib.invalidate_caches()
 
 
 @cache
@@ -158,6 +198,7 @@ def _heads_of(tree: Path, digest: str) -> frozenset[str]:
 def tenant_tree_state(tree: Path | None = None) -> TreeState:
     tree = tree or tenant_tree()
     digest = tree_digest(tree)
+    _forget_tree_modules(tree, digest)
     return TreeState(digest=digest, heads=_heads_of(tree, digest))
 
 

@@ -6,7 +6,8 @@ the result against a reference: the catalog fingerprint
 (:func:`provisioner.tenant.schema.fingerprint`, schema name abstracted) of a schema that Alembic
 itself built for the same tree state in the same database. The reference, and the statements to
 replay, live in ``control.tenant_template_references``, keyed by the tree's digest (a SHA-256 over
-``env.py`` and the revision files, so another head or an edited file is another key) and the
+every file of the tree, helper modules a revision imports included, so another head or an edited
+file is another key: :func:`provisioner.templates.migrations.tree_digest`) and the
 fingerprint's format (:func:`reference_key`: ``<digest>/fingerprint-v2``; a reference another
 version rendered differently is never compared with this one).
 

@@ -18,10 +18,10 @@ The checks, in order:
    moved on, a repair) is upgraded in place by Alembic.
 2. **A reference exists for the tree as it is on disk.** The reference
    (:mod:`provisioner.templates.reference`) is stored in the control schema once per database
-   and tree state (a digest of ``env.py`` and the revision files, so another head or an edited
-   file is another reference). A process reads it once; when there is none yet, the step
-   computes it first (Alembic builds a scratch schema that is rolled back) and stores it, so
-   even the very first tenant of a database is built by the verified replay.
+   and tree state (a digest of every file of the tree, helper modules included, so another
+   head or an edited file is another reference). A process reads it once; when there is none
+   yet, the step computes it first (Alembic builds a scratch schema that is rolled back) and
+   stores it, so even the very first tenant of a database is built by the verified replay.
 3. **The replay matches.** After the replay (under a SAVEPOINT), the new schema's fingerprint
    must equal the reference's. A mismatch or an SQL error rolls back to the savepoint, Alembic
    runs instead, and the fast path stays off for that tree state in this cache.

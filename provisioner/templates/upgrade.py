@@ -315,6 +315,10 @@ class UpgradeCache:
             return Outcome("current", tree.heads).detail
         if not versions:
             return templates.migrate(tx, schema).detail
+        with translated():
+            # Tenants granted by an earlier release let the application role write the version
+            # table: from this upgrade on it cannot (and the replay's reference has it so).
+            tenant_schema.revoke_version_writes(tx.pg, schema, app_role)
         with self._lock:
             return self._upgrade(tx, schema, versions, tree, app_role, templates.holder).detail
 

@@ -29,6 +29,13 @@ Conn = psycopg.Connection[Any]
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
+#: Alembic's version table in each tenant schema. The application role may read it, never
+#: write it: the owner side trusts it to say which revisions a tenant has (``upgrade --all``
+#: skips a tenant it says is at the head; a repair runs what it says is missing).
+VERSION_TABLE = "alembic_version"
+#: What the application role must not hold on the version table.
+VERSION_TABLE_WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+
 # -- statements ---------------------------------------------------------------------------------
 
 # The schema's owner (NULL when there is no such schema) and the connected role, in one trip.
@@ -64,8 +71,10 @@ SELECT (SELECT count(*) FROM pg_depend d
   FROM pg_namespace n WHERE n.nspname = %(schema)s
 """
 
-# In one round trip: the schema's privileges for the role, and every (table, privilege) pair
-# of the DML privileges the role lacks, checked with has_table_privilege on each table.
+# In one round trip: the schema's privileges for the role, and every (relation, privilege) pair
+# the grant step gives the role that it lacks (DML on each table, USAGE and SELECT on each
+# sequence, SELECT alone on the version table), checked with has_*_privilege; and the writes on
+# the version table it must NOT hold.
 APP_ROLE_PRIVILEGES = (
     SCHEMA_RELATIONS_CTE
     + """
@@ -73,9 +82,22 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
        has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
        ARRAY(SELECT r.relname || ': ' || p.privilege
                FROM rels r CROSS JOIN unnest(%(privileges)s::text[]) AS p(privilege)
-              WHERE r.relkind IN ('r', 'p')
+              WHERE r.relkind IN ('r', 'p') AND r.relname <> %(version_table)s
                 AND NOT has_table_privilege(%(role)s, r.oid, p.privilege)
-              ORDER BY r.relname, p.privilege) AS missing
+             UNION ALL
+             SELECT r.relname || ': ' || p.privilege
+               FROM rels r CROSS JOIN unnest(ARRAY['USAGE', 'SELECT']) AS p(privilege)
+              WHERE r.relkind = 'S' AND NOT has_sequence_privilege(%(role)s, r.oid, p.privilege)
+             UNION ALL
+             SELECT r.relname || ': SELECT' FROM rels r
+              WHERE r.relkind IN ('r', 'p') AND r.relname = %(version_table)s
+                AND NOT has_table_privilege(%(role)s, r.oid, 'SELECT')
+             ORDER BY 1) AS missing,
+       ARRAY(SELECT r.relname || ': ' || p.privilege || ' must NOT be held'
+               FROM rels r CROSS JOIN unnest(%(version_writes)s::text[]) AS p(privilege)
+              WHERE r.relkind IN ('r', 'p') AND r.relname = %(version_table)s
+                AND has_table_privilege(%(role)s, r.oid, p.privilege)
+              ORDER BY 1) AS forbidden
   FROM pg_namespace n WHERE n.nspname = %(schema)s
 """
 )
@@ -193,22 +215,58 @@ def schema_grant_statements(schema: str, app_role: str) -> list[sql.Composable]:
 def relation_grant_statements(
     schema: str, app_role: str, tables: list[str], sequences: list[str]
 ) -> list[sql.Composable]:
-    """The grant step's statements on the named tables and sequences (none for none)."""
+    """The grant step's statements on the named tables and sequences (none for none): DML on
+    each table but the version table, which the role may only read
+    (:func:`version_table_grants`)."""
     role_id = sql.Identifier(app_role)
     statements: list[sql.Composable] = []
-    if tables:
+    dml = [t for t in tables if t != VERSION_TABLE]
+    if dml:
         statements.append(
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(
-                sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables), role_id
+                sql.SQL(", ").join(sql.Identifier(schema, t) for t in dml), role_id
             )
         )
+    if VERSION_TABLE in tables:
+        statements.extend(version_table_grants(schema, app_role))
     if sequences:
-        statements.append(
-            sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
-                sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences), role_id
-            )
-        )
+        statements.append(sequence_grant(schema, app_role, sequences))
     return statements
+
+
+def sequence_grant(schema: str, app_role: str, sequences: list[str]) -> sql.Composed:
+    """USAGE and SELECT on the named sequences (a spare gets them only when taken)."""
+    return sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
+        sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences), sql.Identifier(app_role)
+    )
+
+
+def version_table_grants(schema: str, app_role: str) -> list[sql.Composable]:
+    """SELECT on the version table, and every write taken away: a table created under the
+    schema's default privileges (a version table Alembic made again) gets DML from them."""
+    return [
+        sql.SQL("GRANT SELECT ON TABLE {} TO {}").format(
+            sql.Identifier(schema, VERSION_TABLE), sql.Identifier(app_role)
+        ),
+        version_writes_revoke(schema, app_role),
+    ]
+
+
+def version_writes_revoke(schema: str, app_role: str) -> sql.Composed:
+    """``REVOKE`` of every write on the schema's version table from the application role."""
+    return sql.SQL("REVOKE {} ON TABLE {} FROM {}").format(
+        sql.SQL(", ").join(sql.SQL(p) for p in VERSION_TABLE_WRITES),
+        sql.Identifier(schema, VERSION_TABLE),
+        sql.Identifier(app_role),
+    )
+
+
+def revoke_version_writes(conn: Conn, schema: str, app_role: str) -> None:
+    """Take every write on the schema's version table away from the application role, in the
+    caller's transaction (an upgrade does it before it trusts the table: tenants granted by an
+    earlier release held DML on it)."""
+    with conn.cursor() as cur:
+        cur.execute(version_writes_revoke(schema, app_role))
 
 
 def grant_app_role(conn: Conn, schema: str, app_role: str) -> None:
@@ -286,16 +344,23 @@ def drop_schema(conn: Conn, schema: str) -> None:
 
 
 def missing_app_grants(conn: Conn, schema: str, app_role: str) -> list[str]:
-    """What the application role lacks in the schema, e.g. ``['members: DELETE']``."""
+    """What the application role lacks in the schema, e.g. ``['members: DELETE']``, and what it
+    holds but must not (CREATE on the schema, a write on the version table)."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             APP_ROLE_PRIVILEGES,
-            {"role": app_role, "schema": schema, "privileges": list(TABLE_PRIVILEGES)},
+            {
+                "role": app_role,
+                "schema": schema,
+                "privileges": list(TABLE_PRIVILEGES),
+                "version_table": VERSION_TABLE,
+                "version_writes": list(VERSION_TABLE_WRITES),
+            },
         )
         schema_row = cur.fetchone()
     if schema_row is None:
         return [f"schema {schema}: does not exist"]
-    missing = list(schema_row["missing"])
+    missing = list(schema_row["forbidden"]) + list(schema_row["missing"])
     if not schema_row["usage"]:
         missing.insert(0, f"schema {schema}: USAGE")
     if schema_row["can_create"]:

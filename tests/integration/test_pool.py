@@ -408,18 +408,17 @@ def test_a_spare_built_without_grants_is_taken_and_granted_in_full(
 def test_the_take_grant_check_fails_when_any_grant_is_missing(
     fast: Settings, database: Database
 ) -> None:
-    """The one-query check reads the ACLs themselves: one privilege missing on one table, on a
-    sequence, or a default privilege, and the fast path refuses (the full grant step runs)."""
+    """The one-query check reads the ACLs themselves: one privilege missing on one table or a
+    default privilege, and the fast path refuses (the full grant step runs). (A spare's
+    sequences carry no grant until the take: tests/integration/test_tenant_side_hardening.py.)"""
     spare = build_spare(fast)
     revokes = (
         f'REVOKE DELETE ON "{spare}".members FROM app_rw',
-        f'REVOKE USAGE ON SEQUENCE "{spare}".members_id_seq FROM app_rw',
         f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{spare}" REVOKE UPDATE ON TABLES FROM app_rw',
         f'GRANT CREATE ON SCHEMA "{spare}" TO app_rw',
     )
     expected = (
         ["members"],
-        ["members_id_seq"],
         ["r"],
         [],
     )

@@ -19,7 +19,6 @@ defaults (docs/configuration.md is generated from the same names and a test comp
 
 from __future__ import annotations
 
-import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -267,9 +266,9 @@ class Effective:
     file: Path | None
 
 
-def effective(env: Mapping[str, str] | None = None, start: Path | None = None) -> Effective:
-    """Merge the project file (if any) under ``env`` (the process environment)."""
-    env = os.environ if env is None else env
+def effective(env: Mapping[str, str], start: Path | None = None) -> Effective:
+    """Merge the project file (if any) under ``env`` (the process environment, which only
+    :mod:`provisioner.settings` reads)."""
     path = find(start)
     project = load(path) if path is not None else ProjectFile(Path(), {})
     merged = {**project.values, **{k: v for k, v in env.items() if v != ""}}

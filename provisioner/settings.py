@@ -247,7 +247,7 @@ class Settings:
     def load(cls, env: Mapping[str, str] | None = None, start: Path | None = None) -> Settings:
         """The settings of the project in ``start`` (the working directory): its configuration
         file (:mod:`provisioner.project`) under the environment (``env``: the process's)."""
-        return cls.from_env(project.effective(env, start).env)
+        return cls.from_env(project.effective(os.environ if env is None else env, start).env)
 
     @property
     def embedded(self) -> bool:
@@ -278,6 +278,12 @@ class Settings:
             else:
                 out[f.name] = str(value) if isinstance(value, Path) else value
         return out
+
+
+def environment() -> Mapping[str, str]:
+    """The process environment, for the commands that show where a setting came from
+    (``provisioner config``): read here, as every setting is."""
+    return os.environ
 
 
 def tenant_tree_override(env: Mapping[str, str] | None = None) -> Path | None:

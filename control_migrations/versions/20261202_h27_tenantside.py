@@ -46,9 +46,11 @@ def upgrade() -> None:
         """
         ALTER TABLE control.tenant_pool
           ADD CONSTRAINT tenant_pool_recorded_fkey FOREIGN KEY (schema_name)
-              REFERENCES control.tenant_pool_schemas (schema_name) ON DELETE CASCADE
+              REFERENCES control.tenant_pool_schemas (schema_name) ON DELETE CASCADE NOT VALID
         """
     )
+    # NOT VALID: every existing row was recorded just above, in this transaction, and the key
+    # holds for every later write; no validating scan under the lock.
 
 
 def downgrade() -> None:

@@ -1,9 +1,10 @@
 """The seeds applied to each tenant's schema (``control.tenant_seeds``), and the verdict on an
 upgrade's replay (``tenant_upgrade_references.replay_refused``).
 
-One row per tenant and seed (a SQL file's name or ``module:function``): the content digest
-applied and the OID of the schema it was applied to, so that the seed step's catalog check is
-real (a changed seed, or a schema created again, is not seeded). The owner's alone: the
+One row per schema (by OID) and seed (a SQL file's name or ``module:function``): the content
+digest applied, and the tenant it was applied for. Keyed by the schema's OID, so that the seed
+step's catalog check is real: a changed seed, or a schema created again, is not seeded, and a
+schema renamed into a tenant's name (a spare taken) keeps its record. The owner's alone: the
 application role is granted nothing here.
 
 Revision ID: 20261202_lead24
@@ -23,12 +24,12 @@ def upgrade() -> None:
     op.execute(
         """
         CREATE TABLE control.tenant_seeds (
-            tenant_id  TEXT NOT NULL,
-            seed       TEXT NOT NULL,
             schema_oid OID NOT NULL,
+            seed       TEXT NOT NULL,
+            tenant_id  TEXT NOT NULL,
             digest     TEXT NOT NULL,
             applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-            PRIMARY KEY (tenant_id, seed)
+            PRIMARY KEY (schema_oid, seed)
         )
         """
     )

@@ -10,13 +10,14 @@ from click.core import ParameterSource
 from provisioner import project
 from provisioner.cli.render import emit_json, fail_cleanly
 from provisioner.redact import redact
+from provisioner.settings import environment
 
 #: The CLI flags that override a key (the root group's options).
 _FLAGS = {"migrations_database_url": "owner_url", "app_database_url": "app_url"}
 
 
 def _rows(ctx: click.Context) -> tuple[Path | None, list[dict[str, str]]]:
-    found = project.effective()
+    found = project.effective(environment())
     root = ctx.find_root()
     rows = []
     for key in project.KEYS:

@@ -17,6 +17,7 @@ from provisioner.templates import scaffold
 @click.option(
     "--database-url",
     envvar="MIGRATIONS_DATABASE_URL",
+    show_envvar=True,
     help="The database holding --from-schema (libpq URL or key=value; default: the owner URL).",
 )
 @click.option("--from-metadata", "metadata", help="module:attr of SQLAlchemy metadata or a Base.")

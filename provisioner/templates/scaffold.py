@@ -18,17 +18,17 @@ cannot be read: the checks come first.
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 import sqlalchemy as sa
 import sqlparse
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from provisioner.errors import ConfigurationError, InvalidInput
 from provisioner.redact import redact
@@ -183,46 +183,41 @@ def _pg_dump() -> str:
         return found
 
 
-def _libpq_env(url: str) -> dict[str, str]:
-    """The connection as libpq's environment variables, so that no secret is on a command
-    line (visible to every local user)."""
+def _conninfo_and_passfile(url: str, folder: Path) -> str:
+    """``url`` as a conninfo string for pg_dump's ``--dbname`` without its password: the
+    password goes into a password file only this user can read (a command line is visible to
+    every local user)."""
     try:
         params = conninfo_to_dict(url)
     except Exception:
         raise InvalidInput("--database-url cannot be parsed as a PostgreSQL URL") from None
-    names = {
-        "host": "PGHOST",
-        "port": "PGPORT",
-        "user": "PGUSER",
-        "password": "PGPASSWORD",
-        "dbname": "PGDATABASE",
-        "sslmode": "PGSSLMODE",
-        "service": "PGSERVICE",
-        "passfile": "PGPASSFILE",
-        "target_session_attrs": "PGTARGETSESSIONATTRS",
-    }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env.update({names[k]: str(v) for k, v in params.items() if k in names and v is not None})
-    env["PGCONNECT_TIMEOUT"] = "10"
-    return env
+    password = params.pop("password", None)
+    if password is not None:
+        passfile = folder / "pgpass"
+        escaped = str(password).replace("\\", "\\\\").replace(":", "\\:")
+        passfile.touch(mode=0o600)
+        passfile.write_text(f"*:*:*:*:{escaped}\n")
+        params["passfile"] = str(passfile)
+    params.setdefault("connect_timeout", "10")
+    return make_conninfo("", **params)
 
 
 def dump_schema(url: str, schema: str) -> str:
     """``pg_dump --schema-only`` of ``schema``, without owners, grants or its version table."""
-    args = [
-        _pg_dump(),
-        "--schema-only",
-        "--no-owner",
-        "--no-privileges",
-        f"--schema={schema}",
-        f"--exclude-table={schema}.alembic_version",
-    ]
-    try:
-        done = subprocess.run(
-            args, capture_output=True, text=True, env=_libpq_env(url), timeout=120, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ConfigurationError("pg_dump did not finish within 120 s") from None
+    with tempfile.TemporaryDirectory(prefix="provisioner-init-") as folder:
+        args = [
+            _pg_dump(),
+            "--schema-only",
+            "--no-owner",
+            "--no-privileges",
+            f"--schema={schema}",
+            f"--exclude-table={schema}.alembic_version",
+            f"--dbname={_conninfo_and_passfile(url, Path(folder))}",
+        ]
+        try:
+            done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+        except subprocess.TimeoutExpired:
+            raise ConfigurationError("pg_dump did not finish within 120 s") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["failed"])[-1]
         raise ConfigurationError(f"pg_dump: {redact(last.removeprefix('pg_dump: error: '))}")

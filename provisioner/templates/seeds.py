@@ -17,8 +17,8 @@ nothing is formatted into the text, so nothing can be injected. Seeds must be id
 (``ON CONFLICT DO NOTHING``): a step that is re-run applies them again.
 
 What was applied is recorded in ``control.tenant_seeds`` (the owner's alone): each seed's name
-and content digest, for the tenant's schema by OID, so a schema dropped and created again
-counts as unseeded. The step's catalog check compares that record with the seeds declared now:
+and content digest, keyed by the schema's OID, so a schema dropped and created again counts as
+unseeded and a schema renamed into the tenant's name keeps its record. The step's catalog check compares that record with the seeds declared now:
 a new or changed seed makes the step run again when the job is resumed or re-run, and its
 detail says which seed changed. A seed that fails for good (a syntax error, an undefined table,
 a constraint) fails the job at once, naming the file (:func:`provisioner.db.statements_of`).
@@ -73,18 +73,19 @@ WITH recorded AS (
   SELECT %(tenant)s, n.oid, s.seed, s.digest
     FROM pg_namespace n, unnest(%(seeds)s::text[], %(digests)s::text[]) AS s(seed, digest)
    WHERE n.nspname = %(schema)s
-  ON CONFLICT (tenant_id, seed) DO UPDATE
-     SET schema_oid = EXCLUDED.schema_oid, digest = EXCLUDED.digest, applied_at = now()
+  ON CONFLICT (schema_oid, seed) DO UPDATE
+     SET tenant_id = EXCLUDED.tenant_id, digest = EXCLUDED.digest, applied_at = now()
   RETURNING 1
 )
 SELECT set_config('search_path', %(restore)s, true), (SELECT count(*) FROM recorded)
 """
-# The seeds recorded for the schema as it is now (a schema made again has another OID).
+# The seeds recorded for the schema as it is now, by its OID (a schema made again has another;
+# a spare renamed to the tenant's name keeps its own).
 RECORDED = """
 SELECT s.seed, s.digest
   FROM control.tenant_seeds s
-  JOIN pg_namespace n ON n.oid = s.schema_oid AND n.nspname = %(schema)s
- WHERE s.tenant_id = %(tenant)s
+  JOIN pg_namespace n ON n.oid = s.schema_oid
+ WHERE n.nspname = %(schema)s
 """
 
 
@@ -184,7 +185,7 @@ def declared(entries: Sequence[str], tree: Path, base: Path | None = None) -> tu
 def recorded(conn: Conn, tenant: TenantId) -> dict[str, str]:
     """The seeds recorded as applied to the tenant's schema as it is now: name -> digest."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(RECORDED, {"schema": tenant.schema, "tenant": tenant.value})
+        cur.execute(RECORDED, {"schema": tenant.schema})
         return {str(name): str(digest) for name, digest in cur.fetchall()}
 
 

@@ -351,7 +351,7 @@ def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
     changed, when any other grant is missing: the caller then runs the full grant step (which
     grants USAGE again with the rest, and checks)."""
     with conn.cursor(row_factory=dict_row) as cur:
-        with conn.pipeline():  # the grant and the check in one round trip
+        with db.pipeline(conn):  # the grant and the check in one round trip
             conn.execute(tenant_schema.usage_grant(schema, app_role))
             cur.execute(GRANTS_HELD, {"schema": schema, "role": app_role})
         row = cur.fetchone()

@@ -3,8 +3,9 @@
 One parent process and ``concurrency`` engine processes (:mod:`provisioner.worker.processes`).
 
 * The **parent** supervises: recovery of abandoned jobs at start and every heartbeat interval
-  (a holder that stopped beating, or a lease older than the stale threshold); ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the
-  backstop for a lost notification; asking each idle child to drain the queue (at most
+  (a holder that stopped beating, or a lease older than the stale threshold);
+  ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the backstop
+  for a lost notification; asking each idle child to drain the queue (at most
   ``concurrency`` jobs at once); settling only what a child could not (the child died, or the
   database was down when the step failed) and handing back a dead child's claim it never
   reported; signals and the drain.

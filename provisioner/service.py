@@ -46,6 +46,7 @@ from provisioner.local import cluster as local_pg
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.queue import journal
 from provisioner.templates import migrations
+from provisioner.tenant import app_role
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import INACTIVE, TenantState
 
@@ -88,20 +89,27 @@ def migrate(settings: Settings) -> tuple[str | None, str | None]:
 
 
 def _refuse_unready(
-    conn: psycopg.Connection[Any], tenant: TenantId, command: str, *, reuse_deleted: bool
+    conn: psycopg.Connection[Any],
+    tenant: TenantId,
+    command: str,
+    *,
+    reuse_deleted: bool,
+    role: str,
 ) -> None:
-    """:func:`require_control_at_head` and :func:`refuse_inactive` in one round trip (a
-    one-off provisioning's first): the control schema's revisions and the tenant's state read
-    in one pipeline. With ``reuse_deleted`` a deleted tenant is made pending first, in the
-    caller's transaction (its row read back costs a second round trip), which rolls it back
-    when a check refuses."""
-    with control_ready(), db.translated(), conn.pipeline():
+    """:func:`require_control_at_head`, :func:`app_role.check` and :func:`refuse_inactive` in
+    one round trip (a one-off provisioning's first): the control schema's revisions, the
+    application role's standing and the tenant's state read in one pipeline. With
+    ``reuse_deleted`` a deleted tenant is made pending first, in the caller's transaction (its
+    row read back costs a second round trip), which rolls it back when a check refuses."""
+    with control_ready(), db.translated(), db.pipeline(conn):
         versions = migrations.read_control_versions(conn)
+        standing = app_role.send_check(conn, role)
         if reuse_deleted:
             tenants.reuse_deleted(conn, tenant)
         state = tenants.state_of(conn, tenant)
         if frozenset(versions) != migrations.control_heads():
             raise ConfigurationError(NOT_AT_HEAD)
+        app_role.finish_check(standing, role)
     _refuse_state(tenant, state, command)
 
 
@@ -171,7 +179,9 @@ def provision(
         try:
             conn = engine.control
             with db.translated(), conn.transaction():
-                _refuse_unready(conn, tenant, "provision", reuse_deleted=reuse_deleted)
+                _refuse_unready(
+                    conn, tenant, "provision", reuse_deleted=reuse_deleted, role=settings.app_role
+                )
                 job = ensure_provision_job(
                     conn, tenant, retry_terminal=True, started_by=started_by
                 ).job
@@ -231,6 +241,7 @@ def change_lifecycle(
         conn = engine.control
         require_control_at_head(conn)
         with db.translated():
+            app_role.check(conn, settings.app_role)  # one a revoke cuts off, or refused
             found = tenants.get_tenant(conn, tenant)
             job = queue.latest_for_tenant(conn, tenant, job_type)
         if found is None:

@@ -5,6 +5,7 @@ CLI flags override individual fields with :func:`dataclasses.replace`. ``repr`` 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -83,30 +84,63 @@ def _check_key_value_conninfo(name: str, conninfo: str) -> None:
         )
 
 
+#: The shortest and longest a duration setting may be. Every one of them reaches PostgreSQL as
+#: an interval or a timeout in whole milliseconds (0 would turn a timeout off), or Python's
+#: waits: a value outside (NaN, infinity, a year) is a typo, refused where settings are read,
+#: never found later as ``interval out of range`` in a loop or a traceback.
+MIN_SECONDS = 0.001
+MAX_SECONDS = 7 * 24 * 3600.0
+#: Heartbeats a worker's lease holders may miss before their jobs are recovered: three beats
+#: (15 s at the default interval), so a dead worker's jobs run again within about 20 s, and one
+#: late beat under load is not taken for a death.
+MISSED_BEATS = 3
+#: The largest warm pool (PROVISIONER_POOL_SIZE): spares are whole schemas.
+MAX_POOL_SIZE = 10_000
+
+
+def seconds_problem(value: float) -> str | None:
+    """Why ``value`` cannot be a duration setting (None: it can); shared with the CLI's flags."""
+    if not math.isfinite(value):
+        return "must be a finite number of seconds"
+    if value <= 0:
+        return "must be positive"
+    if value < MIN_SECONDS:
+        return f"must be at least {MIN_SECONDS:g} seconds"
+    if value > MAX_SECONDS:
+        return f"must be at most {MAX_SECONDS:g} seconds (a week)"
+    return None
+
+
+#: Each duration field and the variable that sets it (errors name the variable).
+DURATION_SETTINGS = {
+    "job_stale_after_seconds": "PROVISIONER_JOB_STALE_AFTER_SECONDS",
+    "heartbeat_seconds": "PROVISIONER_HEARTBEAT_SECONDS",
+    "poll_interval_seconds": "PROVISIONER_POLL_SECONDS",
+    "drain_timeout_seconds": "PROVISIONER_DRAIN_TIMEOUT_SECONDS",
+    "lock_timeout_seconds": "PROVISIONER_LOCK_TIMEOUT_SECONDS",
+}
+
+
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    """A number from the environment; its range is checked with every other setting's
+    (:meth:`Settings.__post_init__`), whether it came from here, a flag or the caller."""
     raw = env.get(name)
-    if raw in (None, ""):
+    if not raw:
         return default
     try:
-        value = float(raw)
+        return float(raw)
     except ValueError:
-        raise ConfigurationError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigurationError(f"{name} must be positive, got {raw!r}")
-    return value
+        raise ConfigurationError(f"{name} must be a number of seconds, got {raw[:40]!r}") from None
 
 
 def _count(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
-    if raw in (None, ""):
+    if not raw:
         return default
     try:
-        value = int(raw)
+        return int(raw)
     except ValueError:
-        raise ConfigurationError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < 0:
-        raise ConfigurationError(f"{name} must be 0 or more, got {raw!r}")
-    return value
+        raise ConfigurationError(f"{name} must be a whole number, got {raw[:40]!r}") from None
 
 
 def _port(env: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -140,7 +174,9 @@ class Settings:
     #: importable modules whose ``JOB_KINDS`` join the registry (PROVISIONER_JOB_KIND_MODULES)
     job_kind_modules: tuple[str, ...] = ()
     job_stale_after_seconds: float = 900.0
-    heartbeat_seconds: float = 10.0
+    #: how often the worker beats; a lease holder that misses :data:`MISSED_BEATS` in a row is
+    #: taken for dead and its jobs recovered (:attr:`holder_lease_seconds`)
+    heartbeat_seconds: float = 5.0
     poll_interval_seconds: float = 5.0
     drain_timeout_seconds: float = 30.0
     #: how long a tenant migration waits for a table lock before it gives up (and is retried)
@@ -180,6 +216,19 @@ class Settings:
         ):
             if url:
                 check_database_url(name, url)
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        """Refuse a duration or a count that cannot work, naming its variable, in one line."""
+        for attribute, name in DURATION_SETTINGS.items():
+            value = getattr(self, attribute)
+            problem = seconds_problem(value)
+            if problem is not None:
+                raise ConfigurationError(f"{name} {problem}, got {value!r}")
+        if not 0 <= self.pool_size <= MAX_POOL_SIZE:
+            raise ConfigurationError(
+                f"PROVISIONER_POOL_SIZE must be between 0 and {MAX_POOL_SIZE}, got {self.pool_size}"
+            )
 
     def check_object_store_path(self) -> None:
         """Refuse a file given as the filesystem store's folder, before anything is created.
@@ -248,6 +297,12 @@ class Settings:
         """The settings of the project in ``start`` (the working directory): its configuration
         file (:mod:`provisioner.project`) under the environment (``env``: the process's)."""
         return cls.from_env(project.effective(os.environ if env is None else env, start).env)
+
+    @property
+    def holder_lease_seconds(self) -> float:
+        """How long a worker's lease holder stays alive without a beat (:data:`MISSED_BEATS`
+        intervals): the lease each beat promises in ``control.lease_holders``."""
+        return min(MISSED_BEATS * self.heartbeat_seconds, MAX_SECONDS)
 
     @property
     def embedded(self) -> bool:

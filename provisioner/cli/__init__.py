@@ -19,7 +19,6 @@ named for what it is about:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 import click
@@ -33,13 +32,6 @@ from provisioner.settings import Settings
 from provisioner.version import __version__
 
 __all__ = ["main"]
-
-# psycopg logs, as a warning, a second error it ignores while leaving a pipeline that an error of
-# ours already leaves (a one-off provision's pipelined checks on an unmigrated control schema):
-# a command prints one line per error, so with no logging set up that report goes nowhere,
-# instead of to stderr through logging's last-resort handler. A worker's own log handlers
-# still receive it.
-logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 
 @click.group(

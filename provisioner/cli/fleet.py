@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from provisioner import service
-from provisioner.cli.options import settings_of
+from provisioner.cli.options import INTEGER_COUNT, SECONDS, settings_of
 from provisioner.cli.render import emit_json, fail_cleanly
 from provisioner.errors import InvalidInput
 from provisioner.settings import Settings
@@ -25,14 +25,14 @@ from provisioner.templates import migrations
 @click.option("--details", is_flag=True, help="List every tenant behind, not the first ten.")
 @click.option(
     "--canary",
-    type=click.IntRange(min=1),
+    type=INTEGER_COUNT,
     default=None,
     help="Queue N tenants first, then stop for review.",
 )
 @click.option("--then-all", is_flag=True, help="With --canary: continue once the canary succeeded.")
 @click.option(
     "--max-failures",
-    type=click.IntRange(min=1),
+    type=INTEGER_COUNT,
     default=None,
     help="Hold the rest after K failures.",
 )
@@ -41,7 +41,7 @@ from provisioner.templates import migrations
 @click.option("--watch", is_flag=True, help="Follow the latest rollout live.")
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=SECONDS,
     default=1.0,
     show_default=True,
     help="Seconds between --watch frames.",

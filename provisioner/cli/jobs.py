@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from provisioner import service
-from provisioner.cli.options import settings_of
+from provisioner.cli.options import BIGINT_COUNT, settings_of
 from provisioner.cli.render import emit_json, fail_cleanly, step_count
 from provisioner.errors import InvalidInput
 
@@ -18,7 +18,7 @@ def jobs() -> None:
 
 @jobs.command("list")
 @click.option("--status", "status_filter", help="Only jobs in this status.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, help="At most this many jobs.")
+@click.option("--limit", type=BIGINT_COUNT, default=50, help="At most this many jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of jobs.")
 @click.pass_context
 @fail_cleanly

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import click
 
 from provisioner import service
 from provisioner.cli.render import F, say
-from provisioner.settings import DEFAULT_COMPONENT, DEFAULT_JOB_TYPES, Settings, parse_job_types
+from provisioner.settings import (
+    DEFAULT_COMPONENT,
+    DEFAULT_JOB_TYPES,
+    MAX_SECONDS,
+    MIN_SECONDS,
+    Settings,
+    parse_job_types,
+    seconds_problem,
+)
 
 
 def settings_of(ctx: click.Context) -> Settings:
@@ -19,7 +28,26 @@ def settings_of(ctx: click.Context) -> Settings:
     return service.resolve(settings, notify=say)
 
 
-SECONDS = click.FloatRange(min=0, min_open=True)
+class Seconds(click.FloatRange):
+    """A duration flag: the range of every duration setting (:data:`MIN_SECONDS` to
+    :data:`MAX_SECONDS`), and NaN refused, which a plain range lets through."""
+
+    def __init__(self) -> None:
+        super().__init__(min=MIN_SECONDS, max=MAX_SECONDS)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if seconds_problem(seconds) is not None:
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
+
+
+SECONDS = Seconds()
+#: Counts that reach SQL: a number PostgreSQL cannot hold is a bad flag (exit 2), not a
+#: ``bigint out of range`` from the server. ``LIMIT`` takes a bigint; the rollout's canary and
+#: brake are INTEGER columns.
+BIGINT_COUNT = click.IntRange(1, 2**63 - 1)
+INTEGER_COUNT = click.IntRange(1, 2**31 - 1)
 
 
 def component_options(*, component_help: str, job_types_help: str) -> Callable[[F], F]:

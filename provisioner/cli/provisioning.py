@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from provisioner import kinds, service
-from provisioner.cli.options import settings_of
+from provisioner.cli.options import SECONDS, settings_of
 from provisioner.cli.render import (
     StepPrinter,
     emit_json,
@@ -111,7 +111,7 @@ def enqueue(ctx: click.Context, tenant_id: str, as_json: bool) -> None:
 @click.option("--watch", is_flag=True, help="Follow the tenant until its job ends.")
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0, min_open=True),
+    type=SECONDS,
     default=1.0,
     help="Seconds between --watch polls.",
 )

@@ -10,6 +10,8 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
+from provisioner import queue
+
 Conn = psycopg.Connection[Any]
 
 # One row per component: the newest instance's beat wins.
@@ -101,17 +103,22 @@ def readiness(
     heartbeat_seconds: float,
     application_kinds: frozenset[str],
 ) -> HealthReport:
-    """Ready when each required component beat within three intervals, advertising its types.
+    """Ready when each required component beat within three intervals, advertising its types,
+    and none of its lease holders stopped beating while it holds running jobs (a replica that
+    died with jobs in hand: not ready until recovery queued them again, which the stale
+    threshold no longer delays).
 
     A beat that advertises a kind not in ``application_kinds`` (an owner's kind) is trusted only
     when the owner role wrote it."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(READ_ALL)
         rows: dict[str, dict[str, Any]] = {row["component"]: row for row in cur.fetchall()}
+    orphans = queue.orphaned_jobs(conn)
     limit = STALLED_INTERVALS * heartbeat_seconds
     verdicts = []
     for component, job_types in sorted(required.items()):
         row = rows.get(component)
+        waiting = [o for o in orphans if o.component == component]
         if row is None:
             verdicts.append(ComponentHealth(component, False, "no heartbeat recorded"))
             continue
@@ -119,7 +126,10 @@ def readiness(
         advertised = set(detail.get("job_types") or [])
         age = float(row["age_seconds"])
         stalled = detail.get("queue_error") or {}
-        if detail.get("state") == "stopped":
+        if waiting:
+            # The component's row may be a live replica's: a dead one's jobs still wait.
+            reason, ready = _orphaned(waiting), False
+        elif detail.get("state") == "stopped":
             reason, ready = "stopped cleanly", False
         elif job_types - application_kinds and not row["by_owner"]:
             # An owner job type (provision_tenant) is only trusted from the owner's own beat.
@@ -146,3 +156,13 @@ def ages(conn: Conn) -> dict[str, float]:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(READ_ALL)
         return {row["component"]: float(row["age_seconds"]) for row in cur.fetchall()}
+
+
+def _orphaned(waiting: list[queue.OrphanedJobs]) -> str:
+    first = waiting[0]
+    jobs = sum(o.jobs for o in waiting)
+    holders = f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""
+    return (
+        f"{jobs} running job(s) held by {first.holder}{holders}, which stopped beating "
+        f"{first.silent_seconds:.0f}s ago (lease {first.lease_seconds:g}s): waiting for recovery"
+    )

@@ -6,6 +6,7 @@ plan-cache tricks, and the caller's connection checks.
 * :mod:`provisioner.db.translate`: :func:`translated`, the only place ``psycopg.Error`` and
   SQLAlchemy's errors are caught and turned into the package's;
 * :mod:`provisioner.db.plans`: generic plans, plans made ahead, prepared statements kept;
+* :mod:`provisioner.db.pipelines`: pipeline mode, left cleanly when a statement in it fails;
 * :mod:`provisioner.db.caller`: the application's own connection, refused before anything is
   sent when it cannot work.
 
@@ -15,6 +16,7 @@ module they live in.
 
 from __future__ import annotations
 
+from provisioner.db.pipelines import async_pipeline, pipeline
 from provisioner.db.sessions import (
     BEGIN,
     CONNECT_TIMEOUT_SECONDS,
@@ -53,11 +55,13 @@ __all__ = [
     "LockNotAvailable",
     "Session",
     "Transaction",
+    "async_pipeline",
     "connect",
     "control_missing",
     "is_alive",
     "libpq_url",
     "login_refused",
+    "pipeline",
     "rejected_for_good",
     "sqlalchemy_url",
     "statements_of",

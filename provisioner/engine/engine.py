@@ -57,6 +57,7 @@ from provisioner.engine.events import (
 from provisioner.engine.sessions import EngineSessions
 from provisioner.errors import (
     LeaseLost,
+    LockNotAvailable,
     PermanentError,
     ProvisionerError,
     StepFailed,
@@ -326,9 +327,14 @@ class Engine:
                     (exc.step, exc.__cause__) if isinstance(exc, StepFailed) else ("", exc)
                 )
                 permanent = is_permanent(cause or exc)
+                # A lock timeout (an application's transaction holds the lock) is waited out:
+                # queued again without spending an attempt (queue.FAIL_OR_RETRY).
+                contended = isinstance(cause or exc, LockNotAvailable)
                 message = f"{where or 'start'}: {describe(cause or exc)}"
                 return self._finish(
-                    lambda c: queue.fail_or_retry(c, lease, message, permanent=permanent)
+                    lambda c: queue.fail_or_retry(
+                        c, lease, message, permanent=permanent, contended=contended
+                    )
                 )
 
     def _run_steps(self, run: JobRun, job: Job, tenant_state: str | Unread | None) -> Job:

@@ -64,11 +64,15 @@ def _revoke_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
 
 
 def _revoked(tx: Transaction, ctx: StepContext) -> bool:
-    return not tenant_schema.app_role_holdings(tx.pg, ctx.tenant.schema, ctx.app_role)
+    return tenant_schema.app_role_cut_off(tx.pg, ctx.tenant.schema, ctx.app_role)
 
 
 def _drop_schema(tx: Transaction, ctx: StepContext) -> str | None:
-    tenant_schema.drop_schema(tx.pg, ctx.tenant.schema)
+    # Bounded by the lock timeout: DROP SCHEMA ... CASCADE needs every table's strongest lock,
+    # so an application transaction on one of them would hold the purge (and every query
+    # queued behind it) for as long as it lives. It gives up instead and is retried, without
+    # spending an attempt, until that transaction has ended (queue.FAIL_OR_RETRY).
+    tenant_schema.drop_schema(tx.pg, ctx.tenant.schema, lock_timeout_ms=ctx.lock_timeout_ms)
     return None
 
 

@@ -5,6 +5,7 @@ listings and a tenant's latest job.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from uuid import UUID
 
 from provisioner.errors import InvalidInput, UnknownJob
@@ -15,6 +16,7 @@ from provisioner.models import (
 from provisioner.queue.enqueue import REOPEN_SUCCEEDED, REQUEUE_TERMINAL, notify, start_run
 from provisioner.queue.journal import STEP_RUNS_ABANDON
 from provisioner.queue.rows import (
+    HOLDER_SILENT_DETAIL,
     RECOVERED_DETAIL,
     UNPROCESSABLE_DETAIL,
     Conn,
@@ -59,17 +61,56 @@ SELECT * FROM retried
 """
 
 
-# Requeue (or fail, when attempts are spent) running jobs whose lease has expired.
-RECOVER_STALE = """
+# The lease holders that stopped beating: not heard from for longer than the lease their last
+# beat promised. A server restart gives every holder a full lease again (no holder could beat
+# while it was down), counted from the server's start.
+SILENT_HOLDERS = """
+SELECT h.holder FROM control.lease_holders h
+ WHERE greatest(h.beat_at, pg_postmaster_start_time())
+       + make_interval(secs => h.lease_seconds) < now()
+"""
+
+
+# Requeue (or fail, when attempts are spent) running jobs whose lease has expired: held by a
+# holder that stopped beating (SILENT_HOLDERS), or not renewed for the stale threshold (a
+# holder that never beats, such as a one-off command, or one that beats and is stuck).
+RECOVER_STALE = f"""
+WITH silent AS MATERIALIZED ({SILENT_HOLDERS.strip()})
 UPDATE control.platform_jobs
    SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
        available_at = now(),
        finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
-       error_detail = %(detail)s, locked_at = NULL, locked_by = NULL, updated_at = now()
+       error_detail = CASE WHEN locked_by IN (SELECT holder FROM silent) THEN %(silent_detail)s
+                           ELSE %(detail)s END,
+       locked_at = NULL, locked_by = NULL, updated_at = now()
  WHERE status = 'running'
    AND (locked_at < now() - make_interval(secs => %(stale)s)
-        OR (locked_at IS NULL AND updated_at < now() - make_interval(secs => %(stale)s)))
+        OR (locked_at IS NULL AND updated_at < now() - make_interval(secs => %(stale)s))
+        OR locked_by IN (SELECT holder FROM silent))
 RETURNING *
+"""
+
+
+# Forget the holders that stopped beating and hold nothing any more (RECOVER_STALE took their
+# jobs back): a holder row lives as long as its holder beats, and a lease after it. The owner's.
+FORGET_SILENT_HOLDERS = f"""
+DELETE FROM control.lease_holders h
+ WHERE h.holder IN ({SILENT_HOLDERS.strip()})
+   AND NOT EXISTS (SELECT 1 FROM control.platform_jobs j
+                    WHERE j.status = 'running' AND j.locked_by = h.holder)
+"""
+
+
+# Running jobs whose holder stopped beating, per holder: what ``health`` reports while they
+# wait for recovery. Read by the application role too (it may read both tables).
+ORPHANED_JOBS = f"""
+SELECT h.holder, h.component, h.instance_id, count(j.id)::int AS jobs,
+       extract(epoch FROM now() - h.beat_at)::float AS silent_seconds, h.lease_seconds
+  FROM control.lease_holders h
+  JOIN control.platform_jobs j ON j.locked_by = h.holder AND j.status = 'running'
+ WHERE h.holder IN ({SILENT_HOLDERS.strip()})
+ GROUP BY h.holder, h.component, h.instance_id, h.beat_at, h.lease_seconds
+ ORDER BY h.holder
 """
 
 
@@ -143,19 +184,46 @@ SELECT * FROM control.platform_jobs
 def recover_stale(
     conn: Conn, stale_after_seconds: float, unjournaled: Collection[str] = ()
 ) -> list[Job]:
-    """Requeue or fail running jobs whose lease expired, closing their open step runs; fail
+    """Requeue or fail running jobs whose lease expired (their holder stopped beating, or the
+    lease was not renewed for ``stale_after_seconds``), closing their open step runs; fail
     (with a reason) the unfinished jobs no worker could load, so none stalls the queue.
     ``unjournaled``: the job types whose steps no engine records (the application's)."""
     rows = fetch_all(conn, FAIL_UNPROCESSABLE, {"detail": UNPROCESSABLE_DETAIL})
-    rows += fetch_all(
-        conn, RECOVER_STALE, {"stale": stale_after_seconds, "detail": RECOVERED_DETAIL}
-    )
+    params = {
+        "stale": stale_after_seconds,
+        "detail": RECOVERED_DETAIL,
+        "silent_detail": HOLDER_SILENT_DETAIL,
+    }
+    rows += fetch_all(conn, RECOVER_STALE, params)
     # Step runs are the owner's engine's (app_rw may not write them); product jobs have none.
     owned = [row["id"] for row in rows if row["job_type"] not in unjournaled]
     if owned:
         with conn.cursor() as cur:
             cur.execute(STEP_RUNS_ABANDON, {"job_ids": owned})
     return [Job.from_row(row) for row in rows]
+
+
+def forget_silent_holders(conn: Conn) -> None:
+    """Delete the rows of lease holders that stopped beating and hold no running job."""
+    with conn.cursor() as cur:
+        cur.execute(FORGET_SILENT_HOLDERS)
+
+
+@dataclass(frozen=True)
+class OrphanedJobs:
+    """Running jobs of a lease holder that stopped beating, waiting for recovery."""
+
+    holder: str
+    component: str
+    instance_id: str
+    jobs: int
+    silent_seconds: float
+    lease_seconds: float
+
+
+def orphaned_jobs(conn: Conn) -> list[OrphanedJobs]:
+    """Per silent holder, how many running jobs it still holds (:data:`ORPHANED_JOBS`)."""
+    return [OrphanedJobs(**row) for row in fetch_all(conn, ORPHANED_JOBS, {})]
 
 
 def cancel(conn: Conn, job_id: UUID) -> Job:

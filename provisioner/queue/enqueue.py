@@ -13,6 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from provisioner.db.pipelines import async_pipeline, pipeline
 from provisioner.errors import InvalidInput, KeyConflict
 from provisioner.models import (
     Job,
@@ -222,7 +223,7 @@ async def _enqueue_async(
 ) -> Enqueued:
     """:func:`_enqueue` on an async connection: the same statements, awaited."""
     params = request.params()
-    async with conn.pipeline(), conn.cursor(row_factory=dict_row) as cur:
+    async with async_pipeline(conn), conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(request.statement, params)
         await conn.execute(RUN_START_ENQUEUED, params)
         row = await cur.fetchone()
@@ -245,7 +246,7 @@ async def _enqueue_async(
 def _insert_started(conn: Conn, statement: str, params: dict[str, Any]) -> dict[str, Any] | None:
     """The job ``statement`` inserted (None: none), then its run's row: one pipeline, so one
     round trip, together with the ``BEGIN`` psycopg sends first outside a transaction."""
-    with conn.pipeline(), conn.cursor(row_factory=dict_row) as cur:
+    with pipeline(conn), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(statement, params)
         conn.execute(RUN_START_ENQUEUED, params)
         return cur.fetchone()

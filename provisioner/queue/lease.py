@@ -14,6 +14,7 @@ from uuid import UUID
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from provisioner.db.pipelines import pipeline
 from provisioner.errors import InvalidInput, LeaseLost
 from provisioner.models import (
     Job,
@@ -21,7 +22,14 @@ from provisioner.models import (
 )
 from provisioner.queue.claim import CLAIM_NEXT, Claim, as_claim, claim_params
 from provisioner.queue.journal import run_detail
-from provisioner.queue.rows import BACKOFF_CAP_SECONDS, Conn, bounded_error, fetch_all, fetch_one
+from provisioner.queue.rows import (
+    BACKOFF_CAP_SECONDS,
+    LOCK_WAIT_CAP_SECONDS,
+    Conn,
+    bounded_error,
+    fetch_all,
+    fetch_one,
+)
 
 # Record one finished step with the new progress, fenced by the lease. The lease is renewed
 # with clock_timestamp(): now() is the start of the step's transaction, which may be older
@@ -29,7 +37,7 @@ from provisioner.queue.rows import BACKOFF_CAP_SECONDS, Conn, bounded_error, fet
 _RECORD_STEP = """
 UPDATE control.platform_jobs
    SET steps_completed = %(steps)s, progress = %(progress)s, locked_at = clock_timestamp(),
-       updated_at = now()
+       lock_waits = 0, updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
 RETURNING *"""
 
@@ -43,7 +51,7 @@ RECORD_STEP = _RECORD_STEP + "\n"
 COMPLETE = """
 UPDATE control.platform_jobs
    SET status = 'succeeded', progress = 100, error_detail = NULL, locked_at = NULL,
-       locked_by = NULL, finished_at = clock_timestamp(), updated_at = now()
+       locked_by = NULL, lock_waits = 0, finished_at = clock_timestamp(), updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
 RETURNING *
 """
@@ -57,7 +65,8 @@ RETURNING *
 RECORD_LAST_STEP = """
 UPDATE control.platform_jobs
    SET steps_completed = %(steps)s, status = 'succeeded', progress = 100, error_detail = NULL,
-       locked_at = NULL, locked_by = NULL, finished_at = clock_timestamp(), updated_at = now()
+       locked_at = NULL, locked_by = NULL, lock_waits = 0, finished_at = clock_timestamp(),
+       updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
 RETURNING *, set_config('synchronous_commit', 'on', true) AS commit_waits
 """
@@ -98,16 +107,27 @@ CLOSE_STEP_OPEN_NEXT = (
 )
 
 
-# Fail terminally when attempts are spent (or the error is permanent), else back off.
+# Fail terminally when attempts are spent (or the error is permanent), else back off. A job
+# that gave up waiting for a lock (``contended``: an application's transaction holds it) is
+# queued again whatever its attempts, and hands its attempt back (as RELEASE does): waiting
+# behind the application is not a failure, spends no attempt and trips no rollout brake.
+# ``lock_waits`` counts those in a row, for their own backoff (1 s doubling, capped at
+# LOCK_WAIT_CAP_SECONDS); a completed step, or a failure of another kind, resets it.
 FAIL_OR_RETRY = """
 UPDATE control.platform_jobs
-   SET status = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN 'failed'
+   SET status = CASE WHEN %(contended)s THEN 'queued'
+                     WHEN %(permanent)s OR attempts >= max_attempts THEN 'failed'
                      ELSE 'queued' END,
-       available_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN available_at
+       attempts = CASE WHEN %(contended)s THEN greatest(attempts - 1, 0) ELSE attempts END,
+       lock_waits = CASE WHEN %(contended)s THEN lock_waits + 1 ELSE 0 END,
+       available_at = CASE WHEN %(contended)s THEN now() + make_interval(
+                                secs => least(%(lock_cap)s, power(2, least(lock_waits, 8))))
+                           WHEN %(permanent)s OR attempts >= max_attempts THEN available_at
                            ELSE now() + make_interval(
                                     secs => least(%(cap)s, power(2, least(attempts, 8))))
                       END,
-       finished_at = CASE WHEN %(permanent)s OR attempts >= max_attempts THEN clock_timestamp()
+       finished_at = CASE WHEN %(contended)s THEN NULL
+                          WHEN %(permanent)s OR attempts >= max_attempts THEN clock_timestamp()
                      END,
        error_detail = %(error)s, locked_at = NULL, locked_by = NULL, updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
@@ -141,6 +161,34 @@ RENEW_LEASES = """
 UPDATE control.platform_jobs SET locked_at = now()
  WHERE status = 'running' AND locked_by = ANY(%(holders)s)
 RETURNING id
+"""
+
+
+# A worker's heartbeat for its lease holders (its engine processes), in one statement: each
+# holder's row in control.lease_holders beaten with the lease it promises (a dead holder's jobs
+# are recovered once it is older than that: RECOVER_STALE), and every job they hold renewed.
+BEAT_HOLDERS = (
+    """
+WITH beaten AS (
+    INSERT INTO control.lease_holders (holder, component, instance_id, beat_at, lease_seconds)
+    SELECT holder, %(component)s, %(instance_id)s, now(), %(lease)s
+      FROM unnest(%(holders)s::text[]) AS h(holder)
+    ON CONFLICT (holder) DO UPDATE
+       SET component = excluded.component, instance_id = excluded.instance_id,
+           beat_at = excluded.beat_at, lease_seconds = excluded.lease_seconds
+)
+"""
+    + RENEW_LEASES
+)
+
+
+# A worker that stops cleanly forgets its holders, but one still holding a running job (its
+# outcome could not be recorded): that job is recovered once the holder's lease runs out.
+FORGET_HOLDERS = """
+DELETE FROM control.lease_holders h
+ WHERE h.instance_id = %(instance_id)s
+   AND NOT EXISTS (SELECT 1 FROM control.platform_jobs j
+                    WHERE j.status = 'running' AND j.locked_by = h.holder)
 """
 
 
@@ -233,7 +281,7 @@ def close_step(
     with conn.cursor(row_factory=dict_row) as record:
         if claim_next:
             with conn.cursor(row_factory=dict_row) as claim:
-                with conn.pipeline():
+                with pipeline(conn):
                     record.execute(statement, params)
                     claim.execute(CLAIM_NEXT, claim_params(claim_next, lease.locked_by))
                 claimed = as_claim(claim.fetchone())
@@ -251,15 +299,21 @@ def complete(conn: Conn, lease: Lease) -> Job:
     return _fenced(conn, COMPLETE, lease)
 
 
-def fail_or_retry(conn: Conn, lease: Lease, error: str, *, permanent: bool = False) -> Job:
-    """Back off and requeue, or fail when attempts are spent or the error is permanent."""
+def fail_or_retry(
+    conn: Conn, lease: Lease, error: str, *, permanent: bool = False, contended: bool = False
+) -> Job:
+    """Back off and requeue, or fail when attempts are spent or the error is permanent.
+    ``contended``: the job gave up waiting for a lock; it is queued again without spending an
+    attempt (:data:`FAIL_OR_RETRY`)."""
     return _fenced(
         conn,
         FAIL_OR_RETRY,
         lease,
         error=bounded_error(error),
         permanent=permanent,
+        contended=contended,
         cap=BACKOFF_CAP_SECONDS,
+        lock_cap=LOCK_WAIT_CAP_SECONDS,
     )
 
 
@@ -279,3 +333,30 @@ def release_unreported(conn: Conn, worker: str, reported: list[UUID]) -> list[Jo
 
 def renew_leases(conn: Conn, holders: list[str]) -> int:
     return len(fetch_all(conn, RENEW_LEASES, {"holders": holders}))
+
+
+@dataclass(frozen=True)
+class HolderBeat:
+    """Who beats for a set of lease holders, and the lease each beat promises: a holder not
+    heard from for ``lease_seconds`` is taken for dead and its jobs are recovered."""
+
+    component: str
+    instance_id: str
+    lease_seconds: float
+
+
+def beat_holders(conn: Conn, beat: HolderBeat, holders: list[str]) -> int:
+    """Beat for ``holders`` and renew every job they hold (:data:`BEAT_HOLDERS`); the number of
+    jobs renewed."""
+    params = {
+        "component": beat.component,
+        "instance_id": beat.instance_id,
+        "lease": beat.lease_seconds,
+        "holders": holders,
+    }
+    return len(fetch_all(conn, BEAT_HOLDERS, params))
+
+
+def forget_holders(conn: Conn, instance_id: str) -> None:
+    with conn.cursor() as cur:
+        cur.execute(FORGET_HOLDERS, {"instance_id": instance_id})

@@ -20,7 +20,16 @@ ERROR_DETAIL_LIMIT = 4000
 BACKOFF_CAP_SECONDS = 300
 
 
+#: The longest wait between two tries of a job that gave up waiting for a lock: an
+#: application's transaction holds it, and each try queues the application's queries on that
+#: table for up to the lock timeout, so at most once a minute.
+LOCK_WAIT_CAP_SECONDS = 60
+
+
 RECOVERED_DETAIL = "Recovered after worker lease expired."
+
+
+HOLDER_SILENT_DETAIL = "Recovered: its worker stopped beating (the lease of its heartbeat ran out)."
 
 
 #: First key of the advisory lock a claim takes on the job's tenant for its transaction ('jobs')

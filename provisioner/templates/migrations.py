@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from psycopg.rows import tuple_row
 
 from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, statements_of, translated
+from provisioner.errors import ConfigurationError
 from provisioner.settings import TENANT_TREE_ENV as TENANT_TREE_ENV
 from provisioner.settings import tenant_tree_override
 from provisioner.tenant import schema as tenant_schema
@@ -200,6 +201,23 @@ def tenant_tree_state(tree: Path | None = None) -> TreeState:
     digest = tree_digest(tree)
     _forget_tree_modules(tree, digest)
     return TreeState(digest=digest, heads=_heads_of(tree, digest))
+
+
+def check_tenant_tree() -> None:
+    """Refuse, in one line, a tenant tree that cannot be read (``PROVISIONER_TENANT_TREE``
+    naming a folder that is missing or is not an Alembic tree, or a revision that does not
+    load): a worker that started with it would fail every job after its retries."""
+    tree = tenant_tree()
+    try:
+        heads = tenant_tree_state(tree).heads
+    except Exception as exc:  # a revision file raises whatever its Python does
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ConfigurationError(
+            f"{TENANT_TREE_ENV}={str(tree)[:200]} is not a readable tenant Alembic tree "
+            f"(env.py, alembic.ini, versions/): {reason}"
+        ) from None
+    if not heads:
+        raise ConfigurationError(f"{TENANT_TREE_ENV}={str(tree)[:200]} has no revisions")
 
 
 def tenant_heads() -> frozenset[str]:

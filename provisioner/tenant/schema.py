@@ -24,6 +24,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.string import TextLoader
 
 from provisioner.errors import GrantVerificationFailed, PermanentError
+from provisioner.tenant import app_role as app_roles
 
 Conn = psycopg.Connection[Any]
 
@@ -328,6 +329,19 @@ def revoke_app_role(conn: Conn, schema: str, app_role: str) -> None:
     held = app_role_holdings(conn, schema, app_role)
     if held:
         raise PermanentError(f"{app_role} still holds in {schema}: {'; '.join(held[:10])}")
+    left = app_roles.access_left(conn, schema, app_role)
+    if left:
+        raise PermanentError(
+            f"{app_role} can still use {schema} after the revoke (a superuser, or a grant to "
+            f"PUBLIC or to a role it belongs to): {'; '.join(left[:10])}"
+        )
+
+
+def app_role_cut_off(conn: Conn, schema: str, app_role: str) -> bool:
+    """The role holds nothing in the schema, by name or through any other grant."""
+    return not app_role_holdings(conn, schema, app_role) and not app_roles.access_left(
+        conn, schema, app_role
+    )
 
 
 def app_role_holdings(conn: Conn, schema: str, app_role: str) -> list[str]:
@@ -337,10 +351,16 @@ def app_role_holdings(conn: Conn, schema: str, app_role: str) -> list[str]:
         return [str(row[0]) for row in cur.fetchall()]
 
 
-def drop_schema(conn: Conn, schema: str) -> None:
-    """``DROP SCHEMA ... CASCADE``: the tenant's tables and data are gone on commit."""
+def drop_schema(conn: Conn, schema: str, *, lock_timeout_ms: int | None = None) -> None:
+    """``DROP SCHEMA ... CASCADE``: the tenant's tables and data are gone on commit. With
+    ``lock_timeout_ms``, the drop waits at most that long for its locks (``lock_timeout`` set
+    for the caller's transaction), then fails with SQLSTATE 55P03."""
+    drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+    if lock_timeout_ms is not None:
+        timeout = sql.Literal(f"{max(1, lock_timeout_ms)}ms")
+        drop = sql.SQL("SELECT set_config('lock_timeout', {}, true); {}").format(timeout, drop)
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        cur.execute(drop)
 
 
 def missing_app_grants(conn: Conn, schema: str, app_role: str) -> list[str]:

@@ -2,9 +2,10 @@
 
 One parent process and ``concurrency`` engine processes (:mod:`provisioner.worker.processes`).
 
-* The **parent** supervises: stale recovery at start and every quarter of the stale
-  threshold; ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the
-  backstop for a lost notification; asking each idle child to drain the queue (at most
+* The **parent** supervises: recovery of abandoned jobs at start and every heartbeat interval
+  (a holder that stopped beating, or a lease older than the stale threshold);
+  ``LISTEN provisioner_jobs`` on its own autocommit connection, with polling as the backstop
+  for a lost notification; asking each idle child to drain the queue (at most
   ``concurrency`` jobs at once); settling only what a child could not (the child died, or the
   database was down when the step failed) and handing back a dead child's claim it never
   reported; signals and the drain.
@@ -13,9 +14,10 @@ One parent process and ``concurrency`` engine processes (:mod:`provisioner.worke
   job's last step claims the next one, and the child goes on unasked until a claim finds
   nothing (:mod:`provisioner.worker.processes`).
 * A **heartbeat thread**, on its own connection, upserts the component's row in
-  ``control.runtime_heartbeats`` every interval and, in the same transaction, renews
-  ``locked_at`` of every job the children hold: a long step on a live worker is never taken for
-  abandoned, and a worker that stops beating loses its jobs to recovery once the lease expires.
+  ``control.runtime_heartbeats`` every interval and, in the same transaction, beats for each
+  child's lease holder in ``control.lease_holders`` and renews ``locked_at`` of every job the
+  children hold: a long step on a live worker is never taken for abandoned, and a worker that
+  stops beating loses its jobs to recovery once it missed three beats (``MISSED_BEATS``).
   Every write of the engine is fenced by the lease, so a worker that was presumed dead (frozen,
   partitioned) and wakes up records nothing.
 

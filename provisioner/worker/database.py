@@ -16,10 +16,18 @@ from provisioner import db, queue
 from provisioner.engine import describe
 from provisioner.errors import LeaseLost, ProvisionerError
 from provisioner.logs import event, job_fields
+from provisioner.settings import Settings
 from provisioner.worker.heartbeat import DB_ERRORS
 from provisioner.worker.options import RECONNECT_CAP_SECONDS
 from provisioner.worker.processes import ClaimNext
 from provisioner.worker.state import Wakeup, WorkerState
+
+
+def recovery_interval(settings: Settings) -> float:
+    """How often the parent looks for abandoned jobs: every heartbeat (a dead holder's jobs
+    are queued again at most one interval after its lease ran out), or a quarter of the stale
+    threshold when that is shorter."""
+    return min(settings.heartbeat_seconds, settings.job_stale_after_seconds / 4)
 
 
 class DatabaseWork(WorkerState):
@@ -31,7 +39,7 @@ class DatabaseWork(WorkerState):
             self._settle_orphans()
             if now >= self._next_recovery:
                 self._recover()
-                self._next_recovery = now + self.settings.job_stale_after_seconds / 4
+                self._next_recovery = now + recovery_interval(self.settings)
             if self._deadline is None:
                 self._claim()
         except DB_ERRORS as exc:
@@ -86,6 +94,7 @@ class DatabaseWork(WorkerState):
                 self.settings.job_stale_after_seconds,
                 self.application_kinds,
             )
+            queue.forget_silent_holders(self._conn)
             self._conn.commit()
         for job in jobs:
             self.stats["recovered"] += 1

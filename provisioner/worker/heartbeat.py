@@ -68,27 +68,36 @@ class Heartbeat(threading.Thread):
         self.snapshot = snapshot
         self.outage = outage
         self.halt = threading.Event()
+        self.holder_beat = queue.HolderBeat(
+            settings.worker_component, instance_id, settings.holder_lease_seconds
+        )
         self._conn: psycopg.Connection[Any] | None = None
 
     def run(self) -> None:
-        while True:
+        """Beat every interval until halted; the first beat is the caller's (:meth:`beat`,
+        before any job is claimed), so every holder beats before it holds a lease."""
+        while not self.halt.wait(self.settings.heartbeat_seconds):
             self.beat()
-            if self.halt.wait(self.settings.heartbeat_seconds):
-                break
         self.close()
 
-    def beat(self) -> None:
+    def beat(self, *, last: bool = False) -> None:
+        """Upsert the component's row, beat for every lease holder and renew their jobs, in
+        one transaction. The ``last`` beat (a clean stop) forgets the holders that hold nothing
+        any more; one left holding an unsettled job is recovered once its lease runs out."""
         detail, holders = self.snapshot()
         try:
             if self._conn is None:
                 name = f"{self.instance_id}:heartbeat"
-                # The owner's URL: only the owner's beat counts for an owner job type (c005).
+                # The owner's URL: only the owner's beat counts for an owner job type (c005);
+                # only the owner may write control.lease_holders.
                 self._conn = db.connect(self.settings.owner_url, application_name=name)
             with db.translated():
                 component = self.settings.worker_component
                 heartbeats.beat(self._conn, component, self.instance_id, detail)
-                if holders:
-                    queue.renew_leases(self._conn, holders)
+                if last:
+                    queue.forget_holders(self._conn, self.instance_id)
+                elif holders:
+                    queue.beat_holders(self._conn, self.holder_beat, holders)
                 self._conn.commit()
         except DB_ERRORS as exc:
             self.close()

@@ -65,6 +65,7 @@ class Worker(Supervisor):
                 self._spawn()
             if self._wait_until_children_ready():
                 self.state = "running"
+                self._heartbeat.beat()  # every holder beats before the first claim
                 self._heartbeat.start()
                 if self._pool is not None:
                     self._pool.start()
@@ -143,7 +144,7 @@ class Worker(Supervisor):
             self._heartbeat.halt.set()
             self._heartbeat.join(10)
         self.state = "stopped"
-        self._heartbeat.beat()  # the last beat says so: health reports "stopped cleanly"
+        self._heartbeat.beat(last=True)  # the last beat says so: health reports "stopped cleanly"
         self._heartbeat.close()
         event(
             self.log,

@@ -22,6 +22,7 @@ from provisioner.errors import (
 from provisioner.logs import event
 from provisioner.settings import Settings
 from provisioner.templates import migrations
+from provisioner.tenant import app_role
 
 
 def check_configuration(settings: Settings) -> None:
@@ -52,6 +53,7 @@ def check_configuration(settings: Settings) -> None:
             f"of PROVISIONER_JOB_STALE_AFTER_SECONDS ({settings.job_stale_after_seconds:g}), or "
             "live jobs would look abandoned"
         )
+    migrations.check_tenant_tree()  # a missing or unreadable PROVISIONER_TENANT_TREE
     settings.check_object_store_path()
     storage.store_from_settings(settings)  # ConfigurationError for a store that cannot work
 
@@ -71,15 +73,17 @@ def connect_for_start(name: str, url: str) -> psycopg.Connection[Any]:
 
 
 def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Logger) -> None:
-    """Both URLs connect, the control schema is at head, and the owner URL is not a superuser
-    unless allowed."""
+    """Both URLs connect, the control schema is at head, the owner URL is not a superuser
+    unless allowed, and the application role is one a revoke cuts off: it exists, is neither a
+    superuser nor the owner, and is the role APP_DATABASE_URL gets its access through."""
     owner = connect_for_start("MIGRATIONS_DATABASE_URL", settings.owner_url)
     with closing(owner), db.translated():
         at_head = migrations.control_at_head(owner)
         superuser = heartbeats.connected_as_superuser(owner)
+        app_role.check(owner, settings.app_role)
     app = connect_for_start("APP_DATABASE_URL", settings.app_url)
     with closing(app), db.translated():
-        app.execute("SELECT 1")
+        app_role.check_reached(app, settings.app_role, "APP_DATABASE_URL")
     if not at_head:
         raise ConfigurationError("the control schema is not at head: run `provisioner migrate`")
     if superuser and not allow_superuser:

@@ -94,7 +94,7 @@ def test_settings_from_env_defaults_and_overrides() -> None:
     assert s.worker_component == "provisioner-worker"
     assert s.worker_job_types == ("provision_tenant",)
     assert s.job_stale_after_seconds == 900
-    assert s.heartbeat_seconds == 10
+    assert s.heartbeat_seconds == 5
     s = Settings.from_env(
         {
             "MIGRATIONS_DATABASE_URL": "postgresql://o:pw@h/d",

@@ -20,8 +20,9 @@ What was applied is recorded in ``control.tenant_seeds`` (the owner's alone): ea
 and content digest, keyed by the schema's OID, so a schema dropped and created again counts as
 unseeded and a schema renamed into the tenant's name keeps its record. The step's catalog check
 compares that record with the seeds declared now: a new or changed seed makes the step run
-again when the job is resumed or re-run, and its detail says which seed changed. A seed that fails for good (a syntax error, an undefined table,
-a constraint) fails the job at once, naming the file (:func:`provisioner.db.statements_of`).
+again when the job is resumed or re-run, and its detail says which seed changed. A seed that
+fails for good (a syntax error, an undefined table, a constraint) fails the job at once, naming
+the file (:func:`provisioner.db.statements_of`).
 """
 
 from __future__ import annotations

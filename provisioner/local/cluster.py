@@ -189,11 +189,17 @@ class Cluster:
     def url(self, role: str, database: str) -> str:
         """``role``'s URL with its password, for this process's own use (``Settings`` hide it);
         to print, or to hand to another process, :meth:`passfile_url`."""
-        secret = self._secret()
-        if secret is None:  # a cluster of an older version, not yet secured
+        password = self.password(role)
+        if password is None:  # a cluster of an older version, not yet secured
             return f"postgresql://{role}@127.0.0.1:{self.port}/{database}"
-        password = secret if role == SUPERUSER else role_password(secret, role)
         return f"postgresql://{role}:{password}@127.0.0.1:{self.port}/{database}"
+
+    def password(self, role: str) -> str | None:
+        """``role``'s password on this cluster (None: the cluster has none yet)."""
+        secret = self._secret()
+        if secret is None or role == SUPERUSER:
+            return secret
+        return role_password(secret, role)
 
     def passfile_url(self, role: str, database: str) -> str:
         """``role``'s URL without a password, naming the password file instead: safe to print.

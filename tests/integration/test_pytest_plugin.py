@@ -145,7 +145,7 @@ def test_the_factory_gives_each_tenant_its_own_rows(tenant_factory: Callable[...
 def test_a_copy_that_differs_from_the_model_falls_back_to_the_engine(
     provisioner_database: ProvisionerDatabase,
 ) -> None:
-    factory = TenantFactory(provisioner_database, batch=1)
+    factory = TenantFactory(provisioner_database, batch=1, background=False)
     try:
         factory.drop(factory.create())  # the model, and one verified copy
         assert factory.copy_off is None

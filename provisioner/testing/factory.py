@@ -203,10 +203,11 @@ class TenantFactory:
                     if self._stopping:
                         return
                     retired, self.retired = self.retired, []
+                if retired:
+                    with conn.transaction():
+                        conn.execute(_drop_schemas(retired))
                 spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
                 with conn.transaction():
-                    if retired:
-                        conn.execute(_drop_schemas(retired))
                     self._build_copy(conn, spare, self.database.settings.app_role)
                 with self._ready:
                     self.spares.append(spare)

@@ -198,14 +198,17 @@ class TenantFactory:
         try:
             while True:
                 with self._ready:
-                    while not self._stopping and len(self.spares) >= self.batch:
+                    while not (self._stopping or self.retired or len(self.spares) < self.batch):
                         self._ready.wait()
                     if self._stopping:
                         return
                     retired, self.retired = self.retired, []
+                    build = len(self.spares) < self.batch
                 if retired:
                     with conn.transaction():
                         conn.execute(_drop_schemas(retired))
+                if not build:
+                    continue
                 spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
                 with conn.transaction():
                     self._build_copy(conn, spare, self.database.settings.app_role)
@@ -333,7 +336,8 @@ class TenantFactory:
 
     def drop(self, tenant: Tenant | str | TenantId) -> None:
         """Remove the tenant: its control rows (jobs and step history included) at once, and its
-        schema, renamed out of the way now and dropped with the next build (:meth:`reclaim`)."""
+        schema, renamed out of the way now and dropped soon after by the builder (without one,
+        with the next batch: :meth:`reclaim`)."""
         if isinstance(tenant, Tenant):
             tenant_id = TenantId(tenant.id)
         elif isinstance(tenant, TenantId):
@@ -353,8 +357,13 @@ class TenantFactory:
                         sql.Identifier(tenant_id.schema), sql.Identifier(retired)
                     )
                 )
-                with self._ready:
-                    self.retired.append(retired)
+            else:
+                return
+        # Committed (never call this inside a transaction of the factory's session): the
+        # builder can see the new name, and drops it.
+        with self._ready:
+            self.retired.append(retired)
+            self._ready.notify_all()
 
     @staticmethod
     def _drop_elsewhere(tenant: TenantId, owner_url: str) -> None:
@@ -379,8 +388,14 @@ class TenantFactory:
         """Drop the tenants added since ``before`` that the factory did not hand out (an
         application's own sign-ups), and the jobs added since that belong to no tenant left;
         the tenant ids dropped."""
+        keep = frozenset(self.live)
         with self._owner() as conn:
-            return before.clean(conn, keep=frozenset(self.live), drop=self.drop)
+            added = before.added_tenants(conn, keep)
+        for tenant in added:
+            self.drop(tenant)
+        with self._owner() as conn:
+            before.delete_added_jobs(conn, keep)
+        return [tenant.value for tenant in added]
 
     def reclaim(self) -> None:
         """Drop the schemas of the tenants dropped so far, in one statement."""

@@ -9,13 +9,14 @@ ready job of the owner's kinds until none is left, and returns each as it was se
 
 The plugin's database lives for the whole session, so a tenant a test signed up would still be
 there for the next test (and its id taken). :class:`Sweep` notes the tenants and jobs present
-before a test and, after it, removes those the test added that nobody else answers for (the
-factory's own tenants are dropped by the factory).
+before a test and, after it, names those the test added that nobody else answers for (the
+factory's own tenants are dropped by the factory), for the factory to drop
+(:meth:`provisioner.testing.TenantFactory.sweep`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, assert_never
 
@@ -84,25 +85,20 @@ class Sweep:
         assert row is not None
         return cls(frozenset(row[0]), list(row[1]))
 
-    def clean(
-        self,
-        conn: psycopg.Connection[Any],
-        keep: Collection[str],
-        drop: Callable[[TenantId], None],
-    ) -> list[str]:
-        """Drop (``drop``) each tenant added since the snapshot and not in ``keep`` (tenants
-        someone else answers for), then delete the jobs added since that belong to no tenant
-        left; the ids dropped."""
+    def added_tenants(self, conn: psycopg.Connection[Any], keep: Collection[str]) -> list[TenantId]:
+        """The tenants added since the snapshot, but those in ``keep`` (someone else's)."""
         now = Sweep.snapshot(conn)
-        dropped: list[str] = []
+        added: list[TenantId] = []
         for tenant_id in sorted(now.tenants - self.tenants - set(keep)):
             try:
-                tenant = TenantId(tenant_id)
+                added.append(TenantId(tenant_id))
             except InvalidInput:  # pragma: no cover - the table's constraint refuses such ids
                 continue
-            drop(tenant)
-            dropped.append(tenant_id)
+        return added
+
+    def delete_added_jobs(self, conn: psycopg.Connection[Any], keep: Collection[str]) -> None:
+        """Delete the jobs added since the snapshot that belong to no tenant that was there
+        before or is in ``keep`` (a dropped tenant's jobs went with it)."""
         conn.execute(
-            queue.SWEEP_NEW_JOBS, {"before": self.jobs, "keep": list(self.tenants | set(keep))}
+            queue.SWEEP_NEW_JOBS, {"before": self.jobs, "keep": sorted(self.tenants | set(keep))}
         )
-        return dropped

@@ -31,6 +31,7 @@ from alembic import command as alembic_command
 from psycopg import sql
 
 from provisioner import db, pool
+from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.tenant import schema as tenant_schema
@@ -41,6 +42,7 @@ from provisioner.testing import (
     Tenant,
     role_url,
 )
+from provisioner.testing.pytest_plugin import shared_folder
 
 pytest_plugins = ["tests.storage_fixtures", "tests.workers", "tests.console_server"]
 
@@ -56,10 +58,13 @@ BOOTSTRAP_SQL = ROOT / "infra" / "postgres" / "bootstrap.sql"
 class Server:
     admin_url: str  # superuser, for creating/dropping databases only
     template: str
+    #: the superuser's password, from which the bootstrap roles' derive (None: none asked)
+    secret: str | None = None
 
     def url(self, role: str, database: str) -> str:
-        """The bootstrap roles have no password: the test servers trust 127.0.0.1."""
-        return role_url(self.admin_url, role, database)
+        """A bootstrap role's URL, with its password when the server asks for one (the
+        throwaway cluster does: see :mod:`provisioner.local.cluster`)."""
+        return role_url(self.admin_url, role, database, self.secret)
 
 
 def _run_bootstrap(admin_url: str, database: str) -> None:
@@ -71,12 +76,16 @@ def _run_bootstrap(admin_url: str, database: str) -> None:
         lock.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_KEY,))
         with psycopg.connect(target, autocommit=True) as conn:
             conn.execute(BOOTSTRAP_SQL.read_text())
+            if conn.info.password:  # the roles' passwords, as the plugin sets them
+                local_pg.set_role_passwords(conn, conn.info.password)
 
 
 @pytest.fixture(scope="session")
-def provisioner_server() -> Iterator[PgServer]:
-    """The plugin's server, but named by ``DATABASE_URL`` here (the suite's own variable)."""
-    server = PgServer.start(os.environ.get("DATABASE_URL") or None)
+def provisioner_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    """The plugin's server, but named by ``DATABASE_URL`` here (the suite's own variable); one
+    throwaway cluster for all the xdist workers otherwise, as the plugin does."""
+    url = os.environ.get("DATABASE_URL") or None
+    server = PgServer.start(url, shared_dir=shared_folder(tmp_path_factory))
     try:
         yield server
     finally:
@@ -94,7 +103,7 @@ def pg_server(provisioner_server: PgServer) -> Iterator[Server]:
     # Twice: the bootstrap must be safe to run again.
     _run_bootstrap(admin_url, template)
     _run_bootstrap(admin_url, template)
-    server = Server(admin_url=admin_url, template=template)
+    server = Server(admin_url=admin_url, template=template, secret=provisioner_server.secret)
     migrations.upgrade_control(server.url("provisioner_owner", template))
     try:
         yield server

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import replace
 
@@ -30,10 +31,12 @@ def local_stop(ctx: click.Context) -> None:
 
 
 def export_lines(urls: service.local_pg.EmbeddedUrls) -> list[str]:
+    """Shell-quoted: the URLs name the cluster's password file (``?passfile=...``), never a
+    password."""
     return [
-        f"export MIGRATIONS_DATABASE_URL={urls.owner}",
-        f"export APP_DATABASE_URL={urls.app}",
-        f"export OBJECT_STORE_PATH={urls.objects}",
+        f"export MIGRATIONS_DATABASE_URL={shlex.quote(urls.owner)}",
+        f"export APP_DATABASE_URL={shlex.quote(urls.app)}",
+        f"export OBJECT_STORE_PATH={shlex.quote(str(urls.objects))}",
     ]
 
 

@@ -12,6 +12,15 @@ When the server user cannot reach that folder (root working in a private home, m
 cluster's data goes to a folder it can reach and the state folder keeps a pointer to it
 (``postgres.location``). Starting a server, and above all creating a new cluster, is reported
 through the caller's ``notify`` callback (the CLI prints it on stderr): never silently.
+
+Only the cluster's owner gets in. Every role authenticates with ``scram-sha-256``, on the
+socket and on 127.0.0.1 alike (no ``trust`` line, no replication line), with passwords
+generated when the cluster is created and kept in its folder (``pgpass``, libpq's password
+file, mode 0600, readable only by the user who owns the cluster). The socket's folder is
+mode 0700 and the socket itself 0700, so another local user cannot even reach it. The URLs
+carry no password: they name that file (``?passfile=...``), so printing one gives nothing
+away. A cluster created by an older version (``trust``, no password file) is brought to this
+on its next start (:meth:`Cluster.secure`).
 """
 
 from __future__ import annotations
@@ -19,24 +28,30 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import hmac
 import importlib.util
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
 
 from provisioner.db import CONNECT_TIMEOUT_SECONDS
 from provisioner.errors import ConfigurationError
+from provisioner.redact import redact
 
 EMBEDDED_DATABASE = "provisioner"
 DEFAULT_STATE_DIR = Path(".provisioner")
@@ -45,6 +60,9 @@ LOCATION_FILE = "postgres.location"
 
 Notify = Callable[[str], None]
 
+#: How long a reloaded pg_hba.conf may take to apply (see :meth:`Cluster.secure`).
+RELOAD_TIMEOUT_SECONDS = 10.0
+
 
 def _quiet(message: str) -> None:
     return None
@@ -52,6 +70,16 @@ def _quiet(message: str) -> None:
 
 OWNER_ROLE = "provisioner_owner"
 APP_ROLE = "app_rw"
+SUPERUSER = "postgres"
+#: In the cluster's folder, mode 0600: its passwords, in libpq's password-file format.
+PASSFILE = "pgpass"
+
+#: The cluster's whole pg_hba.conf: a password for every role, on the socket and on loopback.
+HBA = """# Written by provisioner: only the cluster's owner, who holds the passwords (pgpass).
+local all all scram-sha-256
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+"""
 
 
 @functools.cache
@@ -98,9 +126,42 @@ def _service_user() -> str | None:
     raise ConfigurationError("running as root and no 'postgres' or 'nobody' user to run as")
 
 
+def role_password(secret: str, role: str) -> str:
+    """The password of ``role`` on a server whose superuser's password is ``secret``: derived,
+    so that whoever holds the superuser's password can rebuild every role's (and several
+    processes sharing a server agree on it without talking), while a role's password says
+    nothing about the superuser's."""
+    message = f"provisioner role {role}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def set_role_passwords(
+    conn: psycopg.Connection[Any], secret: str, roles: tuple[str, ...] = (OWNER_ROLE, APP_ROLE)
+) -> None:
+    """Give each of ``roles`` that exists its :func:`role_password`. Only the SCRAM verifier,
+    computed here, reaches the server: the password is in no statement and no server log."""
+    for role in roles:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+            _set_password(conn, role, role_password(secret, role))
+
+
+def _set_password(conn: psycopg.Connection[Any], role: str, password: str) -> None:
+    verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256")
+    statement = sql.SQL("ALTER ROLE {} PASSWORD {}")
+    conn.execute(statement.format(sql.Identifier(role), sql.Literal(verifier.decode())))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner alone (mode 0600, whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(text)
+
+
 @dataclass
 class Cluster:
-    """One PostgreSQL cluster under ``root`` (data/, run/, port, postgres.log)."""
+    """One PostgreSQL cluster under ``root`` (data/, run/, port, pgpass, postgres.log)."""
 
     root: Path
     durable: bool = True
@@ -117,11 +178,34 @@ class Cluster:
         path = self.root / "port"
         return int(path.read_text()) if path.exists() else None
 
+    @property
+    def passfile(self) -> Path:
+        """The cluster's passwords (libpq's password-file format, mode 0600)."""
+        return self.root / PASSFILE
+
     def superuser_url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        return self.url(SUPERUSER, database)
 
     def url(self, role: str, database: str) -> str:
-        return f"postgresql://{role}@127.0.0.1:{self.port}/{database}"
+        """``role``'s URL with its password, for this process's own use (``Settings`` hide it);
+        to print, or to hand to another process, :meth:`passfile_url`."""
+        password = self.password(role)
+        if password is None:  # a cluster of an older version, not yet secured
+            return f"postgresql://{role}@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://{role}:{password}@127.0.0.1:{self.port}/{database}"
+
+    def password(self, role: str) -> str | None:
+        """``role``'s password on this cluster (None: the cluster has none yet)."""
+        secret = self._secret()
+        if secret is None or role == SUPERUSER:
+            return secret
+        return role_password(secret, role)
+
+    def passfile_url(self, role: str, database: str) -> str:
+        """``role``'s URL without a password, naming the password file instead: safe to print.
+        (libpq prefers ``PGPASSWORD`` to a password file: where it is set, :meth:`url`.)"""
+        passfile = quote(str(self.passfile))
+        return f"postgresql://{role}@127.0.0.1:{self.port}/{database}?passfile={passfile}"
 
     def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
         user = _service_user()
@@ -138,6 +222,12 @@ class Cluster:
         for path in [self.root, *self.root.rglob("*")]:
             os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
 
+    def _close_folders(self) -> None:
+        """The cluster's folder and its socket's folder: the server's user alone enters them."""
+        self.root.chmod(0o700)
+        (self.root / "run").mkdir(exist_ok=True)
+        (self.root / "run").chmod(0o700)
+
     def initialised(self) -> bool:
         return (self.data / "PG_VERSION").exists()
 
@@ -147,35 +237,66 @@ class Cluster:
             and self._run("pg_ctl", "-D", str(self.data), "status").returncode == 0
         )
 
+    def _secret(self) -> str | None:
+        """The superuser's password, from the password file (None: there is none yet)."""
+        if not self.passfile.exists():
+            return None
+        for line in self.passfile.read_text().splitlines():
+            fields = line.split(":")
+            if len(fields) == 5 and fields[3] == SUPERUSER:
+                return fields[4]
+        return None
+
+    def _write_passfile(self, secret: str) -> None:
+        lines = [f"*:*:*:{SUPERUSER}:{secret}"] + [
+            f"*:*:*:{role}:{role_password(secret, role)}" for role in (OWNER_ROLE, APP_ROLE)
+        ]
+        _write_private(self.passfile, "\n".join(lines) + "\n")
+
     def init(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "run").mkdir(exist_ok=True)
+        self._close_folders()
+        secret = secrets.token_urlsafe(32)
+        self._write_passfile(secret)
+        # initdb reads the superuser's password from a file the server's user can read: one
+        # in the closed cluster folder, removed as soon as initdb is done.
+        pwfile = self.root / "initdb.pw"
+        _write_private(pwfile, secret + "\n")
         self._chown()
-        result = self._run(
-            "initdb",
-            "-D",
-            str(self.data),
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "-E",
-            "UTF8",
-            "--no-locale",
-            *([] if self.durable else ["--no-sync"]),
-        )
+        try:
+            result = self._run(
+                "initdb",
+                "-D",
+                str(self.data),
+                "-U",
+                SUPERUSER,
+                "--auth=scram-sha-256",
+                f"--pwfile={pwfile}",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                *([] if self.durable else ["--no-sync"]),
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigurationError(f"initdb failed: {last}{_as_root_hint(self.root)}")
+        (self.data / "pg_hba.conf").write_text(HBA)
+        self._chown()
 
     def start(self) -> None:
         port = self.port
         if port is None or not _port_free(port):
             port = free_port()
             (self.root / "port").write_text(str(port))
-        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {self.root / 'run'}"
+        options = (
+            f"-c listen_addresses=127.0.0.1 -p {port} -k {self.root / 'run'}"
+            " -c unix_socket_permissions=0700"
+        )
         if not self.durable:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        self._close_folders()
         self._chown()
         result = self._run(
             "pg_ctl",
@@ -196,6 +317,61 @@ class Cluster:
                 f"{_as_root_hint(self.root)}"
             )
 
+    def secured(self) -> bool:
+        """Does the cluster ask every role for its password (and is there a password file)?"""
+        hba = self.data / "pg_hba.conf"
+        return self._secret() is not None and hba.exists() and hba.read_text() == HBA
+
+    def secure(self) -> bool:
+        """Bring a running cluster that an older version created (``trust`` on 127.0.0.1 and
+        the socket, no passwords) to password authentication: passwords generated and kept
+        in :attr:`passfile`, set on the superuser and the bootstrap roles, then this
+        pg_hba.conf, reloaded. True if it changed anything. The folders are closed first, so
+        nobody else gets in while the old rules still hold."""
+        if self.secured():
+            return False
+        self._close_folders()
+        secret = self._secret() or secrets.token_urlsafe(32)
+        self._write_passfile(secret)
+        try:
+            with psycopg.connect(
+                self.superuser_url(), autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
+            ) as conn:  # the old rules let the owner in (root, or the server's own user)
+                _set_password(conn, SUPERUSER, secret)
+                set_role_passwords(conn, secret)
+                (self.data / "pg_hba.conf").write_text(HBA)
+                self._chown()
+                conn.execute("SELECT pg_reload_conf()")
+        except psycopg.OperationalError as exc:
+            raise ConfigurationError(
+                f"cannot connect to the PostgreSQL in {self.data} to require passwords "
+                f"(was its {PASSFILE} removed?): {redact(str(exc)).strip()}"
+            ) from exc
+        self._wait_for_passwords()
+        return True
+
+    def _wait_for_passwords(self) -> None:
+        """Until the server refuses a connection without a password (the reload is applied)."""
+        deadline = time.monotonic() + RELOAD_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                psycopg.connect(
+                    host="127.0.0.1",
+                    port=self.port,
+                    user=SUPERUSER,
+                    dbname="postgres",
+                    password="",
+                    passfile=str(self.root / "no-such-file"),  # so: no password at all
+                    connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                ).close()
+            except psycopg.OperationalError:
+                return
+            time.sleep(0.05)
+        raise ConfigurationError(
+            f"PostgreSQL in {self.data} still admits connections without a password after "
+            "its pg_hba.conf was rewritten; stop it (`provisioner local stop`) and run again"
+        )
+
     def stop(self) -> bool:
         """Stop the server if it runs; True if it was running."""
         if not self.running():
@@ -204,13 +380,15 @@ class Cluster:
         return True
 
     def ensure_running(self) -> bool:
-        """Initialise and start as needed; True if this call created the cluster."""
+        """Initialise and start as needed, and require passwords (:meth:`secure`); True if this
+        call created the cluster."""
         created = False
         if not self.initialised():
             self.init()
             created = True
         if not self.running():
             self.start()
+        self.secure()
         return created
 
 
@@ -248,9 +426,11 @@ def bootstrap_database(superuser_url: str, database: str) -> None:
         ).fetchone()
         if not exists:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-    target = superuser_url.rsplit("/", 1)[0] + f"/{database}"
+    target = psycopg.conninfo.make_conninfo(superuser_url, dbname=database)
     with psycopg.connect(target, autocommit=True, connect_timeout=timeout) as conn:
         conn.execute(bootstrap_sql())
+        if conn.info.password:  # a server that asks for passwords: the roles get theirs
+            set_role_passwords(conn, conn.info.password)
 
 
 @dataclass(frozen=True)
@@ -342,8 +522,15 @@ def ensure_embedded(state_dir: Path, notify: Notify = _quiet) -> EmbeddedUrls:
         if not cluster.initialised():
             notify(f"creating a new embedded PostgreSQL cluster in {cluster.data}")
         if not cluster.running():
-            cluster.ensure_running()
+            if not cluster.initialised():
+                cluster.init()
+            cluster.start()
             notify(f"started the embedded PostgreSQL on 127.0.0.1:{cluster.port} ({cluster.data})")
+        if cluster.secure():
+            notify(
+                f"the embedded PostgreSQL now asks every role for a password (kept in "
+                f"{cluster.passfile}, mode 0600); connections without one are refused"
+            )
         bootstrap_database(cluster.superuser_url(), EMBEDDED_DATABASE)
     objects = state_dir / "objects"
     objects.mkdir(parents=True, exist_ok=True)
@@ -355,11 +542,12 @@ def ensure_embedded(state_dir: Path, notify: Notify = _quiet) -> EmbeddedUrls:
 
 
 def embedded_urls(state_dir: Path) -> EmbeddedUrls:
-    """The embedded database's URLs (as :func:`ensure_embedded` returns them; starts nothing)."""
+    """The embedded database's URLs to show (starts nothing): they name the cluster's password
+    file instead of holding a password (:meth:`Cluster.passfile_url`)."""
     cluster = embedded_cluster(state_dir)
     return EmbeddedUrls(
-        owner=cluster.url(OWNER_ROLE, EMBEDDED_DATABASE),
-        app=cluster.url(APP_ROLE, EMBEDDED_DATABASE),
+        owner=cluster.passfile_url(OWNER_ROLE, EMBEDDED_DATABASE),
+        app=cluster.passfile_url(APP_ROLE, EMBEDDED_DATABASE),
         objects=state_dir / "objects",
     )
 

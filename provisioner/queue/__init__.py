@@ -132,7 +132,12 @@ from provisioner.queue.lease import (
     release_unreported,
     renew_leases,
 )
-from provisioner.queue.model_rows import COPY_MODEL_ROWS, MODEL_ROWS
+from provisioner.queue.model_rows import (
+    COPY_MODEL_ROWS,
+    MODEL_ROWS,
+    SWEEP_NEW_JOBS,
+    SWEEP_SNAPSHOT,
+)
 from provisioner.queue.rows import (
     BACKOFF_CAP_SECONDS,
     ERROR_DETAIL_LIMIT,
@@ -215,6 +220,8 @@ __all__ = [
     "STEP_RUN_DISCARD",
     "STEP_RUN_FINISH",
     "STEP_RUN_OPEN",
+    "SWEEP_NEW_JOBS",
+    "SWEEP_SNAPSHOT",
     "TAKE_OVER_JOB",
     "TENANT_JOB_LOCK_CLASS",
     "UNPROCESSABLE_DETAIL",

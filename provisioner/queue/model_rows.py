@@ -39,3 +39,18 @@ SELECT (SELECT to_jsonb(t) FROM control.tenants t WHERE t.tenant_id = %(id)s) AS
           FROM control.job_runs r JOIN control.platform_jobs j ON j.id = r.job_id
          WHERE j.tenant_id = %(id)s) AS job_runs
 """
+
+
+# The tenants and jobs there are now: taken before a test, to sweep after it what the
+# application under test signed up or queued (:class:`provisioner.testing.signups.Sweep`).
+SWEEP_SNAPSHOT = """
+SELECT (SELECT coalesce(array_agg(tenant_id), '{}') FROM control.tenants),
+       (SELECT coalesce(array_agg(id), '{}') FROM control.platform_jobs)
+"""
+
+# The jobs added since that snapshot that belong to no kept tenant (a dropped tenant's jobs
+# went with its row).
+SWEEP_NEW_JOBS = """
+DELETE FROM control.platform_jobs
+ WHERE NOT (id = ANY(%(before)s)) AND (tenant_id IS NULL OR NOT (tenant_id = ANY(%(keep)s)))
+"""

@@ -72,6 +72,7 @@ def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Own]:
             conn.execute(f"CREATE DATABASE {DATABASE}")
         with psycopg.connect(cluster.superuser_url(DATABASE), autocommit=True) as conn:
             conn.execute(BOOTSTRAP_SQL.read_text())
+            local_pg.set_role_passwords(conn, conn.info.password)  # the owner's, from pgpass
             conn.execute(f"ALTER ROLE app_rw PASSWORD '{PASSWORD}'")
             hba = cluster.data / "pg_hba.conf"
             hba.write_text("host all app_rw 127.0.0.1/32 scram-sha-256\n" + hba.read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -110,7 +111,10 @@ def test_the_state_folder_is_found_from_a_subfolder_and_a_worker_can_serve_it(
 
     exports = run_in(sub, "local", "env", env=env)
     assert exports.returncode == 0, exports.stderr
-    urls = dict(line.removeprefix("export ").split("=", 1) for line in exports.stdout.splitlines())
+    urls = dict(
+        shlex.split(line.removeprefix("export "))[0].split("=", 1)
+        for line in exports.stdout.splitlines()
+    )
     assert set(urls) == {"MIGRATIONS_DATABASE_URL", "APP_DATABASE_URL", "OBJECT_STORE_PATH"}
     worker = run_in(sub, "worker", "--once", env={**env, **urls})
     assert worker.returncode == 0, worker.stderr
@@ -120,7 +124,7 @@ def test_the_state_folder_is_found_from_a_subfolder_and_a_worker_can_serve_it(
     assert json.loads(done.stdout)["status"] == "succeeded"
     shown = run_in(sub, "local", "status", env=env)
     assert shown.returncode == 0
-    assert f"APP_DATABASE_URL={urls['APP_DATABASE_URL']}" in shown.stdout
+    assert f"APP_DATABASE_URL={shlex.quote(urls['APP_DATABASE_URL'])}" in shown.stdout
     run_in(sub, "local", "stop", env=env)
 
 

@@ -16,6 +16,7 @@ from provisioner import service
 from provisioner.tenant import schema as tenant_schema
 from provisioner.testing import ProvisionerDatabase, Tenant, TenantFactory
 from tests.conftest import Database
+from tests.workers import wait_until
 
 
 def test_the_tenant_fixture_is_a_provisioned_tenant_the_app_role_can_use(
@@ -145,7 +146,7 @@ def test_the_factory_gives_each_tenant_its_own_rows(tenant_factory: Callable[...
 def test_a_copy_that_differs_from_the_model_falls_back_to_the_engine(
     provisioner_database: ProvisionerDatabase,
 ) -> None:
-    factory = TenantFactory(provisioner_database, batch=1)
+    factory = TenantFactory(provisioner_database, batch=1, background=False)
     try:
         factory.drop(factory.create())  # the model, and one verified copy
         assert factory.copy_off is None
@@ -174,3 +175,52 @@ def test_the_app_role_writes_rows_but_runs_no_ddl_in_a_handed_out_tenant(tenant:
             conn.execute("CREATE TABLE sneaky (id int)")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("DROP TABLE datasets")
+
+
+def test_spares_are_built_ahead_in_the_background(
+    provisioner_database: ProvisionerDatabase,
+) -> None:
+    """No test pays for a batch: a thread refills the spares as they are handed out, and drops
+    the retired schemas, while the tests run."""
+    factory = TenantFactory(provisioner_database, batch=3)
+    try:
+        first = factory.create()  # the model on this thread, the spares on the builder's
+        assert factory._builder is not None and factory._builder.is_alive()
+        wait_until(lambda: len(factory.spares) == 3, 120, "three spares ready")
+        built = factory.built
+        second = factory.create()  # a ready spare: nothing built on this thread
+        assert factory.built in (built, built + 1)  # (the builder may already refill)
+        with psycopg.connect(provisioner_database.owner_url) as conn:
+            oids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT oid FROM pg_namespace WHERE nspname = ANY(%s)",
+                    ([first.schema, second.schema],),
+                )
+            ]
+        assert len(oids) == 2
+        factory.drop(first)  # renamed out of the way now, dropped by the builder
+        factory.drop(second)
+        wait_until(
+            lambda: len(factory.spares) == 3 and not factory.retired,
+            120,
+            "the spare handed out replaced, the retired schemas dropped, by the builder",
+        )
+        assert factory.built == built + 1
+        assert factory.copy_off is None
+        with psycopg.connect(provisioner_database.owner_url) as conn:
+            gone = conn.execute(
+                "SELECT count(*) FROM pg_namespace WHERE oid = ANY(%s)", (oids,)
+            ).fetchone()
+        assert gone == (0,)
+        assert factory.model is not None
+        spares = [spare.schema for spare in factory.spares] + [factory.model.schema]
+    finally:
+        factory.close()
+    assert factory._builder is None and factory.spares == []
+    assert factory.retired == []
+    with psycopg.connect(provisioner_database.owner_url) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)", (spares,)
+        ).fetchone()
+    assert left == (0,)

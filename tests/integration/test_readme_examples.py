@@ -57,4 +57,4 @@ def test_testing_your_application_runs_as_written(pg_server: Server, tmp_path: P
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout
+    assert "3 passed" in done.stdout

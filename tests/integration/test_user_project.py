@@ -38,4 +38,4 @@ def test_a_users_project_passes_with_the_plugin_on_two_xdist_workers(
     shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("__pycache__"))
     result = run_pytest(project, pg_server, "-n", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "10 passed" in result.stdout, result.stdout
+    assert "12 passed" in result.stdout, result.stdout

@@ -13,7 +13,7 @@ from provisioner.settings import AZURE_CREDENTIAL_ENV, Settings
 PACKAGE = Path(provisioner.__file__).resolve().parent
 #: Reads the environment on purpose: the settings edge, and the pytest plugin (xdist's worker
 #: name, the harness's server URL), which runs in a test session rather than a deployment.
-READERS = {"settings.py", "testing/__init__.py", "testing/pytest_plugin.py"}
+READERS = {"settings.py", "testing/server.py", "testing/pytest_plugin.py"}
 
 
 def test_the_azure_credential_is_a_setting() -> None:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 import provisioner
 from provisioner.testing import Tenant
+from provisioner.testing.pytest_plugin import ProvisionerWorker
 
 
 def sqlalchemy_engine(url: str) -> sa.Engine:
@@ -89,3 +90,29 @@ def test_the_orm_side_of_a_tenant(tenant: Tenant) -> None:
             "from the orm"
         ]
     engine.dispose()
+
+
+@pytest.mark.parametrize("attempt", range(2))
+def test_a_sign_up_is_provisioned_by_draining_the_queue(
+    provisioner_settings: provisioner.Settings,
+    provisioner_worker: ProvisionerWorker,
+    attempt: int,
+) -> None:
+    # Both attempts sign the same customer up: what the first left is swept after it.
+    with pytest.raises(provisioner.UnknownTenant):
+        provisioner.status("globex", settings=provisioner_settings)
+    engine = sqlalchemy_engine(provisioner_settings.app_url)
+    with Session(engine) as session, session.begin():
+        sign_up(session, "globex", "Globex Corporation")
+    engine.dispose()
+
+    ran = provisioner_worker.drain()  # only this test's job: earlier tests' were swept too
+
+    assert [(str(job.tenant_id), job.status) for job in ran] == [
+        ("globex", provisioner.JobStatus.SUCCEEDED)
+    ]
+    current = provisioner.status("globex", settings=provisioner_settings)
+    assert current.tenant is not None and current.tenant.state == "onboarding"
+    with psycopg.connect(provisioner_settings.app_url, options="-c search_path=tenant_globex") as c:
+        add_dataset(c, f"attempt {attempt}")
+        assert dataset_names(c) == [f"attempt {attempt}"]

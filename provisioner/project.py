@@ -166,6 +166,28 @@ KEYS: tuple[Key, ...] = (
         Kind.LIST,
     ),
     Key("state_dir", "PROVISIONER_STATE_DIR", ".provisioner", "the embedded state", Kind.PATH),
+    Key("s3_region", "AWS_REGION", "", "the bucket's region (or AWS_DEFAULT_REGION)"),
+    Key("s3_addressing_style", "S3_ADDRESSING_STYLE", "", "auto, virtual or path"),
+    Key(
+        "azure_credential",
+        "AZURE_STORAGE_CREDENTIAL",
+        "",
+        "the account key or SAS token for azure_account_url",
+        in_file=False,
+        secret=True,
+    ),
+    Key("metrics_port", "PROVISIONER_METRICS_PORT", "(off)", "the worker's metrics", Kind.NUMBER),
+    Key("metrics_host", "PROVISIONER_METRICS_HOST", "127.0.0.1", "where the metrics listen"),
+    Key("console_host", "PROVISIONER_CONSOLE_HOST", "127.0.0.1", "where the console listens"),
+    Key("console_port", "PROVISIONER_CONSOLE_PORT", "8080", "", Kind.NUMBER),
+    Key(
+        "console_token",
+        "PROVISIONER_CONSOLE_TOKEN",
+        "(read-only)",
+        "the operator's token for the console's actions",
+        in_file=False,
+        secret=True,
+    ),
 )
 _BY_NAME = {key.name: key for key in KEYS}
 

@@ -272,11 +272,18 @@ def upgrade(
     dry_run: bool = False,
     canary: int | None = None,
     max_failures: int | None = None,
+    include_deleted: bool = False,
 ) -> UpgradeReport:
     """Queue the provisioned tenants behind the tenant template's head as a rollout (see
-    :mod:`fleet` and :mod:`rollout`)."""
+    :mod:`fleet` and :mod:`rollout`); purged tenants are reported only with
+    ``include_deleted``."""
     return fleet.upgrade(
-        settings, tenant_ids, dry_run=dry_run, canary=canary, max_failures=max_failures
+        settings,
+        tenant_ids,
+        dry_run=dry_run,
+        canary=canary,
+        max_failures=max_failures,
+        include_deleted=include_deleted,
     )
 
 

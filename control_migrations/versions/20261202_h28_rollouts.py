@@ -1,0 +1,145 @@
+"""Rollouts that end, and say how: ``completed`` replaces ``done``, a rollout records when it
+finished, and each of its tenants the revision it started from and whether it was skipped.
+
+A rollout is ``canary`` (waiting for review), ``running``, ``halted`` (the brake held the rest),
+or ends ``completed`` (no job of it is queued or running any more) or ``aborted``. Nothing
+closes a running rollout but its last job: a trigger (``control.rollout_finish``) completes a
+running rollout in the transaction that settles its last queued or running job, whichever
+process wrote it, as the brake halts one; ``control.rollout_settle(id)`` is that check, which
+a resume that queued nothing calls itself. ``finished_at`` is stamped when a rollout completes
+or is aborted. A ``skipped`` tenant left the fleet (suspended, archived or purged) before its
+job was queued or released: it is not upgraded, and does not count as a failure.
+
+Revision ID: 20261202_h28_rollouts
+Revises: 20260804_c008
+Create Date: 2026-12-02
+"""
+
+from alembic import op
+
+revision = "20261202_h28_rollouts"
+down_revision = "20260804_c008"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute("ALTER TABLE control.rollouts DROP CONSTRAINT rollouts_state_check")
+    op.execute("UPDATE control.rollouts SET state = 'completed' WHERE state = 'done'")
+    op.execute(
+        """
+        ALTER TABLE control.rollouts
+          ADD CONSTRAINT rollouts_state_check
+              CHECK (state IN ('canary', 'running', 'halted', 'completed', 'aborted')),
+          ADD COLUMN finished_at TIMESTAMPTZ
+              CONSTRAINT rollouts_finished_at_finite CHECK (isfinite(finished_at))
+        """
+    )
+    op.execute(
+        """
+        UPDATE control.rollouts SET finished_at = updated_at
+         WHERE state IN ('completed', 'aborted')
+        """
+    )
+    op.execute("ALTER TABLE control.rollout_tenants DROP CONSTRAINT rollout_tenants_state_check")
+    op.execute(
+        """
+        ALTER TABLE control.rollout_tenants
+          ADD CONSTRAINT rollout_tenants_state_check
+              CHECK (state IN ('pending', 'queued', 'dropped', 'skipped')),
+          ADD COLUMN from_revision TEXT
+        """
+    )
+    op.execute(
+        """
+        CREATE FUNCTION control.rollout_settle(rollout BIGINT) RETURNS TEXT
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $settle$
+        DECLARE
+            now_state TEXT;
+        BEGIN
+            -- Serialised on the rollout's row: of two jobs settled at once, the second to
+            -- take the lock sees the first one's commit, so the last one always completes it.
+            SELECT r.state INTO now_state FROM control.rollouts r
+             WHERE r.id = rollout FOR UPDATE;
+            IF now_state IS DISTINCT FROM 'running' THEN
+                RETURN now_state;
+            END IF;
+            IF EXISTS (SELECT 1 FROM control.rollout_tenants t
+                         JOIN control.platform_jobs j ON j.id = t.job_id
+                        WHERE t.rollout_id = rollout AND t.state = 'queued'
+                          AND j.status IN ('queued', 'running')) THEN
+                RETURN now_state;
+            END IF;
+            UPDATE control.rollouts SET state = 'completed', finished_at = now(),
+                   updated_at = now()
+             WHERE id = rollout;
+            RETURN 'completed';
+        END
+        $settle$
+        """
+    )
+    op.execute(
+        """
+        CREATE FUNCTION control.rollout_finish() RETURNS trigger
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $finish$
+        DECLARE
+            rollout BIGINT;
+        BEGIN
+            FOR rollout IN
+                SELECT t.rollout_id FROM control.rollout_tenants t
+                  JOIN control.rollouts r ON r.id = t.rollout_id
+                 WHERE t.job_id = NEW.id AND t.state = 'queued' AND r.state = 'running'
+            LOOP
+                -- More of the rollout waits in the queue (read through the queue's index):
+                -- its own settlement will look again, so no lock is taken here.
+                CONTINUE WHEN EXISTS (
+                    SELECT 1 FROM control.platform_jobs j
+                      JOIN control.rollout_tenants t ON t.job_id = j.id
+                     WHERE j.status = 'queued' AND t.rollout_id = rollout
+                       AND t.state = 'queued');
+                PERFORM control.rollout_settle(rollout);
+            END LOOP;
+            RETURN NULL;
+        END
+        $finish$
+        """
+    )
+    # Fires after the brake's trigger (names in order): a failure that halts a rollout leaves
+    # it halted, not completed.
+    op.execute(
+        """
+        CREATE TRIGGER platform_jobs_rollout_finish
+        AFTER UPDATE OF status ON control.platform_jobs
+        FOR EACH ROW WHEN (NEW.status IN ('succeeded', 'failed', 'cancelled')
+                           AND OLD.status IN ('queued', 'running'))
+        EXECUTE FUNCTION control.rollout_finish()
+        """
+    )
+    op.execute("REVOKE ALL ON FUNCTION control.rollout_finish() FROM PUBLIC")
+    op.execute("REVOKE ALL ON FUNCTION control.rollout_settle(BIGINT) FROM PUBLIC")
+
+
+def downgrade() -> None:
+    op.execute("DROP TRIGGER platform_jobs_rollout_finish ON control.platform_jobs")
+    op.execute("DROP FUNCTION control.rollout_finish()")
+    op.execute("DROP FUNCTION control.rollout_settle(BIGINT)")
+    op.execute("ALTER TABLE control.rollout_tenants DROP CONSTRAINT rollout_tenants_state_check")
+    op.execute("UPDATE control.rollout_tenants SET state = 'dropped' WHERE state = 'skipped'")
+    op.execute(
+        """
+        ALTER TABLE control.rollout_tenants
+          ADD CONSTRAINT rollout_tenants_state_check
+              CHECK (state IN ('pending', 'queued', 'dropped')),
+          DROP COLUMN from_revision
+        """
+    )
+    op.execute("ALTER TABLE control.rollouts DROP CONSTRAINT rollouts_state_check")
+    op.execute("UPDATE control.rollouts SET state = 'done' WHERE state = 'completed'")
+    op.execute(
+        """
+        ALTER TABLE control.rollouts
+          ADD CONSTRAINT rollouts_state_check
+              CHECK (state IN ('canary', 'running', 'halted', 'aborted', 'done')),
+          DROP COLUMN finished_at
+        """
+    )

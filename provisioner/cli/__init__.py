@@ -8,7 +8,7 @@ named for what it is about:
 
     provisioning  migrate, provision, enqueue, status
     fleet         upgrade (and its rollout levers), check
-    tenants       suspend, restore, deprovision
+    tenants       suspend, restore, deprovision (one tenant or a batch), tenants list
     worker        worker, health
     jobs          jobs list / retry / cancel
     local         local stop / status / env
@@ -78,6 +78,7 @@ for _command in (
     tenants.suspend,
     tenants.restore,
     tenants.deprovision,
+    tenants.tenants_group,
     worker_commands.worker,
     worker_commands.health,
     jobs.jobs,

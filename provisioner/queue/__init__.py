@@ -37,6 +37,7 @@ from provisioner.queue.admin import (
     retry,
     retry_failed,
 )
+from provisioner.queue.batch import ENSURE_BATCH, HOLDERS, ensure_batch
 from provisioner.queue.claim import (
     CLAIM_NEXT,
     CLAIM_QUEUED_ALONE,
@@ -157,6 +158,7 @@ __all__ = [
     "COPY_MODEL_ROWS",
     "ENQUEUE",
     "ENQUEUE_WOKEN",
+    "ENSURE_BATCH",
     "ENSURE_TENANT",
     "ENSURE_TENANT_ENQUEUE_WOKEN",
     "ERROR_DETAIL_LIMIT",
@@ -164,6 +166,7 @@ __all__ = [
     "FAIL_UNPROCESSABLE",
     "GET_JOB",
     "HELD_UNTIL",
+    "HOLDERS",
     "LATEST_ANY_FOR_TENANT",
     "LATEST_FOR_TENANT",
     "LATEST_JOBS",
@@ -223,6 +226,7 @@ __all__ = [
     "discard_step_run",
     "drop_queued",
     "enqueue",
+    "ensure_batch",
     "ensure_tenant_job",
     "ensure_tenant_job_async",
     "fail_or_retry",

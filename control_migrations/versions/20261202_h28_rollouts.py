@@ -23,33 +23,49 @@ branch_labels = None
 depends_on = None
 
 
-def upgrade() -> None:
-    op.execute("ALTER TABLE control.rollouts DROP CONSTRAINT rollouts_state_check")
-    op.execute("UPDATE control.rollouts SET state = 'completed' WHERE state = 'done'")
+def _drop_check(table: str, name: str) -> None:
+    """A state CHECK about to be replaced (the next statement adds its successor)."""
     op.execute(
-        """
-        ALTER TABLE control.rollouts
-          ADD CONSTRAINT rollouts_state_check
-              CHECK (state IN ('canary', 'running', 'halted', 'completed', 'aborted')),
-          ADD COLUMN finished_at TIMESTAMPTZ
-              CONSTRAINT rollouts_finished_at_finite CHECK (isfinite(finished_at))
+        f"""
+        -- squawk-ignore ban-drop-constraint
+        ALTER TABLE control.{table} DROP CONSTRAINT {name}
         """
     )
+
+
+def _add_check(table: str, name: str, check: str) -> None:
+    """A CHECK on a small control table, validated at once under the migration's lock."""
+    op.execute(
+        f"""
+        -- squawk-ignore constraint-missing-not-valid
+        ALTER TABLE control.{table} ADD CONSTRAINT {name} CHECK ({check})
+        """
+    )
+
+
+def upgrade() -> None:
+    _drop_check("rollouts", "rollouts_state_check")
+    op.execute("UPDATE control.rollouts SET state = 'completed' WHERE state = 'done'")
+    _add_check(
+        "rollouts",
+        "rollouts_state_check",
+        "state IN ('canary', 'running', 'halted', 'completed', 'aborted')",
+    )
+    op.execute("ALTER TABLE control.rollouts ADD COLUMN finished_at TIMESTAMPTZ")
     op.execute(
         """
         UPDATE control.rollouts SET finished_at = updated_at
          WHERE state IN ('completed', 'aborted')
         """
     )
-    op.execute("ALTER TABLE control.rollout_tenants DROP CONSTRAINT rollout_tenants_state_check")
-    op.execute(
-        """
-        ALTER TABLE control.rollout_tenants
-          ADD CONSTRAINT rollout_tenants_state_check
-              CHECK (state IN ('pending', 'queued', 'dropped', 'skipped')),
-          ADD COLUMN from_revision TEXT
-        """
+    _add_check("rollouts", "rollouts_finished_at_finite", "isfinite(finished_at)")
+    _drop_check("rollout_tenants", "rollout_tenants_state_check")
+    _add_check(
+        "rollout_tenants",
+        "rollout_tenants_state_check",
+        "state IN ('pending', 'queued', 'dropped', 'skipped')",
     )
+    op.execute("ALTER TABLE control.rollout_tenants ADD COLUMN from_revision TEXT")
     op.execute(
         """
         CREATE FUNCTION control.rollout_settle(rollout BIGINT) RETURNS TEXT
@@ -123,23 +139,19 @@ def downgrade() -> None:
     op.execute("DROP TRIGGER platform_jobs_rollout_finish ON control.platform_jobs")
     op.execute("DROP FUNCTION control.rollout_finish()")
     op.execute("DROP FUNCTION control.rollout_settle(BIGINT)")
-    op.execute("ALTER TABLE control.rollout_tenants DROP CONSTRAINT rollout_tenants_state_check")
+    op.execute("ALTER TABLE control.rollout_tenants DROP COLUMN from_revision")
+    _drop_check("rollout_tenants", "rollout_tenants_state_check")
     op.execute("UPDATE control.rollout_tenants SET state = 'dropped' WHERE state = 'skipped'")
-    op.execute(
-        """
-        ALTER TABLE control.rollout_tenants
-          ADD CONSTRAINT rollout_tenants_state_check
-              CHECK (state IN ('pending', 'queued', 'dropped')),
-          DROP COLUMN from_revision
-        """
+    _add_check(
+        "rollout_tenants",
+        "rollout_tenants_state_check",
+        "state IN ('pending', 'queued', 'dropped')",
     )
-    op.execute("ALTER TABLE control.rollouts DROP CONSTRAINT rollouts_state_check")
+    op.execute("ALTER TABLE control.rollouts DROP COLUMN finished_at")
+    _drop_check("rollouts", "rollouts_state_check")
     op.execute("UPDATE control.rollouts SET state = 'done' WHERE state = 'completed'")
-    op.execute(
-        """
-        ALTER TABLE control.rollouts
-          ADD CONSTRAINT rollouts_state_check
-              CHECK (state IN ('canary', 'running', 'halted', 'aborted', 'done')),
-          DROP COLUMN finished_at
-        """
+    _add_check(
+        "rollouts",
+        "rollouts_state_check",
+        "state IN ('canary', 'running', 'halted', 'aborted', 'done')",
     )

@@ -133,6 +133,8 @@ def upgrade() -> None:
     )
     op.execute("REVOKE ALL ON FUNCTION control.rollout_finish() FROM PUBLIC")
     op.execute("REVOKE ALL ON FUNCTION control.rollout_settle(BIGINT) FROM PUBLIC")
+    # Rollouts left running although their last job settled before this revision: completed.
+    op.execute("SELECT control.rollout_settle(id) FROM control.rollouts WHERE state = 'running'")
 
 
 def downgrade() -> None:

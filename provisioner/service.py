@@ -339,11 +339,18 @@ def change_lifecycle_many(
     states: list[TenantState] | None = None,
     queue_only: bool = False,
     on_tenant: Callable[[bulk.TenantOutcome], None] = lambda outcome: None,
+    concurrency: int = 1,
 ) -> bulk.BatchReport:
     """One lifecycle kind for many tenants, queued as one batch, then run here one by one (or
     left to the workers with ``queue_only``); see :mod:`fleet.bulk`."""
     return bulk.change_many(
-        settings, job_type, tenant_ids, states=states, queue_only=queue_only, on_tenant=on_tenant
+        settings,
+        job_type,
+        tenant_ids,
+        states=states,
+        queue_only=queue_only,
+        on_tenant=on_tenant,
+        concurrency=concurrency,
     )
 
 

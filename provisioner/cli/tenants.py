@@ -65,7 +65,14 @@ QUEUE_HELP = "Queue the job for a worker (listed in PROVISIONER_WORKER_JOB_TYPES
 
 
 def batch_options(command: F) -> F:
-    """Several tenants at once: ids, a file of ids, every tenant in a state."""
+    """Several tenants at once: ids, a file of ids, every tenant in a state; and how many jobs
+    of the batch run here at once."""
+    command = click.option(
+        "--concurrency",
+        type=click.IntRange(1, 16),
+        default=2,
+        help="With several tenants: jobs run here at once, each by an engine of its own.",
+    )(command)
     command = click.option(
         "--state",
         "states",
@@ -98,6 +105,7 @@ def run_batch_or_one(
     *,
     as_json: bool,
     queue_only: bool,
+    concurrency: int,
 ) -> None:
     """One tenant named alone runs as it always did; anything more is one batch."""
     if len(tenant_ids) == 1 and from_file is None and not states:
@@ -107,7 +115,13 @@ def run_batch_or_one(
     if not ids and not states:
         raise InvalidInput("name tenants, --from-file PATH or --state S")
     run_batch(
-        ctx, ids, [TenantState(s) for s in states], job_type, as_json=as_json, queue_only=queue_only
+        ctx,
+        ids,
+        [TenantState(s) for s in states],
+        job_type,
+        as_json=as_json,
+        queue_only=queue_only,
+        concurrency=concurrency,
     )
 
 
@@ -119,6 +133,7 @@ def run_batch(
     *,
     as_json: bool,
     queue_only: bool,
+    concurrency: int,
 ) -> None:
     """Check, queue as one batch, drain here (or leave to the workers), report; exit 0 when
     every tenant ended as asked, 1 when one failed."""
@@ -132,7 +147,13 @@ def run_batch(
             click.echo(_outcome_line(outcome))
 
     report = service.change_lifecycle_many(
-        settings, job_type, ids, states=states, queue_only=queue_only, on_tenant=show
+        settings,
+        job_type,
+        ids,
+        states=states,
+        queue_only=queue_only,
+        on_tenant=show,
+        concurrency=concurrency,
     )
     failed = [o for o in report.tenants if not o.ok and not report.queued]
     already = [o for o in report.tenants if o.already]
@@ -197,6 +218,7 @@ def suspend(
     tenant_ids: tuple[str, ...],
     from_file: TextIO | None,
     states: tuple[str, ...],
+    concurrency: int,
     queue_only: bool,
     as_json: bool,
 ) -> None:
@@ -214,6 +236,7 @@ def suspend(
         tenant_lifecycle.SUSPEND_JOB_TYPE,
         as_json=as_json,
         queue_only=queue_only,
+        concurrency=concurrency,
     )
 
 
@@ -229,6 +252,7 @@ def restore(
     tenant_ids: tuple[str, ...],
     from_file: TextIO | None,
     states: tuple[str, ...],
+    concurrency: int,
     queue_only: bool,
     as_json: bool,
 ) -> None:
@@ -244,6 +268,7 @@ def restore(
         tenant_lifecycle.RESTORE_JOB_TYPE,
         as_json=as_json,
         queue_only=queue_only,
+        concurrency=concurrency,
     )
 
 
@@ -261,6 +286,7 @@ def deprovision(
     tenant_ids: tuple[str, ...],
     from_file: TextIO | None,
     states: tuple[str, ...],
+    concurrency: int,
     purge: bool,
     yes: bool,
     queue_only: bool,
@@ -288,7 +314,13 @@ def deprovision(
     if not ids and not states:
         raise InvalidInput("name tenants, --from-file PATH or --state S")
     run_batch(
-        ctx, ids, [TenantState(s) for s in states], job_type, as_json=as_json, queue_only=queue_only
+        ctx,
+        ids,
+        [TenantState(s) for s in states],
+        job_type,
+        as_json=as_json,
+        queue_only=queue_only,
+        concurrency=concurrency,
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from provisioner import db, kinds, queue
@@ -86,10 +87,14 @@ def change_many(
     queue_only: bool = False,
     on_tenant: Callable[[TenantOutcome], None] = lambda outcome: None,
     holder: str | None = None,
+    concurrency: int = 1,
 ) -> BatchReport:
     """Apply one lifecycle kind to the named tenants and every tenant in ``states``: checked,
-    queued as one batch, then run here one by one (``on_tenant`` hears each), or left to the
-    workers with ``queue_only``."""
+    queued as one batch, then run here by ``concurrency`` engines, each job after job
+    (``on_tenant`` hears each, from the engine's thread), or left to the workers with
+    ``queue_only``."""
+    if concurrency < 1:
+        raise InvalidInput(f"concurrency must be at least 1, got {concurrency}")
     named = parse_ids(tenant_ids)
     kind = kinds.for_settings(settings)[job_type]
     rule = lifecycle.RULES[job_type]
@@ -146,7 +151,7 @@ def change_many(
                 TenantOutcome(str(j.tenant_id), j, states_now[str(j.tenant_id)]) for j in jobs
             ]
         else:
-            outcomes = [_drain_one(engine, conn, job, on_tenant) for job in jobs]
+            outcomes = _drain(settings, engine, jobs, on_tenant, concurrency)
     every = sorted([*outcomes, *already], key=lambda o: o.tenant_id)
     return BatchReport(job_type, every, queue_only, len(jobs), queued_in)
 
@@ -155,6 +160,29 @@ def _key(kind: kinds.JobKind, tenant_id: str) -> str:
     if kind.idempotency_key is None:
         raise InvalidInput(f"{kind.name} has no idempotency key: it cannot be batched")
     return kind.idempotency_key(TenantId(tenant_id))
+
+
+def _drain(
+    settings: Settings,
+    engine: Engine,
+    jobs: list[Job],
+    on_tenant: Callable[[TenantOutcome], None],
+    concurrency: int,
+) -> list[TenantOutcome]:
+    """Run the batch's jobs here: this engine takes one share, and each further share gets an
+    engine of its own (its own sessions) in a thread, so commits and catalog work overlap."""
+    shares = [jobs[i::concurrency] for i in range(min(concurrency, len(jobs)))]
+    if len(shares) <= 1:
+        return [_drain_one(engine, engine.control, job, on_tenant) for job in jobs]
+
+    def run_share(index: int) -> list[TenantOutcome]:
+        with Engine.from_settings(settings, f"{engine.holder}-{index}") as other:
+            return [_drain_one(other, other.control, job, on_tenant) for job in shares[index]]
+
+    with ThreadPoolExecutor(len(shares) - 1) as pool:
+        others = [pool.submit(run_share, i) for i in range(1, len(shares))]
+        mine = [_drain_one(engine, engine.control, job, on_tenant) for job in shares[0]]
+        return mine + [outcome for share in others for outcome in share.result()]
 
 
 def _drain_one(

@@ -106,13 +106,19 @@ def upgrade() -> None:
                   JOIN control.rollouts r ON r.id = t.rollout_id
                  WHERE t.job_id = NEW.id AND t.state = 'queued' AND r.state = 'running'
             LOOP
-                -- More of the rollout waits in the queue (read through the queue's index):
-                -- its own settlement will look again, so no lock is taken here.
+                -- More of the rollout waits in the queue: its own settlement will look
+                -- again, so no lock is taken here. Only the head of the queue is read, in
+                -- claim order through the queue's index (a bounded read per job, whatever the
+                -- rollout's size); a rollout whose queued jobs are further back is looked at
+                -- under the lock by rollout_settle, which finds them and leaves it running.
                 CONTINUE WHEN EXISTS (
-                    SELECT 1 FROM control.platform_jobs j
-                      JOIN control.rollout_tenants t ON t.job_id = j.id
-                     WHERE j.status = 'queued' AND t.rollout_id = rollout
-                       AND t.state = 'queued');
+                    SELECT 1
+                      FROM (SELECT j.id FROM control.platform_jobs j
+                             WHERE j.status = 'queued'
+                             ORDER BY j.status, j.available_at, j.created_at
+                             LIMIT 100) AS head
+                      JOIN control.rollout_tenants t ON t.job_id = head.id
+                     WHERE t.rollout_id = rollout AND t.state = 'queued');
                 PERFORM control.rollout_settle(rollout);
             END LOOP;
             RETURN NULL;

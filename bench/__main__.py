@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from bench import (
+    bulk,
     claim,
     fleet,
     fleet_scale,
@@ -31,7 +32,7 @@ from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
 SCENARIOS = ("provision", "pool", "worker", "wake", "claim", "fixture", "fleet")
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
-OPT_IN = ("fleet-scale",)
+OPT_IN = ("fleet-scale", "bulk")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=10_000,
         help="tenants of the opt-in fleet-scale scenario (built in bulk, then upgraded)",
+    )
+    parser.add_argument(
+        "--bulk-tenants", type=int, default=405, help="tenants the opt-in bulk scenario purges"
     )
     parser.add_argument(
         "--only",
@@ -102,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                 "fleet": (
                     "fleet upgrade t004 -> t005: raw SQL, Alembic loop, 1 and 2 worker children",
                     lambda: fleet.run(cluster, results, args.fleet_tenants, args.fleet_runs),
+                ),
+                "bulk": (
+                    f"purge {args.bulk_tenants} tenants: one command each vs one batch",
+                    lambda: bulk.run(cluster, results, args.bulk_tenants),
                 ),
                 "fleet-scale": (
                     f"{args.fleet_scale_tenants} tenants at t004 built in bulk, who is behind, "

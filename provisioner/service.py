@@ -6,6 +6,7 @@ function opens what it needs, does one thing, and returns plain values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,7 +38,7 @@ from provisioner.errors import (
     UnknownTenant,
     WrongState,
 )
-from provisioner.fleet import drift, rollout
+from provisioner.fleet import bulk, drift, rollout, roster
 from provisioner.fleet import overview as fleet_overview
 from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.kinds import repair as repair_kind
@@ -287,11 +288,18 @@ def upgrade(
     dry_run: bool = False,
     canary: int | None = None,
     max_failures: int | None = None,
+    include_deleted: bool = False,
 ) -> UpgradeReport:
     """Queue the provisioned tenants behind the tenant template's head as a rollout (see
-    :mod:`fleet` and :mod:`rollout`)."""
+    :mod:`fleet` and :mod:`rollout`); purged tenants are reported only with
+    ``include_deleted``."""
     return fleet.upgrade(
-        settings, tenant_ids, dry_run=dry_run, canary=canary, max_failures=max_failures
+        settings,
+        tenant_ids,
+        dry_run=dry_run,
+        canary=canary,
+        max_failures=max_failures,
+        include_deleted=include_deleted,
     )
 
 
@@ -313,6 +321,52 @@ def tenants_per_head(settings: Settings) -> dict[str, int]:
 
 def wait_for_canary(settings: Settings, rollout_id: int) -> dict[str, int]:
     return fleet.wait_for_canary(settings, rollout_id)
+
+
+TenantEntry = roster.TenantEntry
+TenantOutcome = bulk.TenantOutcome
+
+
+def parse_tenant_ids(raw: list[str]) -> list[TenantId]:
+    """Every id validated; one InvalidInput (exit 2) naming all the bad ones."""
+    return bulk.parse_ids(raw)
+
+
+def list_tenants(
+    settings: Settings,
+    *,
+    states: list[TenantState] | None = None,
+    behind: bool = False,
+    drifted: bool = False,
+    include_deleted: bool = False,
+) -> list[roster.TenantEntry]:
+    """The tenants, their state, revision and provisioning status (see :mod:`fleet.roster`)."""
+    return roster.list_tenants(
+        settings, states=states, behind=behind, drifted=drifted, include_deleted=include_deleted
+    )
+
+
+def change_lifecycle_many(
+    settings: Settings,
+    job_type: str,
+    tenant_ids: list[str],
+    *,
+    states: list[TenantState] | None = None,
+    queue_only: bool = False,
+    on_tenant: Callable[[bulk.TenantOutcome], None] = lambda outcome: None,
+    concurrency: int = 1,
+) -> bulk.BatchReport:
+    """One lifecycle kind for many tenants, queued as one batch, then run here one by one (or
+    left to the workers with ``queue_only``); see :mod:`fleet.bulk`."""
+    return bulk.change_many(
+        settings,
+        job_type,
+        tenant_ids,
+        states=states,
+        queue_only=queue_only,
+        on_tenant=on_tenant,
+        concurrency=concurrency,
+    )
 
 
 def check(settings: Settings, tenant_ids: list[str] | None = None) -> drift.DriftReport:
@@ -417,7 +471,16 @@ def status_on(conn: psycopg.Connection[Any], tenant: TenantId) -> TenantStatus:
         return TenantStatus(job, tenants.get_tenant(conn, tenant), step_runs, runs)
 
 
-def list_jobs(settings: Settings, *, status: str | None = None, limit: int = 50) -> list[Job]:
+def list_jobs(
+    settings: Settings,
+    *,
+    status: str | None = None,
+    limit: int = 50,
+    tenant: str | None = None,
+    kind: str | None = None,
+) -> list[Job]:
+    """The queue for the operator; of one status, tenant (validated) or job type when asked."""
+    wanted = None if tenant is None else TenantId(tenant)
     if status is not None and status not in {s.value for s in JobStatus}:
         raise InvalidInput(
             f"unknown status {status!r}; one of {', '.join(s.value for s in JobStatus)}"
@@ -425,7 +488,7 @@ def list_jobs(settings: Settings, *, status: str | None = None, limit: int = 50)
     if limit < 1:
         raise InvalidInput(f"--limit must be at least 1, got {limit}")
     with app_connection(settings) as conn:
-        return queue.list_jobs(conn, status=status, limit=limit)
+        return queue.list_jobs(conn, status=status, limit=limit, tenant=wanted, kind=kind)
 
 
 def parse_job_id(raw: str) -> UUID:

@@ -9,7 +9,7 @@ named for what it is about:
     provisioning  migrate, provision, enqueue, status
     fleet         upgrade (and its rollout levers)
     drift         check, repair
-    tenants       suspend, restore, deprovision
+    tenants       suspend, restore, deprovision (one tenant or a batch), tenants list
     worker        worker, health
     jobs          jobs list / retry / cancel
     local         local stop / status / env
@@ -75,6 +75,7 @@ for _command in (
     tenants.suspend,
     tenants.restore,
     tenants.deprovision,
+    tenants.tenants_group,
     worker_commands.worker,
     worker_commands.health,
     jobs.jobs,

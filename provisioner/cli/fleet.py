@@ -4,13 +4,13 @@ its text and JSON reports (``check`` and ``repair`` live in :mod:`provisioner.cl
 from __future__ import annotations
 
 import sys
-import time
 from collections import Counter
 from typing import Any
 
 import click
 
 from provisioner import service
+from provisioner.cli import rollouts
 from provisioner.cli.options import INTEGER_COUNT, SECONDS, settings_of
 from provisioner.cli.render import emit_json, fail_cleanly
 from provisioner.errors import InvalidInput
@@ -38,7 +38,13 @@ from provisioner.templates import migrations
 )
 @click.option("--resume", is_flag=True, help="Continue the rollout after review or a halt.")
 @click.option("--abort", is_flag=True, help="Drop what the rollout has not started.")
-@click.option("--watch", is_flag=True, help="Follow the latest rollout live.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Follow the latest rollout until it stops; exit 1 if it halted, was aborted or a "
+    "tenant failed.",
+)
+@click.option("--include-deleted", is_flag=True, help="List purged tenants among those skipped.")
 @click.option(
     "--interval",
     type=SECONDS,
@@ -61,6 +67,7 @@ def upgrade(
     resume: bool,
     abort: bool,
     watch: bool,
+    include_deleted: bool,
     interval: float,
     as_json: bool,
 ) -> None:
@@ -68,7 +75,8 @@ def upgrade(
 
     Run it after a release that adds tenant_template revisions (migrate, roll the workers,
     then upgrade --all). Only run_tenant_migrations runs again, in place. Exit 0 done,
-    1 the canary failed (--then-all), 2 bad input or no rollout to resume/abort, 3 unknown tenant.
+    1 the canary failed (--then-all) or the watched rollout halted, was aborted or has a
+    failed tenant, 2 bad input or no rollout to resume/abort, 3 unknown tenant.
     """
     levers = [
         name for name, on in (("--resume", resume), ("--abort", abort), ("--watch", watch)) if on
@@ -91,6 +99,7 @@ def upgrade(
         dry_run=dry_run,
         canary=canary,
         max_failures=max_failures,
+        include_deleted=include_deleted,
     )
     if as_json:
         emit_json(upgrade_view(report))
@@ -106,9 +115,18 @@ def pull_lever(
     """``--resume``, ``--abort`` or ``--watch`` on the latest rollout."""
     if resume:
         resumed = service.upgrade_resume(settings)
+        skipped = ", ".join(f"{s.tenant_id} ({s.state})" for s in resumed.skipped[:LISTED])
+        more = len(resumed.skipped) - LISTED
         click.echo(
             f"rollout {resumed.rollout.id} resumed: {resumed.queued} tenant(s) queued, "
             f"{resumed.released} held job(s) released"
+            + (
+                f"; {len(resumed.skipped)} skipped, left the fleet: {skipped}"
+                + (f" and {more} more" if more > 0 else "")
+                if resumed.skipped
+                else ""
+            )
+            + ("; nothing left to run: completed" if resumed.state == "completed" else "")
         )
     elif abort:
         aborted = service.upgrade_abort(settings)
@@ -117,7 +135,7 @@ def pull_lever(
             "dropped (those tenants stay at their old head); running jobs finish"
         )
     else:
-        watch_rollout(settings, interval, as_json)
+        rollouts.watch(settings, interval, as_json)
 
 
 def follow_canary(
@@ -181,66 +199,6 @@ def print_upgrade(report: service.UpgradeReport, details: bool) -> None:
             f"(they reach head when it runs; see `provisioner jobs list`): {names}"
             + (f" and {more} more" if more > 0 else "")
         )
-
-
-def watch_rollout(settings: Settings, interval: float, as_json: bool) -> None:
-    """Frames of the latest rollout until nothing is queued or running (one with --json). On a
-    terminal each frame replaces the last (the screen is cleared); piped, frames follow each
-    other, one block per interval."""
-    redraw = sys.stdout.isatty()
-    while True:
-        frame = service.upgrade_progress(settings)
-        if as_json:
-            emit_json(progress_view(frame))
-            return
-        if frame.rollout is None:
-            click.echo("no rollout yet: `provisioner upgrade --all` starts one")
-            return
-        heads = service.tenants_per_head(settings)
-        phases = ", ".join(
-            f"{frame.phases.get(p, 0)} {p}"
-            for p in ("done", "running", "queued", "held", "failed", "pending", "dropped")
-        )
-        if redraw:
-            click.clear()
-        rate = f"{frame.rate_per_minute:.0f} tenants/min" if frame.rate_per_minute else "-"
-        eta = f"{frame.eta_minutes * 60:.0f} s" if frame.eta_minutes is not None else "-"
-        click.echo(
-            f"{time.strftime('%H:%M:%S')} rollout {frame.rollout.id} to {frame.rollout.head} "
-            f"({frame.rollout.state}): {phases}; rate {rate}, ETA {eta}"
-        )
-        click.echo("  tenants per head: " + ", ".join(f"{h} {n}" for h, n in heads.items()))
-        for failure in frame.failures:
-            click.echo(
-                f"  {failure.tenant_id} ({failure.status}, attempt {failure.attempts}): "
-                f"{failure.error[:160]}"
-            )
-        if frame.finished:
-            return
-        time.sleep(interval)
-
-
-def progress_view(frame: Any) -> dict[str, Any]:
-    rollout = frame.rollout
-    return {
-        "rollout": None
-        if rollout is None
-        else {
-            "id": rollout.id,
-            "head": rollout.head,
-            "state": rollout.state,
-            "canary": rollout.canary,
-            "max_failures": rollout.max_failures,
-        },
-        "phases": frame.phases,
-        "rate_per_minute": frame.rate_per_minute,
-        "eta_minutes": frame.eta_minutes,
-        "failures": [
-            {"tenant_id": f.tenant_id, "status": f.status, "attempts": f.attempts, "error": f.error}
-            for f in frame.failures
-        ],
-        "finished": frame.finished,
-    }
 
 
 #: The actions of an upgrade report, in the order a summary lists them.

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import shutil
+import textwrap
+
 import click
 
 from provisioner import service
@@ -18,13 +21,25 @@ def jobs() -> None:
 
 @jobs.command("list")
 @click.option("--status", "status_filter", help="Only jobs in this status.")
+@click.option("--tenant", "tenant_id", default=None, help="Only this tenant's jobs.")
+@click.option("--kind", default=None, help="Only jobs of this job type.")
 @click.option("--limit", type=BIGINT_COUNT, default=50, help="At most this many jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of jobs.")
 @click.pass_context
 @fail_cleanly
-def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json: bool) -> None:
-    """Running jobs first (with live progress), then the most recently changed."""
-    found = service.list_jobs(settings_of(ctx), status=status_filter, limit=limit)
+def jobs_list(
+    ctx: click.Context,
+    status_filter: str | None,
+    tenant_id: str | None,
+    kind: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Running jobs first (with live progress), then the most recently changed; a job's error
+    follows its row, wrapped to the terminal's width (never cut)."""
+    found = service.list_jobs(
+        settings_of(ctx), status=status_filter, limit=limit, tenant=tenant_id, kind=kind
+    )
     if as_json:
         emit_json([j.view() for j in found])
         return
@@ -32,15 +47,30 @@ def jobs_list(ctx: click.Context, status_filter: str | None, limit: int, as_json
         click.echo("no jobs")
         return
     click.echo(
-        f"{'JOB':<36}  {'KIND':<18} {'TENANT':<20} {'STATUS':<9} {'PROG':>4}  RUN  ATT  "
-        "HOLDER / ERROR"
+        f"{'JOB':<36}  {'KIND':<18} {'TENANT':<20} {'STATUS':<9} {'PROG':>4}  RUN  ATT  HOLDER"
     )
+    width = max(shutil.get_terminal_size().columns, 60)
     for j in found:
-        tail = j.locked_by or (j.error_detail or "")[:60]
         click.echo(
             f"{j.id!s:<36}  {j.job_type:<18} {(j.tenant_id or '-'):<20} {j.status.value:<9} "
-            f"{j.progress:>3}%  {j.run:>3}  {j.attempts}/{j.max_attempts}  {tail}"
+            f"{j.progress:>3}%  {j.run:>3}  {j.attempts}/{j.max_attempts}  {j.locked_by or ''}"
         )
+        for line in wrap_error(j.error_detail, width):
+            click.echo(line)
+
+
+def wrap_error(error: str | None, width: int) -> list[str]:
+    """A job's error under its row, indented and wrapped at word boundaries, whole."""
+    if not error:
+        return []
+    return textwrap.wrap(
+        f"error: {error}",
+        width - 1,
+        initial_indent="    ",
+        subsequent_indent="      ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 @jobs.command("retry")

@@ -1,15 +1,30 @@
-"""Safe rollouts of a fleet upgrade: a canary wave, a failure brake, resume and abort, and the
-numbers behind ``upgrade --watch``.
+"""Safe rollouts of a fleet upgrade: a canary wave, a failure brake, resume and abort, the
+numbers behind ``upgrade --watch`` and the summary a rollout ends with.
 
 Every ``provisioner upgrade`` that queues tenants records a rollout (``control.rollouts``) and
-its tenants (``control.rollout_tenants``). With ``canary=N`` only the first N tenants' jobs are
-queued and the rollout waits in ``canary`` for review; ``resume`` queues the rest once every
-canary job has succeeded. With ``max_failures=K``, the K-th failed job halts the rollout: a
-trigger in the control schema holds its queued jobs (:mod:`provisioner.queue.holds`: never
-claimed, not failed) in the transaction that records the failure, whichever process wrote it.
-``resume`` releases them; ``abort`` drops what has not started: held and queued jobs go back
-to succeeded (their schema was never touched, it is still at its old head) and pending tenants
-are dropped. A failed tenant stays at its old head, usable, and ``status`` shows its error.
+its tenants (``control.rollout_tenants``, each with the revision it started from). A rollout
+is in one of five states (:class:`RolloutState`):
+
+    canary  --resume-->  running  --(its last job settles)-->  completed
+                            |  ^
+         (K-th failure)     v  | --resume
+                          halted
+    canary, running or halted  --abort-->  aborted
+
+With ``canary=N`` only the first N tenants' jobs are queued and the rollout waits in
+``canary`` for review; ``resume`` queues the rest once every canary job has succeeded. With
+``max_failures=K``, the K-th failed job halts the rollout: a trigger in the control schema holds
+its queued jobs (:mod:`provisioner.queue.holds`: never claimed, not failed) in the transaction
+that records the failure, whichever process wrote it. Another trigger completes a running
+rollout in the transaction that settles its last queued or running job (control revision
+``20261202_h28_rollouts``). ``resume`` releases held jobs; ``abort`` drops what has not
+started: held and queued jobs go back to succeeded (their schema was never touched, it is
+still at its old head) and pending tenants are dropped. A failed tenant stays at its old head,
+usable, and ``status`` shows its error.
+
+A tenant suspended, archived or purged while the rollout waited (for review, or halted) has
+left the fleet: ``resume`` skips it (its job is neither re-opened nor released, so it cannot
+fail and trip the brake) and reports it as skipped.
 
 Rollout writes go through the owner URL (the application role only reads these tables).
 """
@@ -17,8 +32,10 @@ Rollout writes go through the owner URL (the application role only reads these t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -30,6 +47,7 @@ from provisioner.kinds.provision import MIGRATION_STEP, PROVISION_JOB_TYPE, STEP
 from provisioner.models import Job
 from provisioner.queue import journal, stats
 from provisioner.templates import upgrade as upgrade_replay
+from provisioner.tenant.state import INACTIVE
 
 # The newest rollout that still needs an operator or a worker.
 ACTIVE = """
@@ -37,14 +55,15 @@ SELECT * FROM control.rollouts WHERE state IN ('canary', 'running', 'halted')
  ORDER BY id DESC LIMIT 1 FOR UPDATE
 """
 
+# The newest rollout that waits for the operator: for review, or halted by the brake.
+WAITING = """
+SELECT * FROM control.rollouts WHERE state IN ('canary', 'halted')
+ ORDER BY id DESC LIMIT 1 FOR UPDATE
+"""
+
 LATEST = "SELECT * FROM control.rollouts ORDER BY id DESC LIMIT 1"
 
 GET = "SELECT * FROM control.rollouts WHERE id = %(id)s"
-
-# A new rollout closes the running ones before it (their jobs stay where they are).
-CLOSE_RUNNING = (
-    "UPDATE control.rollouts SET state = 'done', updated_at = now() WHERE state = 'running'"
-)
 
 CREATE = """
 INSERT INTO control.rollouts (head, canary, max_failures, state)
@@ -53,9 +72,9 @@ RETURNING *
 """
 
 ADD_TENANTS = """
-INSERT INTO control.rollout_tenants (rollout_id, tenant_id, job_id, wave, state)
-SELECT %(rollout)s, t, j, %(wave)s, %(state)s
-  FROM unnest(%(tenants)s::text[], %(jobs)s::uuid[]) AS u(t, j)
+INSERT INTO control.rollout_tenants (rollout_id, tenant_id, job_id, wave, state, from_revision)
+SELECT %(rollout)s, t, j, %(wave)s, %(state)s, r
+  FROM unnest(%(tenants)s::text[], %(jobs)s::uuid[], %(revisions)s::text[]) AS u(t, j, r)
 """
 
 PENDING_JOBS = """
@@ -67,34 +86,73 @@ UPDATE control.rollout_tenants SET state = 'queued'
  WHERE rollout_id = %(rollout)s AND job_id = ANY(%(jobs)s)
 """
 
+# Tenants that left the fleet before their job was queued or released.
+MARK_SKIPPED = """
+UPDATE control.rollout_tenants SET state = 'skipped'
+ WHERE rollout_id = %(rollout)s AND tenant_id = ANY(%(tenants)s)
+"""
+
 DROP_PENDING = """
 UPDATE control.rollout_tenants SET state = 'dropped'
  WHERE rollout_id = %(rollout)s AND state = 'pending'
 """
 
+# Tenants of a wave whose job could not be re-opened (no longer succeeded): nothing to do.
+DROP_NOT_QUEUED = """
+UPDATE control.rollout_tenants SET state = 'dropped'
+ WHERE rollout_id = %(rollout)s AND state = 'pending' AND job_id = ANY(%(jobs)s)
+"""
+
+NOW = "SELECT now() AS now"
+
 SET_STATE = "UPDATE control.rollouts SET state = %(state)s, updated_at = now() WHERE id = %(id)s"
 
+ABORT = """
+UPDATE control.rollouts SET state = 'aborted', finished_at = now(), updated_at = now()
+ WHERE id = %(id)s
+"""
+
+# Complete a running rollout none of whose jobs is queued or running (control revision
+# 20261202_h28_rollouts; its trigger runs the same check when a job settles); the state after.
+SETTLE = "SELECT control.rollout_settle(%(id)s) AS state"
+
 Conn = psycopg.Connection[dict[str, Any]]
+
+
+class RolloutState(StrEnum):
+    """``control.rollouts.state``."""
+
+    CANARY = "canary"
+    RUNNING = "running"
+    HALTED = "halted"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+
+
+#: States a rollout ends in (``halted`` stops it too, but ``--resume`` continues it).
+ENDED: tuple[RolloutState, ...] = (RolloutState.COMPLETED, RolloutState.ABORTED)
 
 
 @dataclass(frozen=True)
 class Rollout:
     id: int
     head: str
-    state: str
+    state: RolloutState
     canary: int | None
     max_failures: int | None
     created_at: datetime
+    finished_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Rollout:
         return cls(
             row["id"],
             row["head"],
-            row["state"],
+            RolloutState(row["state"]),
             row["canary"],
             row["max_failures"],
             row["created_at"],
+            row.get("finished_at"),
         )
 
 
@@ -116,21 +174,22 @@ def _reopen(
 def start(
     conn: Conn,
     head: str,
-    behind: list[Job],
+    behind: Sequence[tuple[Job, str]],
     *,
     canary: int | None = None,
     max_failures: int | None = None,
 ) -> tuple[Rollout, list[Job]]:
-    """Record a rollout of ``behind`` and queue its first wave (all, or the canary); in the
-    caller's transaction. Refused while another rollout waits for review or is halted."""
-    active = conn.execute(ACTIVE).fetchone()
-    if active is not None and active["state"] in ("canary", "halted"):
+    """Record a rollout of ``behind`` (each job with the revision its tenant is at) and queue
+    its first wave (all, or the canary); in the caller's transaction. Refused while another
+    rollout waits for review or is halted; a rollout still running goes on beside it."""
+    waiting = conn.execute(WAITING).fetchone()
+    if waiting is not None:
         raise InvalidInput(
-            f"rollout {active['id']} is {active['state']}: "
+            f"rollout {waiting['id']} is {waiting['state']}: "
             "`provisioner upgrade --resume` or `--abort` it first"
         )
-    conn.execute(CLOSE_RUNNING)
-    state = "canary" if canary is not None and canary < len(behind) else "running"
+    waves = canary is not None and canary < len(behind)
+    state = RolloutState.CANARY if waves else RolloutState.RUNNING
     row = conn.execute(
         CREATE, {"head": head, "canary": canary, "max_failures": max_failures, "state": state}
     ).fetchone()
@@ -146,11 +205,26 @@ def start(
                     "rollout": rollout.id,
                     "wave": wave,
                     "state": "pending",
-                    "tenants": [str(j.tenant_id) for j in jobs],
-                    "jobs": [j.id for j in jobs],
+                    "tenants": [str(j.tenant_id) for j, _ in jobs],
+                    "jobs": [j.id for j, _ in jobs],
+                    "revisions": [revision for _, revision in jobs],
                 },
             )
-    return rollout, _reopen(conn, rollout, [j.id for j in first])
+    first_jobs = [j.id for j, _ in first]
+    queued = _reopen(conn, rollout, first_jobs)
+    if len(queued) < len(first_jobs):  # a job that changed meanwhile is no longer behind
+        conn.execute(DROP_NOT_QUEUED, {"rollout": rollout.id, "jobs": first_jobs})
+        _settle(conn, rollout)
+    return rollout, queued
+
+
+@dataclass(frozen=True)
+class Departed:
+    """A tenant of the rollout that left the fleet (suspended, archived, purged) before its
+    job was queued or released: skipped, not upgraded."""
+
+    tenant_id: str
+    state: str
 
 
 @dataclass(frozen=True)
@@ -159,17 +233,41 @@ class Resumed:
     #: jobs queued now (the rest after a canary), or released (held by the brake)
     queued: int
     released: int
+    #: tenants skipped because they left the fleet while the rollout waited
+    skipped: list[Departed] = field(default_factory=list)
+    #: the rollout's state afterwards (completed when nothing was left to run)
+    state: RolloutState = RolloutState.RUNNING
+
+
+def _skip_departed(conn: Conn, rollout: Rollout) -> list[Departed]:
+    """Take the tenants that left the fleet out of what a resume queues or releases: a held
+    job goes back to succeeded (its schema was never touched), a pending one stays as it is;
+    both are marked skipped."""
+    rows = queue.departed(conn, rollout.id, [s.value for s in INACTIVE])
+    held = [r["job_id"] for r in rows if r["rollout_state"] == "queued"]
+    if held:
+        queue.drop_queued(conn, rollout.id, list(STEPS), held)
+    if rows:
+        names = [r["tenant_id"] for r in rows]
+        conn.execute(MARK_SKIPPED, {"rollout": rollout.id, "tenants": names})
+    return [Departed(str(r["tenant_id"]), str(r["tenant_state"])) for r in rows]
+
+
+def _settle(conn: Conn, rollout: Rollout) -> RolloutState:
+    row = conn.execute(SETTLE, {"id": rollout.id}).fetchone()
+    assert row is not None
+    return RolloutState(row["state"])
 
 
 def resume(conn: Conn, *, started_by: str = "upgrade") -> Resumed:
-    """Continue the active rollout: after a successful canary, queue the rest (their runs
-    record ``started_by``); after a halt, release the held jobs. In the caller's
-    transaction."""
-    row = conn.execute(ACTIVE).fetchone()
-    if row is None or row["state"] == "running":
+    """Continue the rollout that waits: after a successful canary, queue the rest (their runs
+    record ``started_by``); after a halt, release the held jobs. Tenants that left the fleet
+    meanwhile are skipped. In the caller's transaction."""
+    row = conn.execute(WAITING).fetchone()
+    if row is None:
         raise InvalidInput("no rollout waits for review or is halted: nothing to resume")
     rollout = Rollout.from_row(row)
-    if rollout.state == "canary":
+    if rollout.state is RolloutState.CANARY:
         counts = queue.canary_status(conn, rollout.id)
         unfinished = sum(n for status, n in counts.items() if status != "succeeded")
         if unfinished:
@@ -178,16 +276,18 @@ def resume(conn: Conn, *, started_by: str = "upgrade") -> Resumed:
                 f"({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}); wait, fix and "
                 "`jobs retry --failed`, or `upgrade --abort`"
             )
+        skipped = _skip_departed(conn, rollout)
         pending = [r["job_id"] for r in conn.execute(PENDING_JOBS, {"rollout": rollout.id})]
         queued = _reopen(conn, rollout, pending, started_by)
         conn.execute(DROP_PENDING, {"rollout": rollout.id})  # no longer behind: nothing to do
-        conn.execute(SET_STATE, {"state": "running", "id": rollout.id})
-        return Resumed(rollout, len(queued), 0)
+        conn.execute(SET_STATE, {"state": RolloutState.RUNNING, "id": rollout.id})
+        return Resumed(rollout, len(queued), 0, skipped, _settle(conn, rollout))
+    skipped = _skip_departed(conn, rollout)
     released = queue.release_held(conn, rollout.id)
     if released:  # wake the idle workers once the release commits
         queue.notify(conn, PROVISION_JOB_TYPE)
-    conn.execute(SET_STATE, {"state": "running", "id": rollout.id})
-    return Resumed(rollout, 0, len(released))
+    conn.execute(SET_STATE, {"state": RolloutState.RUNNING, "id": rollout.id})
+    return Resumed(rollout, 0, len(released), skipped, _settle(conn, rollout))
 
 
 @dataclass(frozen=True)
@@ -207,16 +307,42 @@ def abort(conn: Conn, *, ended_by: str = "upgrade --abort") -> Aborted:
     journal.record_runs_ended(conn, dropped, ended_by)
     count = len(dropped)
     conn.execute(DROP_PENDING, {"rollout": rollout.id})
-    conn.execute(SET_STATE, {"state": "aborted", "id": rollout.id})
+    conn.execute(ABORT, {"id": rollout.id})
     return Aborted(rollout, count)
 
 
 @dataclass(frozen=True)
 class Failure:
+    """A tenant of the rollout that failed, or carries an earlier attempt's error."""
+
     tenant_id: str
-    status: str
+    #: failed (attempts spent), held (by the brake), queued (for a retry), running (again)
+    phase: str
     attempts: int
     error: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a rollout did, so far or in the end."""
+
+    upgraded: int
+    failed: int
+    #: tenants that left the fleet before their job was queued or released
+    skipped: int
+    #: tenants not started when the rollout was aborted (or no longer behind on resume)
+    dropped: int
+    held: int
+    #: tenants upgraded, by the revision each started from
+    upgraded_from: dict[str, int]
+    #: from the rollout's start to its end (or to now while it goes on)
+    seconds: float
+    #: tenants upgraded per minute over ``seconds``
+    rate_per_minute: float | None
+
+
+#: Phases a rollout's tenants are counted in, in the order reports list them.
+PHASES = ("done", "running", "queued", "held", "failed", "pending", "skipped", "dropped")
 
 
 @dataclass(frozen=True)
@@ -224,19 +350,43 @@ class Progress:
     """One frame of ``upgrade --watch``."""
 
     rollout: Rollout | None
-    #: tenants of the rollout by phase: done, running, queued, held, failed, pending, dropped
+    #: tenants of the rollout by phase (:data:`PHASES`)
     phases: dict[str, int]
-    #: tenants finished per minute since the first finished, and the minutes left at that rate
+    #: tenants finished per minute since the rollout started, and the minutes left at that rate
     rate_per_minute: float | None
     eta_minutes: float | None
+    #: every failed tenant (up to the limit asked), then those retrying or held after an error
     failures: list[Failure]
+    summary: Summary | None = None
 
     @property
     def finished(self) -> bool:
-        return not any(self.phases.get(p) for p in ("running", "queued"))
+        """The rollout has ended: completed or aborted."""
+        return self.rollout is not None and self.rollout.state in ENDED
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing more happens without the operator: the rollout ended, halted (and its
+        running jobs finished), or its canary has finished and waits for review."""
+        if self.rollout is None or self.finished:
+            return True
+        state, running = self.rollout.state, self.phases.get("running", 0)
+        if state is RolloutState.HALTED:
+            return not running  # the jobs already running finish first
+        return state is RolloutState.CANARY and not running and not self.phases.get("queued")
+
+    @property
+    def clean(self) -> bool:
+        """No tenant failed and the rollout was neither halted nor aborted."""
+        return not self.phases.get("failed") and (
+            self.rollout is None
+            or self.rollout.state not in (RolloutState.HALTED, RolloutState.ABORTED)
+        )
 
 
-def progress(conn: Conn, failures: int = 5) -> Progress:
+def progress(conn: Conn, failures: int = 100) -> Progress:
+    """The latest rollout's numbers: phases, rate, ETA, its failures (at most ``failures``)
+    and its summary."""
     row = conn.execute(LATEST).fetchone()
     if row is None:
         return Progress(None, {}, None, None, [])
@@ -249,11 +399,31 @@ def progress(conn: Conn, failures: int = 5) -> Progress:
         rate = done["done"] / seconds * 60
         left = phases.get("queued", 0) + phases.get("running", 0)
         eta = left / rate if rate else None
-    latest = [
-        Failure(str(r["tenant_id"]), r["status"], int(r["attempts"]), str(r["error_detail"]))
-        for r in queue.latest_failures(conn, rollout.id, failures)
+    listed = [
+        Failure(str(r["tenant_id"]), str(r["phase"]), int(r["attempts"]), str(r["error_detail"]))
+        for r in queue.failures(conn, rollout.id, failures)
     ]
-    return Progress(rollout, phases, rate, eta, latest)
+    return Progress(rollout, phases, rate, eta, listed, _summary(conn, rollout, phases))
+
+
+def _summary(conn: Conn, rollout: Rollout, phases: dict[str, int]) -> Summary:
+    end = rollout.finished_at
+    if end is None:
+        now = conn.execute(NOW).fetchone()
+        assert now is not None
+        end = now["now"]
+    seconds = max((end - rollout.created_at).total_seconds(), 0.0)
+    upgraded = phases.get("done", 0)
+    return Summary(
+        upgraded=upgraded,
+        failed=phases.get("failed", 0),
+        skipped=phases.get("skipped", 0),
+        dropped=phases.get("dropped", 0),
+        held=phases.get("held", 0),
+        upgraded_from=queue.upgraded_by_revision(conn, rollout.id),
+        seconds=seconds,
+        rate_per_minute=upgraded / seconds * 60 if seconds > 0 and upgraded else None,
+    )
 
 
 def get(conn: Conn, rollout_id: int) -> Rollout:

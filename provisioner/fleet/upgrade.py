@@ -3,7 +3,8 @@
 
 A worker then re-runs the migration step alone for each queued tenant, replaying the new
 revisions' DDL when :mod:`provisioner.templates.upgrade` can verify it, else through Alembic.
-Tenants whose lifecycle state is suspended, archived or deleted are left alone and reported.
+Tenants whose lifecycle state is suspended, archived or deleted are left alone and reported
+(deleted ones only when asked: a purged tenant has left the fleet for good).
 """
 
 from __future__ import annotations
@@ -77,14 +78,16 @@ def upgrade(
     dry_run: bool = False,
     canary: int | None = None,
     max_failures: int | None = None,
+    include_deleted: bool = False,
 ) -> UpgradeReport:
     """Queue every provisioned tenant whose schema is behind the template's head for a worker.
 
     ``tenant_ids`` None means all tenants. A named tenant that is suspended, archived or
     deleted is refused (:class:`WrongState`); with all tenants, such tenants are skipped and
-    reported. The jobs found behind are recorded as a rollout (:mod:`provisioner.fleet.rollout`) and
-    queued in one transaction: all of them (or the ``canary`` first ones), or none (and none
-    with ``dry_run``). ``max_failures`` halts the rollout at that many failed tenants.
+    reported (deleted ones only with ``include_deleted``). The jobs found behind are recorded
+    as a rollout (:mod:`provisioner.fleet.rollout`) and queued in one transaction: all of them
+    (or the ``canary`` first ones), or none (and none with ``dry_run``). ``max_failures``
+    halts the rollout at that many failed tenants.
     """
     for name, value in (("canary", canary), ("max_failures", max_failures)):
         if value is not None and value < 1:
@@ -117,6 +120,8 @@ def upgrade(
             raise WrongState(
                 f"tenant {first.tenant_id} is {first.state}: an upgrade leaves it alone"
             )
+        if not include_deleted:
+            skipped = [s for s in skipped if s.state is not TenantState.DELETED]
         jobs = [j for j in jobs if j.tenant_id not in states]
         finished = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
         if early is not None:
@@ -139,7 +144,7 @@ def upgrade(
                 started, queued = rollout.start(
                     conn,
                     migrations.head_label(heads),
-                    [job for job, _ in behind],
+                    [(job, migrations.head_label(v) or "(none)") for job, v in behind],
                     canary=canary,
                     max_failures=max_failures,
                 )
@@ -185,12 +190,17 @@ def wait_for_canary(settings: Settings, rollout_id: int) -> dict[str, int]:
 
 
 def tenants_per_head(settings: Settings) -> dict[str, int]:
-    """How many provisioned tenants record each revision (the watch's first line)."""
+    """How many provisioned tenants record each revision (the watch's first line); purged
+    tenants, which have no schema any more, are not counted."""
     with closing(_owner(settings, "upgrade-watch")) as conn, db.translated():
+        deleted = {
+            r["tenant_id"]
+            for r in conn.execute(TENANTS_LEFT_ALONE, {"states": [TenantState.DELETED.value]})
+        }
         jobs = [
             j
             for j in queue.latest_jobs(conn, PROVISION_JOB_TYPE)
-            if j.status is not JobStatus.RUNNING
+            if j.status is not JobStatus.RUNNING and j.tenant_id not in deleted
         ]
         found = schema_versions(conn, sorted({TenantId(str(j.tenant_id)).schema for j in jobs}))
     counts = Counter(migrations.head_label(v) if v else "(none)" for v in found.values())

@@ -172,10 +172,12 @@ SELECT DISTINCT ON (tenant_id) * FROM control.platform_jobs
 """
 
 
-# Operator view: running first, then newest.
+# Operator view: running first, then newest; of one status, tenant or job type when asked.
 LIST_JOBS = """
 SELECT * FROM control.platform_jobs
  WHERE (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)
+   AND (%(kind)s::text IS NULL OR job_type = %(kind)s)
  ORDER BY (status = 'running') DESC, updated_at DESC
  LIMIT %(limit)s
 """
@@ -323,5 +325,19 @@ def latest_jobs(conn: Conn, job_type: str, tenants: list[TenantId] | None = None
     return [Job.from_row(r) for r in rows]
 
 
-def list_jobs(conn: Conn, *, status: str | None = None, limit: int = 50) -> list[Job]:
-    return [Job.from_row(r) for r in fetch_all(conn, LIST_JOBS, {"status": status, "limit": limit})]
+def list_jobs(
+    conn: Conn,
+    *,
+    status: str | None = None,
+    limit: int = 50,
+    tenant: TenantId | None = None,
+    kind: str | None = None,
+) -> list[Job]:
+    """Jobs for the operator's view: running first, then the most recently changed."""
+    params = {
+        "status": status,
+        "limit": limit,
+        "tenant": None if tenant is None else tenant.value,
+        "kind": kind,
+    }
+    return [Job.from_row(r) for r in fetch_all(conn, LIST_JOBS, params)]

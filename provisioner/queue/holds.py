@@ -36,15 +36,30 @@ UPDATE control.platform_jobs j SET available_at = now(), updated_at = now()
 RETURNING j.id
 """
 
-# Abort: jobs not started go back to succeeded, with every step recorded (as before the
-# rollout: the schema was never touched).
+# Abort (or a tenant that left the fleet): jobs not started go back to succeeded, with every
+# step recorded (as before the rollout: the schema was never touched); all of the rollout's, or
+# the named ones.
 DROP_QUEUED = """
 UPDATE control.platform_jobs j
    SET status = 'succeeded', steps_completed = %(steps)s, progress = 100, attempts = 0,
        available_at = now(), finished_at = now(), error_detail = NULL, updated_at = now()
   FROM control.rollout_tenants t
  WHERE t.rollout_id = %(rollout)s AND t.job_id = j.id AND j.status = 'queued'
+   AND (%(jobs)s::uuid[] IS NULL OR j.id = ANY(%(jobs)s))
 RETURNING j.id
+"""
+
+# The rollout's tenants not started yet (pending, or queued and held by the brake) whose
+# lifecycle state is one of ``states``: they left the fleet while the rollout waited.
+DEPARTED = f"""
+SELECT t.tenant_id, t.job_id, t.state AS rollout_state, c.state AS tenant_state
+  FROM control.rollout_tenants t
+  JOIN control.platform_jobs j ON j.id = t.job_id
+  JOIN control.tenants c ON c.tenant_id = t.tenant_id
+ WHERE t.rollout_id = %(rollout)s AND c.state = ANY(%(states)s)
+   AND (t.state = 'pending'
+        OR (t.state = 'queued' AND j.status = 'queued' AND j.available_at = {HELD_UNTIL}))
+ ORDER BY t.tenant_id
 """
 
 # The watch: each tenant of the rollout with its job's state folded into one word.
@@ -68,11 +83,28 @@ SELECT count(*) AS done, min(j.finished_at) AS first, max(j.finished_at) AS last
    AND j.finished_at >= %(since)s
 """
 
-LATEST_FAILURES = """
-SELECT j.tenant_id, j.error_detail, j.status, j.attempts FROM control.rollout_tenants t
-  JOIN control.platform_jobs j ON j.id = t.job_id
- WHERE t.rollout_id = %(rollout)s AND j.error_detail IS NOT NULL AND j.status <> 'succeeded'
- ORDER BY j.updated_at DESC LIMIT %(limit)s
+# The rollout's tenants that failed, or carry the error of an earlier attempt (queued for a
+# retry, running again, or held by the brake since), each with its phase as PROGRESS names it:
+# failed ones first, then the most recently changed.
+FAILURES = f"""
+SELECT j.tenant_id, j.error_detail, j.attempts,
+       CASE
+         WHEN j.status = 'queued' AND j.available_at = {HELD_UNTIL} THEN 'held'
+         ELSE j.status
+       END AS phase
+  FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
+ WHERE t.rollout_id = %(rollout)s AND t.state = 'queued'
+   AND (j.status = 'failed' OR (j.status IN ('queued', 'running') AND j.error_detail IS NOT NULL))
+ ORDER BY (j.status = 'failed') DESC, j.updated_at DESC, j.tenant_id
+ LIMIT %(limit)s
+"""
+
+# The tenants the rollout upgraded, by the revision each started from.
+UPGRADED_BY_REVISION = """
+SELECT coalesce(t.from_revision, '(unknown)') AS revision, count(*) AS n
+  FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
+ WHERE t.rollout_id = %(rollout)s AND t.state = 'queued' AND j.status = 'succeeded'
+ GROUP BY 1 ORDER BY 1
 """
 
 
@@ -90,10 +122,19 @@ def release_held(conn: Conn, rollout_id: int) -> list[UUID]:
     return [r["id"] for r in _by_rollout(conn, RELEASE_HELD, rollout_id)]
 
 
-def drop_queued(conn: Conn, rollout_id: int, steps: list[str]) -> list[UUID]:
-    """Mark the rollout's jobs that have not started succeeded with ``steps`` recorded; their
-    ids."""
-    return [r["id"] for r in _by_rollout(conn, DROP_QUEUED, rollout_id, steps=Jsonb(steps))]
+def drop_queued(
+    conn: Conn, rollout_id: int, steps: list[str], jobs: list[UUID] | None = None
+) -> list[UUID]:
+    """Mark the rollout's jobs that have not started (all, or those of ``jobs``) succeeded with
+    ``steps`` recorded; their ids."""
+    params = {"steps": Jsonb(steps), "jobs": jobs}
+    return [r["id"] for r in _by_rollout(conn, DROP_QUEUED, rollout_id, **params)]
+
+
+def departed(conn: Conn, rollout_id: int, states: list[str]) -> list[dict[str, Any]]:
+    """The rollout's tenants not started yet (pending or held) now in one of ``states``:
+    ``tenant_id``, ``job_id``, ``rollout_state`` (pending or queued), ``tenant_state``."""
+    return _by_rollout(conn, DEPARTED, rollout_id, states=states)
 
 
 def phases(conn: Conn, rollout_id: int) -> dict[str, int]:
@@ -107,6 +148,13 @@ def finished_span(conn: Conn, rollout_id: int, since: Any) -> dict[str, Any] | N
     return rows[0] if rows else None
 
 
-def latest_failures(conn: Conn, rollout_id: int, limit: int) -> list[dict[str, Any]]:
-    """The rollout's most recent unsucceeded jobs that carry an error."""
-    return _by_rollout(conn, LATEST_FAILURES, rollout_id, limit=limit)
+def failures(conn: Conn, rollout_id: int, limit: int) -> list[dict[str, Any]]:
+    """The rollout's failed tenants, and those carrying an earlier attempt's error, with their
+    phase (failed, held, queued, running); failed ones first."""
+    return _by_rollout(conn, FAILURES, rollout_id, limit=limit)
+
+
+def upgraded_by_revision(conn: Conn, rollout_id: int) -> dict[str, int]:
+    """How many of the rollout's tenants it upgraded, by the revision each started from."""
+    rows = _by_rollout(conn, UPGRADED_BY_REVISION, rollout_id)
+    return {r["revision"]: int(r["n"]) for r in rows}

@@ -95,6 +95,7 @@ class Tenant:
     #: the state before suspension or archival, which restore returns to
     previous_state: TenantState | None = None
     deleted_at: datetime | None = None
+    updated_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Tenant:
@@ -106,6 +107,7 @@ class Tenant:
             onboarding_started_at=row["onboarding_started_at"],
             previous_state=_state_or_none(row.get("previous_state")),
             deleted_at=row.get("deleted_at"),
+            updated_at=row.get("updated_at"),
         )
 
 
@@ -174,3 +176,21 @@ def states_of(conn: Conn, tenants: list[TenantId] | None = None) -> dict[str, Te
 def state_of(conn: Conn, tenant: TenantId) -> TenantState | None:
     found = get_tenant(conn, tenant)
     return found.state if found else None
+
+
+# Tenants for the fleet's lists and batches: the named ones and those in the named states.
+SELECT_TENANTS = """
+SELECT * FROM control.tenants
+ WHERE tenant_id = ANY(%(tenants)s) OR state = ANY(%(states)s)
+ ORDER BY tenant_id
+"""
+
+
+def select_tenants(
+    conn: Conn, tenants: list[str] | None = None, states: list[TenantState] | None = None
+) -> list[Tenant]:
+    """The tenants named in ``tenants`` and those in one of ``states``, by tenant id."""
+    params = {"tenants": tenants or [], "states": [s.value for s in states or []]}
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(SELECT_TENANTS, params)
+        return [Tenant.from_row(row) for row in cur.fetchall()]

@@ -495,9 +495,9 @@ def test_suspended_and_archived_tenants_are_left_alone(
     )
 
 
-def watch(settings: Settings, env: dict[str, str]) -> dict[str, Any]:
+def watch(settings: Settings, env: dict[str, str], code: int = 0) -> dict[str, Any]:
     shown = run_cli(settings, "upgrade", "--watch", "--json", env=env)
-    assert shown.returncode == 0, shown.stderr
+    assert shown.returncode == code, shown.stderr
     return dict(json.loads(shown.stdout))
 
 
@@ -526,7 +526,8 @@ def test_canary_stops_for_review_and_resume_queues_the_rest(
     assert [versions(database, t) for t in tenants] == [["t005"]] * 2 + [["t004"]] * 3
     view = watch(settings, env)
     assert view["rollout"]["state"] == "canary"
-    assert view["phases"] == {"done": 2, "pending": 3} and view["finished"]
+    assert view["phases"] == {"done": 2, "pending": 3}
+    assert view["stopped"] and not view["finished"]  # waits for review
 
     resumed = run_cli(settings, "upgrade", "--resume", env=env)
     assert resumed.returncode == 0, resumed.stderr
@@ -535,7 +536,9 @@ def test_canary_stops_for_review_and_resume_queues_the_rest(
     assert [versions(database, t) for t in tenants] == [["t005"]] * 5
     assert watch(settings, env)["phases"] == {"done": 5}
     text = run_cli(settings, "upgrade", "--watch", env=env)
-    assert "rollout 1 to t005 (running): 5 done, 0 running" in text.stdout
+    assert text.returncode == 0, text.stderr
+    assert "rollout 1 to t005 (completed): 5/5; 5 done;" in text.stdout
+    assert "rollout 1 completed after" in text.stdout
     assert "tenants per head: t005 5" in text.stdout
 
 
@@ -559,7 +562,7 @@ def test_max_failures_holds_the_rest_resume_releases_and_abort_drops(
 
     assert run_cli(settings, "worker", "--once", env=env).returncode == 0
     assert job_row(database, "bad_1")["status"] == "failed"
-    view = watch(settings, env)
+    view = watch(settings, env, code=1)
     assert view["rollout"]["state"] == "halted"
     assert view["phases"] == {"failed": 1, "held": 4}
     assert view["failures"][0]["tenant_id"] == "bad_1"
@@ -572,7 +575,7 @@ def test_max_failures_holds_the_rest_resume_releases_and_abort_drops(
     assert "4 held job(s) released" in resumed.stdout
     assert run_cli(settings, "worker", "--once", env=env).returncode == 0
     assert job_row(database, "bad_2")["status"] == "failed"  # the brake holds again
-    assert watch(settings, env)["phases"] == {"failed": 2, "held": 3}
+    assert watch(settings, env, code=1)["phases"] == {"failed": 2, "held": 3}
 
     aborted = run_cli(settings, "upgrade", "--abort", env=env)
     assert aborted.returncode == 0, aborted.stderr

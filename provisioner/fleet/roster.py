@@ -1,0 +1,99 @@
+"""The list of tenants (``provisioner tenants list``): each tenant's lifecycle state, the
+revision its schema records, whether it is behind the template's head, its provisioning job's
+status and, when asked, whether it has drifted.
+
+Purged (deleted) tenants have left the fleet: they are listed only when asked for
+(``include_deleted``, or a state filter naming ``deleted``). Who is behind costs one read of
+the version tables (:mod:`provisioner.fleet.versions`); drift costs a check
+(:func:`provisioner.fleet.drift.check`: the head built once in a rolled-back transaction, then
+one catalog query per tenant), so it is computed only when asked for.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from provisioner import db, queue
+from provisioner.control.schema import require_control_at_head
+from provisioner.fleet import drift
+from provisioner.fleet.versions import read_versions
+from provisioner.kinds.provision import PROVISION_JOB_TYPE
+from provisioner.models import JobStatus, TenantId
+from provisioner.settings import Settings
+from provisioner.templates import migrations
+from provisioner.tenant import row as tenants
+from provisioner.tenant.state import TenantState
+
+
+@dataclass(frozen=True)
+class TenantEntry:
+    tenant_id: str
+    state: TenantState
+    #: the revision the schema records ("" when it has none: not provisioned, or purged)
+    revision: str
+    #: the schema records another revision than the template's head
+    behind: bool
+    #: the provisioning job's status (None: no provisioning job)
+    job_status: JobStatus | None
+    updated_at: datetime | None
+    #: drifted from the head's shape (None: not checked, or not at the head)
+    drifted: bool | None = None
+
+
+def list_tenants(
+    settings: Settings,
+    *,
+    states: list[TenantState] | None = None,
+    behind: bool = False,
+    drifted: bool = False,
+    include_deleted: bool = False,
+) -> list[TenantEntry]:
+    """The tenants (in ``states``, else all), by tenant id; only those behind the head with
+    ``behind``, only the drifted ones with ``drifted``. Deleted tenants only with
+    ``include_deleted`` or when ``states`` names deleted."""
+    wanted = list(states or [])
+    if not wanted:
+        wanted = [s for s in TenantState if include_deleted or s is not TenantState.DELETED]
+    heads = migrations.tenant_heads()
+    owner = db.connect(settings.owner_url, application_name="tenants-list", autocommit=True)
+    with closing(owner) as conn, db.translated():
+        require_control_at_head(conn)
+        found = tenants.select_tenants(conn, None, wanted)
+        ids = [TenantId(t.tenant_id) for t in found]
+        jobs = {str(j.tenant_id): j for j in queue.latest_jobs(conn, PROVISION_JOB_TYPE, ids)}
+    versions = read_versions(settings.owner_url, [t.schema for t in ids]) if ids else {}
+    entries = []
+    for tenant in found:
+        recorded = versions.get(TenantId(tenant.tenant_id).schema)
+        job = jobs.get(tenant.tenant_id)
+        entries.append(
+            TenantEntry(
+                tenant.tenant_id,
+                tenant.state,
+                migrations.head_label(recorded) if recorded else "",
+                recorded is not None and recorded != heads,
+                job.status if job is not None else None,
+                tenant.updated_at,
+            )
+        )
+    if behind:
+        entries = [e for e in entries if e.behind]
+    if drifted:
+        entries = _with_drift(settings, entries)
+    return entries
+
+
+def _with_drift(settings: Settings, entries: list[TenantEntry]) -> list[TenantEntry]:
+    """The entries found drifted by a check of those at the head (the others cannot be)."""
+    checkable = [
+        e.tenant_id
+        for e in entries
+        if e.revision and not e.behind and e.job_status is JobStatus.SUCCEEDED
+    ]
+    if not checkable:
+        return []
+    report = drift.check(settings, checkable)
+    found = {t.tenant_id for t in report.drifted}
+    return [replace(e, drifted=True) for e in entries if e.tenant_id in found]

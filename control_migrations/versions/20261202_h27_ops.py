@@ -62,6 +62,9 @@ def upgrade() -> None:
                 CONSTRAINT platform_jobs_lock_waits_range CHECK (lock_waits >= 0)
         """
     )
+    # app_rw's UPDATE on the queue is per column (20261202_h27_approws): a product worker's
+    # fenced writes reset lock_waits on its own rows (row-level security keeps it to them).
+    grant_to_app_role("UPDATE (lock_waits)", "TABLE control.platform_jobs")
 
 
 def downgrade() -> None:

@@ -72,8 +72,10 @@ SELECT h.holder FROM control.lease_holders h
 
 
 # Requeue (or fail, when attempts are spent) running jobs whose lease has expired: held by a
-# holder that stopped beating (SILENT_HOLDERS), or not renewed for the stale threshold (a
-# holder that never beats, such as a one-off command, or one that beats and is stuck).
+# holder that stopped beating (SILENT_HOLDERS); not renewed for the stale threshold (a holder
+# that never beats, such as a one-off command); or, for the owner's kinds, without progress
+# (no step recorded since the claim or the last step) for the stale threshold although its
+# holder beats: a stuck holder. The stale threshold is the outer bound of a step.
 RECOVER_STALE = f"""
 WITH silent AS MATERIALIZED ({SILENT_HOLDERS.strip()})
 UPDATE control.platform_jobs
@@ -85,7 +87,8 @@ UPDATE control.platform_jobs
        locked_at = NULL, locked_by = NULL, updated_at = now()
  WHERE status = 'running'
    AND (locked_at < now() - make_interval(secs => %(stale)s)
-        OR (locked_at IS NULL AND updated_at < now() - make_interval(secs => %(stale)s))
+        OR (updated_at < now() - make_interval(secs => %(stale)s)
+            AND (locked_at IS NULL OR NOT control.by_application(job_type)))
         OR locked_by IN (SELECT holder FROM silent))
 RETURNING *
 """

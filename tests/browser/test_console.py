@@ -73,7 +73,7 @@ def browser() -> Iterator[WebDriver]:
 
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
-    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=4.0)
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=30.0)
 
 
 def kind_job(database: Database, tenant: str, kind: str) -> dict:

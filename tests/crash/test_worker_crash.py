@@ -132,19 +132,20 @@ def test_sigstopped_worker_wakes_after_its_job_was_finished_and_records_nothing(
     assert second.stop() == 0
 
 
-def test_a_live_worker_keeps_its_job_through_a_step_longer_than_the_lease(
+def test_a_live_worker_keeps_its_job_through_a_step_longer_than_its_heartbeat_lease(
     fast: Settings, database: Database, workers: Workers
 ) -> None:
-    lease = 2.0
+    """A step outlives three heartbeat leases (0.5 s beats: a 1.5 s lease) on a worker that
+    beats: nothing recovers it, and its lease is renewed by each beat."""
     service.enqueue(fast, "marathon")
     with tenant_row_locked(database, "marathon") as lock:
-        worker = workers.start("--stale-after", str(lease))
+        worker = workers.start("--stale-after", "60")
         holder = blocked_mid_step(database, "marathon")
         leases = set()
-        with psycopg.connect(database.app_url, row_factory=dict_row) as conn:
-            until = time.monotonic() + 3 * lease  # the step outlives three leases
+        with psycopg.connect(database.owner_url, row_factory=dict_row) as conn:
+            until = time.monotonic() + 3 * 3 * fast.heartbeat_seconds
             while time.monotonic() < until:
-                assert queue.recover_stale(conn, lease) == []
+                assert queue.recover_stale(conn, 60.0) == []
                 conn.commit()
                 leases.add(job_row(database, "marathon")["locked_at"])
                 time.sleep(0.5)
@@ -156,6 +157,24 @@ def test_a_live_worker_keeps_its_job_through_a_step_longer_than_the_lease(
     assert (row["status"], row["attempts"]) == ("succeeded", 1), worker.output()
     assert outcomes(database, "marathon") == [(1, step, "succeeded", holder) for step in STEPS]
     assert worker.events("recovered") == [] and worker.events("lease_lost") == []
+    assert worker.stop() == 0
+
+
+def test_a_beating_worker_stuck_in_a_step_loses_the_job_at_the_stale_threshold(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    """The stale threshold is the outer bound of a step on a worker that beats but is stuck:
+    the job goes back to the queue (fenced: the stuck holder records nothing), and runs again
+    once the step can go on."""
+    service.enqueue(fast, "stuck")
+    with tenant_row_locked(database, "stuck") as lock:
+        worker = workers.start("--stale-after", str(STALE))
+        blocked_mid_step(database, "stuck")
+        worker.wait_for("recovered", 60)
+        lock.commit()
+    worker.wait_for("succeeded", 60, tenant_id="stuck")
+    row = job_row(database, "stuck")
+    assert (row["status"], row["attempts"]) == ("succeeded", 2), worker.output()
     assert worker.stop() == 0
 
 

@@ -66,7 +66,7 @@ def make_tree(tmp_path: Path, body: str = ADD_SOURCE) -> Path:
 
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
-    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=4.0)
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=30.0)
 
 
 Fleet = Callable[[Settings, list[str]], None]

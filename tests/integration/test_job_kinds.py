@@ -57,7 +57,7 @@ JOB_KINDS = (
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
     return replace(
-        settings, heartbeat_seconds=0.5, job_stale_after_seconds=3.0, job_kind_modules=(MODULE,)
+        settings, heartbeat_seconds=0.5, job_stale_after_seconds=30.0, job_kind_modules=(MODULE,)
     )
 
 

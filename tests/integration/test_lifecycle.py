@@ -40,7 +40,7 @@ def cli(settings: Settings, *args: str) -> Ran:
 
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
-    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=3.0)
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=30.0)
 
 
 def app_reads(database: Database, tenant: str) -> int | str:

@@ -32,7 +32,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
-    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=4.0)
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=30.0)
 
 
 def scrape(port: int) -> Samples:

@@ -35,7 +35,7 @@ from tests.workers import (
 @pytest.fixture
 def fast(settings: Settings) -> Settings:
     """Short heartbeats and lease, so liveness shows within a second or two."""
-    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=3.0)
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=30.0)
 
 
 def heartbeat(database: Database) -> dict:

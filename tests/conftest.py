@@ -257,7 +257,7 @@ def clean_fingerprint(tenant: Tenant) -> dict:
 
 def downgrade_tenant(database: Database, tenant: str, revision: str) -> None:
     """Leave the tenant as an earlier release built it (its schema at ``revision``)."""
-    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             config = migrations.tenant_config(f"tenant_{tenant}", connection=conn)

@@ -1,6 +1,8 @@
 """The database adapter: the owner role's sessions, the one driver-error translation, the
 plan-cache tricks, and the caller's connection checks.
 
+* :mod:`provisioner.db.conninfo`: every address form libpq accepts, handed to libpq as given
+  (and to SQLAlchemy through a creator): :func:`engine`, :func:`libpq_address`;
 * :mod:`provisioner.db.sessions`: :class:`Database`, :class:`Session`, :class:`Transaction`,
   plain connections, and the chained commit;
 * :mod:`provisioner.db.translate`: :func:`translated`, the only place ``psycopg.Error`` and
@@ -15,6 +17,7 @@ module they live in.
 
 from __future__ import annotations
 
+from provisioner.db.conninfo import engine, libpq_address, with_role
 from provisioner.db.sessions import (
     BEGIN,
     CONNECT_TIMEOUT_SECONDS,
@@ -26,8 +29,6 @@ from provisioner.db.sessions import (
     Transaction,
     connect,
     is_alive,
-    libpq_url,
-    sqlalchemy_url,
 )
 from provisioner.db.translate import (
     DatabaseError,
@@ -53,10 +54,11 @@ __all__ = [
     "Transaction",
     "connect",
     "control_missing",
+    "engine",
     "is_alive",
-    "libpq_url",
+    "libpq_address",
     "login_refused",
-    "sqlalchemy_url",
     "translate",
     "translated",
+    "with_role",
 ]

@@ -88,7 +88,7 @@ class DriftReport:
 
 def expected_fingerprint(settings: Settings) -> Fingerprint:
     """The fingerprint of a schema freshly built at head, in a transaction rolled back."""
-    engine = sa.create_engine(db.sqlalchemy_url(settings.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(settings.owner_url, poolclass=sa.pool.NullPool)
     try:
         with db.translated(), engine.connect() as connection:
             transaction = connection.begin()

@@ -87,11 +87,12 @@ def _admin_url_for(admin_url: str, database: str) -> str:
 
 
 def role_url(admin_url: str, role: str, database: str) -> str:
-    """A URL for one of the bootstrap roles on the admin URL's server (the test servers trust
-    127.0.0.1; a password in the admin URL is not reused for other roles)."""
-    info = psycopg.conninfo.conninfo_to_dict(admin_url)
-    host, port = info.get("host") or "127.0.0.1", info.get("port") or "5432"
-    return f"postgresql://{role}@{host}:{port}/{database}"
+    """The address of one of the bootstrap roles on the admin URL's server, in the admin URL's
+    form (the same hosts, ports and parameters: a host list, a service, key=value). A password
+    in the admin URL is not reused for other roles: the test servers trust 127.0.0.1, and a
+    server that asks for passwords gets them the libpq way (PGPASSWORD, a password file, the
+    service file)."""
+    return db.with_role(admin_url, role, database)
 
 
 @dataclass
@@ -190,9 +191,7 @@ class Tenant:
         """A SQLAlchemy engine (psycopg 3) as the application role, ``search_path`` set to the
         tenant's schema; dispose of it when done."""
         connect_args = {"options": self.search_path_options, **kwargs.pop("connect_args", {})}
-        return sa.create_engine(
-            db.sqlalchemy_url(self.app_url), connect_args=connect_args, **kwargs
-        )
+        return db.engine(self.app_url, connect_args=connect_args, **kwargs)
 
 
 @dataclass

@@ -5,6 +5,8 @@ plan-cache tricks, and the caller's connection checks.
   (and to SQLAlchemy through a creator): :func:`engine`, :func:`libpq_address`;
 * :mod:`provisioner.db.sessions`: :class:`Database`, :class:`Session`, :class:`Transaction`,
   plain connections, and the chained commit;
+* :mod:`provisioner.db.pooling`: whether an address leads to a pooler in transaction mode
+  (the worker refuses one);
 * :mod:`provisioner.db.translate`: :func:`translated`, the only place ``psycopg.Error`` and
   SQLAlchemy's errors are caught and turned into the package's;
 * :mod:`provisioner.db.plans`: generic plans, plans made ahead, prepared statements kept;
@@ -18,6 +20,7 @@ module they live in.
 from __future__ import annotations
 
 from provisioner.db.conninfo import engine, libpq_address, with_role
+from provisioner.db.pooling import transaction_pooled
 from provisioner.db.sessions import (
     BEGIN,
     CONNECT_TIMEOUT_SECONDS,
@@ -58,6 +61,7 @@ __all__ = [
     "is_alive",
     "libpq_address",
     "login_refused",
+    "transaction_pooled",
     "translate",
     "translated",
     "with_role",

@@ -23,6 +23,14 @@ from provisioner.logs import event
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 
+#: The refusal of a worker whose owner URL leads to a pooler in transaction mode.
+TRANSACTION_POOLED = (
+    "MIGRATIONS_DATABASE_URL goes through a connection pooler in transaction mode (PgBouncer "
+    "pool_mode=transaction): the worker needs a session of its own (LISTEN, advisory locks, "
+    "prepared statements); connect the worker directly to PostgreSQL (or through session "
+    "pooling), and keep the pooler for the application"
+)
+
 
 def check_configuration(settings: Settings) -> None:
     """Refuse settings this worker cannot run with; touches nothing outside the process."""
@@ -71,8 +79,9 @@ def connect_for_start(name: str, url: str) -> psycopg.Connection[Any]:
 
 
 def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Logger) -> None:
-    """Both URLs connect, the control schema is at head, and the owner URL is not a superuser
-    unless allowed."""
+    """Both URLs connect, the owner URL leads to a session of its own (no pooler in transaction
+    mode), the control schema is at head, and the owner URL is not a superuser unless
+    allowed."""
     owner = connect_for_start("MIGRATIONS_DATABASE_URL", settings.owner_url)
     with closing(owner), db.translated():
         at_head = migrations.control_at_head(owner)
@@ -80,6 +89,8 @@ def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Lo
     app = connect_for_start("APP_DATABASE_URL", settings.app_url)
     with closing(app), db.translated():
         app.execute("SELECT 1")
+    if db.transaction_pooled(settings.owner_url, application_name="provisioner-worker"):
+        raise ConfigurationError(TRANSACTION_POOLED)
     if not at_head:
         raise ConfigurationError("the control schema is not at head: run `provisioner migrate`")
     if superuser and not allow_superuser:

@@ -42,7 +42,7 @@ from provisioner.testing import (
     role_url,
 )
 
-pytest_plugins = ["tests.storage_fixtures", "tests.workers", "tests.pgbouncer"]
+pytest_plugins = ["tests.storage_fixtures", "tests.workers", "tests.pgbouncer", "tests.failover"]
 
 # A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest
 # subprocess of its own (its tests are not this suite's).

@@ -135,6 +135,8 @@ def health(
     else:
         for c in report.components:
             click.echo(f"{c.component}: {'ready' if c.ready else 'NOT READY'} ({c.reason})")
+        if report.database is not None:
+            click.echo(f"database: {report.database.detail}")
         if check_storage:
             click.echo(
                 f"object store: {'ready' if view['storage']['ready'] else 'NOT READY'} "

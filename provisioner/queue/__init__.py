@@ -80,6 +80,7 @@ from provisioner.queue.holds import (
     release_held,
 )
 from provisioner.queue.journal import (
+    PROCESS_DIED,
     RUNS_FOR_JOB,
     RUNS_FOR_TENANT,
     STEP_RUN_DISCARD,
@@ -89,6 +90,7 @@ from provisioner.queue.journal import (
     STEP_RUNS_ABANDON_ATTEMPT,
     STEP_RUNS_FOR_JOB,
     STEP_RUNS_FOR_TENANT,
+    UNRECORDED,
     JobRunRecord,
     StepRunOutcome,
     StepRunRecord,
@@ -171,6 +173,7 @@ __all__ = [
     "MODEL_ROWS",
     "NOTIFY",
     "NOTIFY_CHANNEL",
+    "PROCESS_DIED",
     "QUEUE_TOUCHES",
     "RECORD_LAST_STEP",
     "RECORD_STEP",
@@ -198,6 +201,7 @@ __all__ = [
     "TAKE_OVER_JOB",
     "TENANT_JOB_LOCK_CLASS",
     "UNPROCESSABLE_DETAIL",
+    "UNRECORDED",
     "Claim",
     "ClosedStep",
     "Conn",

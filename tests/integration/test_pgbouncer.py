@@ -170,6 +170,8 @@ def test_one_off_commands_through_pgbouncer(
     assert checked.returncode == 0, checked.stderr
     health = _cli(bouncer_env, "health")
     assert health.returncode == 1 and "no heartbeat" in health.stdout, health.stderr
+    # The test server has no standby at all: health says what a failover would lose.
+    assert "database: no synchronous standby" in health.stdout
 
     # provision runs the step engine, whose sessions need a server session of their own.
     refused = _cli(bouncer_env, "provision", "beta")

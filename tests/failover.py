@@ -110,6 +110,13 @@ class Formation:
         node.proc.wait(10)
         node.proc = None
 
+    def switchover(self) -> None:
+        """A planned switchover, asked of the monitor as ``pg_autoctl perform switchover`` asks
+        it (run against the monitor's folder, that command fails in pg_auto_failover 2.0: it
+        asks for group '')."""
+        with psycopg.connect(self.monitor_url, autocommit=True) as conn:
+            conn.execute("SELECT pgautofailover.perform_failover('default', 0)")
+
     def stop(self) -> None:
         for node in [*self.nodes.values(), self.monitor]:
             if node.proc is not None and node.proc.poll() is None:

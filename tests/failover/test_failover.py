@@ -3,9 +3,11 @@ primary and a synchronous standby), its primary SIGKILLed while a worker drains 
 through a libpq multi-host URL with ``target_session_attrs=read-write``.
 
 One test, in order, on one formation for the session: the crash mid-drain, ``health`` while
-the new primary has no standby, the old primary rejoining as a standby. The figures (writes
-refused for how long, jobs on a second attempt, the drain's end after the crash) are printed
-and asserted only against generous deadlines.
+the new primary has no standby, the old primary rejoining as a standby, then a planned
+switchover back while workers roll the fleet out to a new tenant template head
+(``upgrade --all``). The figures (writes refused for how long, jobs on a second attempt, the
+drain's end after the crash, the switchover) are printed and asserted only against generous
+deadlines.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import psycopg
 import pytest
 
 import provisioner
+from provisioner.templates.migrations import TENANT_TREE_ENV
 from tests.conftest import BOOTSTRAP_SQL, ROOT
 from tests.failover import Formation
+from tests.integration.test_fleet_upgrade import make_tree
 
 pytestmark = pytest.mark.failover
 
@@ -215,3 +219,76 @@ def test_a_primary_crash_mid_drain_loses_nothing_and_the_old_primary_rejoins(
         time.sleep(0.5)
     rejoined = json.loads(_cli(env, "health", "--json").stdout)
     assert rejoined["database"]["synchronous_standby"] is True, rejoined
+
+    _switchover_during_a_rollout(formation, env, tmp_path)
+
+
+def _upgraded(env: dict[str, str]) -> int:
+    shown = _cli(env, "upgrade", "--watch", "--json")
+    if shown.returncode != 0:
+        return 0  # no primary answers right now
+    return int(json.loads(shown.stdout)["phases"].get("done", 0))
+
+
+def _switchover_during_a_rollout(formation: Formation, env: dict[str, str], tmp: Path) -> None:
+    """A planned switchover (node2 back to node1) while workers roll the fleet out to a new
+    tenant template head: every tenant reaches it, no job fails, no step run stays open."""
+    env = {**env, TENANT_TREE_ENV: str(make_tree(tmp))}
+    with (tmp / "worker-rollout.log").open("w") as log:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "provisioner",
+                "worker",
+                "--log-format",
+                "json",
+                "--concurrency",
+                "2",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        started = _cli(env, "upgrade", "--all")
+        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
+        while _upgraded(env) < 30:
+            assert time.monotonic() < deadline, "the rollout did not start"
+            time.sleep(0.5)
+        switched = time.monotonic()
+        formation.switchover()
+        while formation.primary() != "node1":
+            assert time.monotonic() < switched + 120, f"no switchover: {formation.states()}"
+            time.sleep(0.1)
+        switchover_seconds = time.monotonic() - switched
+        deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
+        while _upgraded(env) < TENANTS:
+            assert time.monotonic() < deadline, f"rollout unfinished: {_upgraded(env)}"
+            assert worker.poll() is None, (tmp / "worker-rollout.log").read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    print(
+        f"switchover during the rollout: node1 primary again {switchover_seconds:.1f} s after "
+        "it was asked for"
+    )
+    deadline = time.monotonic() + 120
+    while not formation.settled("node1"):
+        assert time.monotonic() < deadline, (
+            f"not settled after the switchover: {formation.states()}"
+        )
+        time.sleep(0.5)
+    with psycopg.connect(formation.url("provisioner_owner", DATABASE)) as conn:
+        failed = conn.execute(
+            "SELECT count(*) FROM control.platform_jobs WHERE status <> 'succeeded'"
+        ).fetchone()[0]
+        open_runs = conn.execute(
+            "SELECT count(*) FROM control.job_step_runs WHERE outcome = 'running'"
+        ).fetchone()[0]
+    assert failed == 0 and open_runs == 0
+    checked = _cli(env, "check", "--all")
+    assert checked.returncode == 0, checked.stdout[-2000:]

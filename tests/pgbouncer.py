@@ -48,12 +48,14 @@ class Bouncer:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> None:
+        """SIGINT (PgBouncer's immediate shutdown) to its process group: ``runuser`` does not
+        pass signals on, so PgBouncer itself must get it."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # PgBouncer's immediate shutdown
+            os.killpg(self.proc.pid, signal.SIGINT)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
 
 
@@ -79,7 +81,9 @@ def start_bouncer(server_port: int, pool_mode: str = "transaction") -> Bouncer:
         for path in [folder, *folder.iterdir()]:
             os.chown(path, entry.pw_uid, entry.pw_gid)
         command = ["runuser", "-u", "postgres", "--", *command]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     bouncer = Bouncer(port, folder, proc)
     deadline = time.monotonic() + 20
     while True:

@@ -9,8 +9,11 @@ RUN_STAMP := $(VENV)/.installed-run
 HAVE_PG := $(shell ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | head -n 1; command -v initdb 2>/dev/null)
 RUN_TARGET := $(if $(strip $(HAVE_PG)),.,.[embedded])
 AZURITE := tests/azurite/node_modules/.bin/azurite-blob
+# The pooler and the failover tools the suite starts on local ports (Debian packages).
+HA_PACKAGES := pgbouncer postgresql-15-auto-failover pg-auto-failover-cli
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo demo-stop test lint browser bench bench-scale bench-fleet-scale clean
+.PHONY: install demo demo-stop test lint browser ha-tools bench bench-scale bench-fleet-scale clean
 
 install: $(STAMP)
 
@@ -49,9 +52,15 @@ browser:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get update && apt-get install -y chromium chromium-driver; }
 
+# PgBouncer and pg_auto_failover, installed only when missing (a second run touches nothing).
+ha-tools:
+	@if command -v pg_autoctl >/dev/null && { command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer; }; \
+	then :; else $(SUDO) apt-get update && $(SUDO) apt-get install -y $(HA_PACKAGES); fi
+
 # The static checks, then the suite: it starts its own PostgreSQL (unless DATABASE_URL names a
-# superuser URL), moto and Azurite, one pytest-xdist process per core.
-test: lint $(AZURITE) browser
+# superuser URL), PgBouncer, a pg_auto_failover formation, moto, Azurite and Chromium, one
+# pytest-xdist process per core.
+test: lint ha-tools $(AZURITE) browser
 	$(BIN)/pytest -n auto
 
 bench: $(STAMP)

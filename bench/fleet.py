@@ -141,7 +141,7 @@ def _raw(database: BenchDatabase, tenants: int) -> float:
 
 
 def _alembic(database: BenchDatabase, tenants: int) -> float:
-    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as connection:
             began = time.perf_counter()

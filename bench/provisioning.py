@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 
 from bench import before
@@ -93,7 +92,7 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
     tree = migrations.tenant_tree_state()
 
     raw_conn = psycopg.connect(database.owner_url)
-    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url))
+    engine = db.engine(database.owner_url)
     owner = db.Database(database.owner_url)
     replay_cache = TemplateCache()
     # Enqueue and claim as the worker does: as the owner (app_rw may not claim, control c005).

@@ -13,7 +13,8 @@ import os
 import sqlalchemy as sa
 from alembic import context
 
-from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url
+from provisioner.db import SA_CONNECT_ARGS, engine
+from provisioner.db.conninfo import DIALECT_URL
 
 CONTROL_SCHEMA = "control"
 MIGRATE_LOCK_KEY = 7_220_260_001  # arbitrary, fixed: serialises control migrations
@@ -27,7 +28,8 @@ def _url() -> str:
     url = context.get_x_argument(as_dictionary=True).get("url") or os.environ.get(
         "MIGRATIONS_DATABASE_URL"
     )
-    return sqlalchemy_url(url) if url else config.get_main_option("sqlalchemy.url") or ""
+    # Any address libpq accepts (a host list, a service, key=value): handed to libpq as it is.
+    return url or config.get_main_option("sqlalchemy.url") or ""
 
 
 def _configure(connection: sa.Connection) -> None:
@@ -46,7 +48,7 @@ def _configure(connection: sa.Connection) -> None:
 
 def run_offline() -> None:
     context.configure(
-        url=_url(),
+        url=DIALECT_URL,  # offline: the dialect only, never a connection
         target_metadata=None,
         literal_binds=True,
         version_table_schema=CONTROL_SCHEMA,
@@ -66,8 +68,8 @@ def run_online() -> None:
     if connection is not None:
         _configure(connection)
         return
-    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS)
-    with engine.begin() as connection:
+    owner = engine(_url(), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS)
+    with owner.begin() as connection:
         _configure(connection)
 
 

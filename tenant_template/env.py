@@ -18,7 +18,8 @@ import re
 import sqlalchemy as sa
 from alembic import context
 
-from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url
+from provisioner.db import SA_CONNECT_ARGS, engine
+from provisioner.db.conninfo import DIALECT_URL
 
 SCHEMA_RULE = re.compile(r"tenant_[a-z][a-z0-9_]{0,47}")
 # A migration waits at most this long for a table lock, instead of queueing every query behind it.
@@ -54,7 +55,8 @@ def _lock_timeout(connection: sa.Connection) -> str:
 
 def _url() -> str:
     url = x_args.get("url") or os.environ.get("MIGRATIONS_DATABASE_URL")
-    return sqlalchemy_url(url) if url else config.get_main_option("sqlalchemy.url") or ""
+    # Any address libpq accepts (a host list, a service, key=value): handed to libpq as it is.
+    return url or config.get_main_option("sqlalchemy.url") or ""
 
 
 def _run(connection: sa.Connection, schema: str) -> None:
@@ -76,7 +78,10 @@ def _run(connection: sa.Connection, schema: str) -> None:
 
 def run_offline(schema: str) -> None:
     context.configure(
-        url=_url(), target_metadata=None, literal_binds=True, version_table_schema=schema
+        url=DIALECT_URL,  # offline: the dialect only, never a connection
+        target_metadata=None,
+        literal_binds=True,
+        version_table_schema=schema,
     )
     with context.begin_transaction():
         lock_timeout = _explicit_lock_timeout() or DEFAULT_LOCK_TIMEOUT
@@ -94,8 +99,8 @@ def run_online(schema: str) -> None:
     if connection is not None:
         _run(connection, schema)
         return
-    engine = sa.create_engine(_url(), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS)
-    with engine.begin() as connection:
+    owner = engine(_url(), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS)
+    with owner.begin() as connection:
         _run(connection, schema)
 
 

@@ -44,7 +44,13 @@ from provisioner.testing import (
 )
 from provisioner.testing.pytest_plugin import shared_folder
 
-pytest_plugins = ["tests.storage_fixtures", "tests.workers", "tests.console_server"]
+pytest_plugins = [
+    "tests.storage_fixtures",
+    "tests.workers",
+    "tests.console_server",
+    "tests.pgbouncer",
+    "tests.failover",
+]
 
 # A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest
 # subprocess of its own (its tests are not this suite's).
@@ -266,7 +272,7 @@ def clean_fingerprint(tenant: Tenant) -> dict:
 
 def downgrade_tenant(database: Database, tenant: str, revision: str) -> None:
     """Leave the tenant as an earlier release built it (its schema at ``revision``)."""
-    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             config = migrations.tenant_config(f"tenant_{tenant}", connection=conn)

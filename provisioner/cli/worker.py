@@ -141,6 +141,8 @@ def health(
                     f"  warm pool: {len(foreign)} pool_* schema(s) not the pool's, left alone: "
                     + ", ".join(foreign[:10])
                 )
+        if report.database is not None:
+            click.echo(f"database: {report.database.detail}")
         if check_storage:
             click.echo(
                 f"object store: {'ready' if view['storage']['ready'] else 'NOT READY'} "

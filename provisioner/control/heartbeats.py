@@ -11,6 +11,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from provisioner import queue
+from provisioner.control.replication import Replication, replication
 
 Conn = psycopg.Connection[Any]
 
@@ -79,10 +80,13 @@ class ComponentHealth:
 class HealthReport:
     ready: bool
     components: list[ComponentHealth]
+    #: the database's replication, as the worker's writes see it (None: not looked at)
+    database: Replication | None = None
 
     def view(self) -> dict[str, Any]:
         return {
             "ready": self.ready,
+            "database": None if self.database is None else self.database.view(),
             "components": [
                 {
                     "component": c.component,
@@ -148,7 +152,7 @@ def readiness(
         else:
             reason, ready = "ok", True
         verdicts.append(ComponentHealth(component, ready, reason, row["instance_id"], age, detail))
-    return HealthReport(all(v.ready for v in verdicts), verdicts)
+    return HealthReport(all(v.ready for v in verdicts), verdicts, replication(conn))
 
 
 def ages(conn: Conn) -> dict[str, float]:

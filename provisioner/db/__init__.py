@@ -1,8 +1,12 @@
 """The database adapter: the owner role's sessions, the one driver-error translation, the
 plan-cache tricks, and the caller's connection checks.
 
+* :mod:`provisioner.db.conninfo`: every address form libpq accepts, handed to libpq as given
+  (and to SQLAlchemy through a creator): :func:`engine`, :func:`libpq_address`;
 * :mod:`provisioner.db.sessions`: :class:`Database`, :class:`Session`, :class:`Transaction`,
   plain connections, and the chained commit;
+* :mod:`provisioner.db.pooling`: whether an address leads to a pooler in transaction mode
+  (the worker refuses one);
 * :mod:`provisioner.db.translate`: :func:`translated`, the only place ``psycopg.Error`` and
   SQLAlchemy's errors are caught and turned into the package's;
 * :mod:`provisioner.db.plans`: generic plans, plans made ahead, prepared statements kept;
@@ -16,7 +20,9 @@ module they live in.
 
 from __future__ import annotations
 
+from provisioner.db.conninfo import engine, libpq_address, with_role
 from provisioner.db.pipelines import async_pipeline, pipeline
+from provisioner.db.pooling import transaction_pooled
 from provisioner.db.sessions import (
     BEGIN,
     CONNECT_TIMEOUT_SECONDS,
@@ -28,8 +34,6 @@ from provisioner.db.sessions import (
     Transaction,
     connect,
     is_alive,
-    libpq_url,
-    sqlalchemy_url,
 )
 from provisioner.db.translate import (
     DatabaseError,
@@ -58,13 +62,15 @@ __all__ = [
     "async_pipeline",
     "connect",
     "control_missing",
+    "engine",
     "is_alive",
-    "libpq_url",
+    "libpq_address",
     "login_refused",
     "pipeline",
     "rejected_for_good",
-    "sqlalchemy_url",
     "statements_of",
+    "transaction_pooled",
     "translate",
     "translated",
+    "with_role",
 ]

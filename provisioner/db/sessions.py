@@ -40,6 +40,8 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
+from provisioner.db import conninfo
+from provisioner.db.conninfo import libpq_address
 from provisioner.db.plans import GENERIC_PLANS
 from provisioner.db.translate import translated
 
@@ -53,19 +55,6 @@ SA_CONNECT_ARGS: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
 FRESH_SECONDS = 1.0
 
 
-def libpq_url(url: str) -> str:
-    """The URL psycopg accepts: no SQLAlchemy driver suffix."""
-    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix) :]
-    return url
-
-
-def sqlalchemy_url(url: str) -> str:
-    """The URL SQLAlchemy needs to pick the psycopg 3 driver."""
-    return "postgresql+psycopg://" + libpq_url(url)[len("postgresql://") :]
-
-
 def connect(
     url: str,
     *,
@@ -76,7 +65,7 @@ def connect(
     """A new psycopg connection returning dict rows; close it (``with``) when done."""
     with translated():
         return psycopg.connect(
-            libpq_url(url),
+            libpq_address(url),
             autocommit=autocommit,
             row_factory=dict_row,
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
@@ -272,10 +261,11 @@ class Database:
             "application_name": self.application_name,
             "options": _options(options),
         }
-        self._engine = sa.create_engine(
-            sqlalchemy_url(url),
+        self._engine = conninfo.engine(
+            url,
             # psycopg's connection, whose commit can begin the next transaction
-            creator=lambda: ChainingConnection.connect(libpq_url(url), **connect_args),
+            connection_class=ChainingConnection,
+            connect_args=connect_args,
             pool_size=1,
             max_overflow=1,
             # No ping before every transaction (it was ~8 round trips per tenant): the engine

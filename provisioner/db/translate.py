@@ -22,6 +22,7 @@ import psycopg
 import sqlalchemy as sa
 
 from provisioner.errors import (
+    ConfigurationError,
     DatabaseError,
     DatabaseUnavailable,
     LockNotAvailable,
@@ -59,6 +60,15 @@ _LOGIN_REFUSED = (
 # violations (42: undefined tables, columns, functions; duplicate objects). Connectivity (08),
 # serialization failures and deadlocks (40), lock timeouts (55P03) and the rest stay transient.
 _DETERMINISTIC_CLASSES = frozenset({"22", "23", "42"})
+# What PgBouncer answers to the ``options`` startup parameter (session settings the engine's
+# sessions carry): the connection goes through a pooler, and these sessions cannot.
+_POOLER_REFUSED_OPTIONS = "unsupported startup parameter: options"
+#: What to do about it, appended to PgBouncer's refusal.
+POOLER_HINT = (
+    "this connection goes through PgBouncer, and this command needs a PostgreSQL session of "
+    "its own: connect it directly to PostgreSQL (enqueue, status, jobs, health, check and "
+    "migrate work through PgBouncer)"
+)
 # SQLSTATEs of a control schema that is missing or older than this release.
 _CONTROL_MISSING = {"3F000", "42P01", "42703", "42883"}
 
@@ -79,6 +89,8 @@ def translate(exc: BaseException) -> ProvisionerError:
     it."""
     orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
     message = " ".join(redact(str(orig)).split()) or type(orig).__name__
+    if _POOLER_REFUSED_OPTIONS in message:
+        return ConfigurationError(f"{message}: {POOLER_HINT}")
     if isinstance(orig, psycopg.Error) and orig.sqlstate == LOCK_NOT_AVAILABLE:
         return LockNotAvailable(f"database unavailable: {message}")
     if _is_connectivity(exc):

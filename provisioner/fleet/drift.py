@@ -98,8 +98,8 @@ class DriftReport:
 
 def expected_inventory(settings: Settings) -> catalog.Inventory:
     """The head's inventory, built in a transaction that is rolled back."""
-    engine = sa.create_engine(
-        db.sqlalchemy_url(settings.owner_url),
+    engine = db.engine(
+        settings.owner_url,
         poolclass=sa.pool.NullPool,
         connect_args={**db.SA_CONNECT_ARGS, "application_name": "check"},
     )

@@ -89,6 +89,7 @@ from provisioner.queue.holds import (
     upgraded_by_revision,
 )
 from provisioner.queue.journal import (
+    PROCESS_DIED,
     RUNS_FOR_JOB,
     RUNS_FOR_TENANT,
     STEP_RUN_DISCARD,
@@ -98,6 +99,7 @@ from provisioner.queue.journal import (
     STEP_RUNS_ABANDON_ATTEMPT,
     STEP_RUNS_FOR_JOB,
     STEP_RUNS_FOR_TENANT,
+    UNRECORDED,
     JobRunRecord,
     StepRunOutcome,
     StepRunRecord,
@@ -200,6 +202,7 @@ __all__ = [
     "NOTIFY",
     "NOTIFY_CHANNEL",
     "ORPHANED_JOBS",
+    "PROCESS_DIED",
     "QUEUE_TOUCHES",
     "RECORD_LAST_STEP",
     "RECORD_STEP",
@@ -230,6 +233,7 @@ __all__ = [
     "TAKE_OVER_JOB",
     "TENANT_JOB_LOCK_CLASS",
     "UNPROCESSABLE_DETAIL",
+    "UNRECORDED",
     "Claim",
     "ClosedStep",
     "Conn",

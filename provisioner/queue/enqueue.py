@@ -1,6 +1,10 @@
 """Putting work on the queue: the idempotent enqueue in the caller's transaction, a tenant's job
 (re-opened for each request), the run each request starts, and the NOTIFY that wakes idle
 workers on commit.
+
+Nothing here is prepared on the server (``prepare=False``): an application's connection may go
+through PgBouncer in transaction mode, where a statement prepared in one transaction is missing
+in the next, which another server connection runs (``tests/integration/test_pgbouncer.py``).
 """
 
 from __future__ import annotations
@@ -208,9 +212,10 @@ def _enqueue(conn: Conn, request: _JobRequest, *, retry_terminal: bool) -> Enque
     row = _insert_started(conn, request.statement, params)
     if row is not None:
         return Enqueued(Job.from_row(row), created=True)
-    job = request.holder(fetch_one(conn, BY_IDEMPOTENCY_KEY, {"key": request.idempotency_key}))
+    key = {"key": request.idempotency_key}
+    job = request.holder(fetch_one(conn, BY_IDEMPOTENCY_KEY, key, prepare=False))
     if _retried(job, retry_terminal):
-        requeued = fetch_one(conn, REQUEUE_TERMINAL, {"id": job.id})
+        requeued = fetch_one(conn, REQUEUE_TERMINAL, {"id": job.id}, prepare=False)
         if requeued is not None:
             start_run(conn, job := Job.from_row(requeued), request.started_by)
             notify(conn, request.job_type)
@@ -224,21 +229,21 @@ async def _enqueue_async(
     """:func:`_enqueue` on an async connection: the same statements, awaited."""
     params = request.params()
     async with async_pipeline(conn), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(request.statement, params)
-        await conn.execute(RUN_START_ENQUEUED, params)
+        await cur.execute(request.statement, params, prepare=False)
+        await conn.execute(RUN_START_ENQUEUED, params, prepare=False)
         row = await cur.fetchone()
     if row is not None:
         return Enqueued(Job.from_row(row), created=True)
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(BY_IDEMPOTENCY_KEY, {"key": request.idempotency_key})
+        await cur.execute(BY_IDEMPOTENCY_KEY, {"key": request.idempotency_key}, prepare=False)
         job = request.holder(await cur.fetchone())
         if _retried(job, retry_terminal):
-            await cur.execute(REQUEUE_TERMINAL, {"id": job.id})
+            await cur.execute(REQUEUE_TERMINAL, {"id": job.id}, prepare=False)
             requeued = await cur.fetchone()
             if requeued is not None:
                 job = Job.from_row(requeued)
-                await cur.execute(RUN_START, _run_params(job, request.started_by))
-                await cur.execute(NOTIFY, _notify_params(job.job_type))
+                await cur.execute(RUN_START, _run_params(job, request.started_by), prepare=False)
+                await cur.execute(NOTIFY, _notify_params(job.job_type), prepare=False)
                 return Enqueued(job, created=False, requeued=True)
     return Enqueued(job, created=False)
 
@@ -247,8 +252,8 @@ def _insert_started(conn: Conn, statement: str, params: dict[str, Any]) -> dict[
     """The job ``statement`` inserted (None: none), then its run's row: one pipeline, so one
     round trip, together with the ``BEGIN`` psycopg sends first outside a transaction."""
     with pipeline(conn), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(statement, params)
-        conn.execute(RUN_START_ENQUEUED, params)
+        cur.execute(statement, params, prepare=False)
+        conn.execute(RUN_START_ENQUEUED, params, prepare=False)
         return cur.fetchone()
 
 
@@ -258,7 +263,7 @@ def _run_params(job: Job, started_by: str) -> dict[str, Any]:
 
 def start_run(conn: Conn, job: Job, started_by: str) -> None:
     with conn.cursor() as cur:
-        cur.execute(RUN_START, _run_params(job, started_by))
+        cur.execute(RUN_START, _run_params(job, started_by), prepare=False)
 
 
 def _notify_params(job_type: str) -> dict[str, Any]:
@@ -267,7 +272,7 @@ def _notify_params(job_type: str) -> dict[str, Any]:
 
 def notify(conn: Conn, job_type: str) -> None:
     with conn.cursor() as cur:
-        cur.execute(NOTIFY, _notify_params(job_type))
+        cur.execute(NOTIFY, _notify_params(job_type), prepare=False)
 
 
 def listen(conn: Conn) -> None:

@@ -146,14 +146,21 @@ UPDATE control.job_step_runs
 """
 
 
-# Close the open step runs of one attempt whose process is known to be gone (a worker's child).
+# Close the open step runs of one attempt that its process gave up: the process died (a
+# worker's child), or it lost the database and could record neither the step nor the job.
 STEP_RUNS_ABANDON_ATTEMPT = """
 UPDATE control.job_step_runs
-   SET finished_at = clock_timestamp(), outcome = 'abandoned',
-       detail = 'worker process died; step outcome unknown (its transaction rolled back)'
+   SET finished_at = clock_timestamp(), outcome = 'abandoned', detail = %(detail)s
  WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND worker = %(worker)s
    AND outcome = 'running'
 """
+
+#: Why an attempt's step run was closed by someone else (its ``detail``).
+PROCESS_DIED = "worker process died; step outcome unknown (its transaction rolled back)"
+UNRECORDED = (
+    "the connection was lost before the step's outcome was recorded (a failover or a restart "
+    "of the server); outcome unknown, the next attempt checks the catalog"
+)
 
 
 STEP_RUNS_FOR_JOB = "SELECT * FROM control.job_step_runs WHERE job_id = %(job_id)s ORDER BY id"
@@ -246,12 +253,18 @@ def finish_step_run(
         )
 
 
-def abandon_step_runs(conn: Conn, lease: Lease) -> None:
-    """Close the attempt's open step runs: its process died before it could."""
+def abandon_step_runs(conn: Conn, lease: Lease, detail: str = PROCESS_DIED) -> None:
+    """Close the attempt's open step runs: its process died, or gave the job up unrecorded,
+    before it could close them."""
     with conn.cursor() as cur:
         cur.execute(
             STEP_RUNS_ABANDON_ATTEMPT,
-            {"job_id": lease.job_id, "attempt": lease.attempts, "worker": lease.locked_by},
+            {
+                "job_id": lease.job_id,
+                "attempt": lease.attempts,
+                "worker": lease.locked_by,
+                "detail": detail,
+            },
         )
 
 

@@ -51,9 +51,13 @@ MAX_ATTEMPTS_LIMIT = 100
 Conn = psycopg.Connection[Any]
 
 
-def fetch_one(conn: Conn, statement: str, params: dict[str, Any]) -> dict[str, Any] | None:
+def fetch_one(
+    conn: Conn, statement: str, params: dict[str, Any], *, prepare: bool | None = None
+) -> dict[str, Any] | None:
+    """The first row (None: none); ``prepare=False`` never prepares it on the server (the
+    caller's connection may go through PgBouncer in transaction mode)."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(statement, params)
+        cur.execute(statement, params, prepare=prepare)
         return cur.fetchone()
 
 

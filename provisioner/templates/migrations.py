@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from psycopg.rows import tuple_row
 
-from provisioner.db import SA_CONNECT_ARGS, sqlalchemy_url, statements_of, translated
+from provisioner.db import SA_CONNECT_ARGS, engine, statements_of, translated
 from provisioner.errors import ConfigurationError
 from provisioner.settings import TENANT_TREE_ENV as TENANT_TREE_ENV
 from provisioner.settings import tenant_tree_override
@@ -229,17 +229,15 @@ def upgrade_control(owner_url: str, app_role: str = "app_rw") -> tuple[str | Non
     """Bring the control schema to head; returns (revision before, revision after)."""
     from alembic import command
 
-    engine = sa.create_engine(
-        sqlalchemy_url(owner_url), poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS
-    )
+    owner = engine(owner_url, poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS)
     try:
         with translated():
-            before = control_revision_sa(engine)
-            with engine.begin() as connection:
+            before = control_revision_sa(owner)
+            with owner.begin() as connection:
                 command.upgrade(control_config(connection=connection, app_role=app_role), "head")
-            return before, control_revision_sa(engine)
+            return before, control_revision_sa(owner)
     finally:
-        engine.dispose()
+        owner.dispose()
 
 
 def control_revision_sa(engine: sa.Engine) -> str | None:

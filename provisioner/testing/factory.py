@@ -70,9 +70,7 @@ class Tenant:
         """A SQLAlchemy engine (psycopg 3) as the application role, ``search_path`` set to the
         tenant's schema; dispose of it when done."""
         connect_args = {"options": self.search_path_options, **kwargs.pop("connect_args", {})}
-        return sa.create_engine(
-            db.sqlalchemy_url(self.app_url), connect_args=connect_args, **kwargs
-        )
+        return db.engine(self.app_url, connect_args=connect_args, **kwargs)
 
 
 @dataclass

@@ -136,8 +136,13 @@ class DatabaseWork(WorkerState):
             lease = orphan.job.lease
             try:
                 with db.translated():
-                    if orphan.child_gone:
-                        queue.abandon_step_runs(self._conn, lease)
+                    # Its process gave the job up: a step run it opened stays open otherwise
+                    # (the step's end could not be recorded, e.g. across a failover).
+                    queue.abandon_step_runs(
+                        self._conn,
+                        lease,
+                        queue.PROCESS_DIED if orphan.child_gone else queue.UNRECORDED,
+                    )
                     if orphan.release:
                         job = queue.release(self._conn, lease)
                     else:

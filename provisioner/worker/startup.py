@@ -24,6 +24,14 @@ from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.tenant import app_role
 
+#: The refusal of a worker whose owner URL leads to a pooler in transaction mode.
+TRANSACTION_POOLED = (
+    "MIGRATIONS_DATABASE_URL goes through a connection pooler in transaction mode (PgBouncer "
+    "pool_mode=transaction): the worker needs a session of its own (LISTEN, advisory locks, "
+    "prepared statements); connect the worker directly to PostgreSQL (or through session "
+    "pooling), and keep the pooler for the application"
+)
+
 
 def check_configuration(settings: Settings) -> None:
     """Refuse settings this worker cannot run with; touches nothing outside the process."""
@@ -73,9 +81,10 @@ def connect_for_start(name: str, url: str) -> psycopg.Connection[Any]:
 
 
 def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Logger) -> None:
-    """Both URLs connect, the control schema is at head, the owner URL is not a superuser
-    unless allowed, and the application role is one a revoke cuts off: it exists, is neither a
-    superuser nor the owner, and is the role APP_DATABASE_URL gets its access through."""
+    """Both URLs connect, the owner URL leads to a session of its own (no pooler in transaction
+    mode), the control schema is at head, the owner URL is not a superuser unless allowed, and
+    the application role is one a revoke cuts off: it exists, is neither a superuser nor the
+    owner, and is the role APP_DATABASE_URL gets its access through."""
     owner = connect_for_start("MIGRATIONS_DATABASE_URL", settings.owner_url)
     with closing(owner), db.translated():
         at_head = migrations.control_at_head(owner)
@@ -84,6 +93,8 @@ def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Lo
     app = connect_for_start("APP_DATABASE_URL", settings.app_url)
     with closing(app), db.translated():
         app_role.check_reached(app, settings.app_role, "APP_DATABASE_URL")
+    if db.transaction_pooled(settings.owner_url, application_name="provisioner-worker"):
+        raise ConfigurationError(TRANSACTION_POOLED)
     if not at_head:
         raise ConfigurationError("the control schema is not at head: run `provisioner migrate`")
     if superuser and not allow_superuser:

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import provisioner
-from provisioner.db import sqlalchemy_url
+from provisioner import db
 from provisioner.settings import Settings
 from tests.conftest import Database
 
@@ -49,7 +49,7 @@ def test_enqueue_joins_a_psycopg_transaction(database: Database) -> None:
 
 
 def test_enqueue_joins_a_sqlalchemy_connection_and_session(database: Database) -> None:
-    engine = sa.create_engine(sqlalchemy_url(database.app_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.app_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             provisioner.enqueue(conn, "from_connection")

@@ -98,7 +98,7 @@ def test_template_tenant_is_upgraded_by_alembic_normally(
     provision(settings, "fast")
     assert migration_detail(database, "fast") == f"path=template head={HEAD}"
     before = fingerprint(database, "tenant_fast")
-    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             # Alembic reads the version the replay stamped and walks down from it...

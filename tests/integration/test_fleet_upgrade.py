@@ -90,7 +90,7 @@ def use_tree(monkeypatch: pytest.MonkeyPatch, tree: Path) -> dict[str, str]:
 
 
 def alembic_upgrade(database: Database, tenant: str) -> None:
-    engine = sa.create_engine(db.sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             alembic_command.upgrade(

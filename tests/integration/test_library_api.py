@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import provisioner
-from provisioner.db import sqlalchemy_url
+from provisioner import db
 from provisioner.settings import Settings
 from tests.conftest import Database
 from tests.integration.test_api import tenant_rows
@@ -21,7 +21,10 @@ from tests.integration.test_api import tenant_rows
 
 def test_enqueue_async_through_an_async_session_and_connection(database: Database) -> None:
     async def enqueue(commit: bool) -> None:
-        engine = create_async_engine(sqlalchemy_url(database.app_url), poolclass=sa.pool.NullPool)
+        engine = create_async_engine(
+            database.app_url.replace("postgresql://", "postgresql+psycopg://", 1),
+            poolclass=sa.pool.NullPool,
+        )
         try:
             async with AsyncSession(engine) as session:
                 job = await provisioner.enqueue_async(session, "async_session")
@@ -54,7 +57,7 @@ def test_enqueue_async_refuses_an_async_engine_on_another_driver(database: Datab
 
 
 def test_status_on_the_callers_connection_sees_its_own_transaction(database: Database) -> None:
-    engine = sa.create_engine(sqlalchemy_url(database.app_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.app_url, poolclass=sa.pool.NullPool)
     try:
         with Session(engine) as session:
             job = provisioner.enqueue(session, "same_tx")
@@ -95,7 +98,7 @@ def test_lifecycle_check_and_health_from_code(settings: Settings, database: Data
 def test_enqueue_on_a_connection_without_begin_commits_with_it(database: Database) -> None:
     """``engine.connect()`` then ``conn.commit()``, as SQLAlchemy 2.0's docs write it: the job
     goes out with the commit (it was left in a transaction SQLAlchemy never began)."""
-    engine = sa.create_engine(sqlalchemy_url(database.app_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.app_url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
             provisioner.enqueue(conn, "connect_commit")

@@ -16,9 +16,8 @@ import sqlalchemy as sa
 from alembic import command
 from click.testing import CliRunner
 
-from provisioner import service
+from provisioner import db, service
 from provisioner.cli import main
-from provisioner.db import sqlalchemy_url
 from provisioner.kinds.provision import STEPS
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -51,7 +50,7 @@ def heartbeat(database: Database) -> dict:
 
 
 def downgrade_control_one_revision(database: Database) -> None:
-    engine = sa.create_engine(sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as connection:
             command.downgrade(migrations.control_config(connection=connection), "-1")

@@ -13,8 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import command
 
-from provisioner import service
-from provisioner.db import sqlalchemy_url
+from provisioner import db, service
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -25,7 +24,7 @@ FAR = "20000-01-01 00:00:00+00"
 
 
 def downgrade(database: Database) -> None:
-    engine = sa.create_engine(sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             command.downgrade(migrations.control_config(connection=conn), BEFORE)

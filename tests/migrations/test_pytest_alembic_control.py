@@ -17,7 +17,7 @@ from pytest_alembic.tests import (  # noqa: F401 (collected here)
     test_upgrade,
 )
 
-from provisioner.db import sqlalchemy_url
+from provisioner import db
 from provisioner.templates import migrations
 from tests.conftest import Database
 
@@ -29,6 +29,6 @@ def alembic_config() -> Config:
 
 @pytest.fixture
 def alembic_engine(bare_database: Database) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(sqlalchemy_url(bare_database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(bare_database.owner_url, poolclass=sa.pool.NullPool)
     yield engine
     engine.dispose()

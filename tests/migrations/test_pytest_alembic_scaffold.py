@@ -18,7 +18,7 @@ from pytest_alembic.tests import (  # noqa: F401 (collected here)
     test_upgrade,
 )
 
-from provisioner.db import sqlalchemy_url
+from provisioner import db
 from provisioner.templates import migrations, scaffold
 from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database
@@ -52,6 +52,6 @@ def alembic_config(
 def alembic_engine(database: Database) -> Iterator[sa.Engine]:
     with psycopg.connect(database.owner_url) as conn:
         tenant_schema.create_schema(conn, SCHEMA)
-    engine = sa.create_engine(sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     yield engine
     engine.dispose()

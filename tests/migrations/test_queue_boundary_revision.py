@@ -10,8 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import command
 
-from provisioner import service
-from provisioner.db import sqlalchemy_url
+from provisioner import db, service
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -21,7 +20,7 @@ BEFORE = "20260728_c004"
 
 
 def test_the_revision_repairs_rows_it_forbids(settings: Settings, database: Database) -> None:
-    engine = sa.create_engine(sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             command.downgrade(migrations.control_config(connection=conn), BEFORE)

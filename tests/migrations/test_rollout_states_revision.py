@@ -7,8 +7,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import command
 
-from provisioner import service
-from provisioner.db import sqlalchemy_url
+from provisioner import db, service
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from tests.conftest import Database
@@ -17,7 +16,7 @@ BEFORE = "20260804_c008"
 
 
 def _control_to(database: Database, revision: str) -> None:
-    engine = sa.create_engine(sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             command.downgrade(migrations.control_config(connection=conn), revision)

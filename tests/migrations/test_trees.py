@@ -13,8 +13,7 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from provisioner import service
-from provisioner.db import sqlalchemy_url
+from provisioner import db, service
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.tenant import schema as tenant_schema
@@ -38,7 +37,7 @@ def test_control_migrate_is_a_noop_the_second_time(settings: Settings) -> None:
 
 
 def test_control_tree_downgrades_and_upgrades(database: Database) -> None:
-    engine = sa.create_engine(sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             command.downgrade(migrations.control_config(connection=conn), "base")
@@ -72,7 +71,7 @@ def test_control_tree_downgrades_and_upgrades(database: Database) -> None:
 
 
 def tenant_engine(database: Database) -> sa.Engine:
-    return sa.create_engine(sqlalchemy_url(database.owner_url), poolclass=sa.pool.NullPool)
+    return db.engine(database.owner_url, poolclass=sa.pool.NullPool)
 
 
 def test_tenant_tree_up_down_up_stays_inside_its_schema(database: Database) -> None:

@@ -1,0 +1,180 @@
+"""Through a real PgBouncer 1.18 in transaction mode (``tests/pgbouncer.py``): the application's
+``enqueue`` works (sync and async, psycopg and SQLAlchemy), the one-off commands that need no
+session of their own work, and the worker refuses to start in one line.
+
+Each enqueue test makes the pooling bite: between two of the application's transactions,
+another client opens a transaction and holds it, taking the server connection the application
+just released, so the application's next transaction runs on another one. A statement
+prepared on the server in one transaction (psycopg prepares a query from its fifth run on a
+connection) is then missing in the next: "prepared statement ... does not exist".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import provisioner
+from provisioner import db
+from tests.conftest import ROOT, Database
+from tests.pgbouncer import Bouncer, start_bouncer
+
+#: More than psycopg's prepare_threshold (5): a prepared statement would be used.
+ROUNDS = 8
+
+
+def _backend_pid(conn: psycopg.Connection) -> int:
+    """The server session running ``conn``'s transaction (never prepared: the test's own
+    statements must not be what breaks)."""
+    return conn.execute("SELECT pg_backend_pid()", prepare=False).fetchone()[0]
+
+
+def _queued(database: Database) -> list[str]:
+    with database.owner() as conn:
+        rows = conn.execute(
+            "SELECT tenant_id FROM control.platform_jobs WHERE status = 'queued' ORDER BY 1"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_the_probe_tells_transaction_pooling_from_a_session(
+    pgbouncer: Bouncer, database: Database, provisioner_server
+) -> None:
+    assert db.transaction_pooled(pgbouncer.url("app_rw", database.name))
+    assert not db.transaction_pooled(database.app_url)
+    port = int(psycopg.conninfo.conninfo_to_dict(provisioner_server.admin_url)["port"])
+    session_mode = start_bouncer(port, pool_mode="session")
+    try:
+        assert not db.transaction_pooled(session_mode.url("app_rw", database.name))
+    finally:
+        session_mode.stop()
+
+
+def test_enqueue_on_a_psycopg_connection_through_pgbouncer(
+    pgbouncer: Bouncer, database: Database
+) -> None:
+    url = pgbouncer.url("app_rw", database.name)
+    pids = set()
+    with psycopg.connect(url) as app, psycopg.connect(url) as other:
+        for i in range(ROUNDS):
+            with app.transaction():
+                provisioner.enqueue(app, f"sync_{i}")
+                pids.add(_backend_pid(app))
+            _backend_pid(other)  # holds the server connection app just released
+            with app.transaction():
+                provisioner.enqueue(app, f"sync_{i}")  # idempotent: the same job
+                pids.add(_backend_pid(app))
+            other.rollback()
+    assert len(pids) > 1, "the application's transactions ran on more than one server session"
+    assert _queued(database) == sorted(f"sync_{i}" for i in range(ROUNDS))
+
+
+def test_enqueue_through_sqlalchemy_through_pgbouncer(
+    pgbouncer: Bouncer, database: Database
+) -> None:
+    url = pgbouncer.url("app_rw", database.name).replace("postgresql://", "postgresql+psycopg://")
+    engine = sa.create_engine(url, pool_size=1, max_overflow=0)
+    try:
+        with psycopg.connect(pgbouncer.url("app_rw", database.name)) as other:
+            for i in range(ROUNDS):
+                with Session(engine) as session, session.begin():
+                    provisioner.enqueue(session, f"orm_{i}")
+                _backend_pid(other)
+                with engine.begin() as conn:
+                    provisioner.enqueue(conn, f"core_{i}")
+                other.rollback()
+    finally:
+        engine.dispose()
+    expected = sorted([f"orm_{i}" for i in range(ROUNDS)] + [f"core_{i}" for i in range(ROUNDS)])
+    assert _queued(database) == expected
+
+
+def test_enqueue_async_through_pgbouncer_wakes_a_directly_connected_listener(
+    pgbouncer: Bouncer, database: Database
+) -> None:
+    url = pgbouncer.url("app_rw", database.name)
+
+    async def sign_ups() -> None:
+        async with (
+            await psycopg.AsyncConnection.connect(url) as app,
+            await psycopg.AsyncConnection.connect(url) as other,
+        ):
+            for i in range(ROUNDS):
+                async with app.transaction():
+                    await provisioner.enqueue_async(app, f"async_{i}")
+                await other.execute("SELECT 1", prepare=False)
+                async with app.transaction():
+                    await provisioner.enqueue_async(app, f"async_{i}")
+                await other.rollback()
+
+    with psycopg.connect(database.owner_url, autocommit=True) as listener:
+        listener.execute("LISTEN provisioner_jobs")
+        asyncio.run(sign_ups())
+        woken = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert woken and set(woken) == {"provision_tenant"}
+    assert _queued(database) == sorted(f"async_{i}" for i in range(ROUNDS))
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "provisioner", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def bouncer_env(pgbouncer: Bouncer, database: Database, tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROVISIONER_", "OBJECT_"))}
+    env.update(
+        MIGRATIONS_DATABASE_URL=pgbouncer.url("provisioner_owner", database.name),
+        APP_DATABASE_URL=pgbouncer.url("app_rw", database.name),
+        OBJECT_STORE_PROVIDER="filesystem",
+        OBJECT_STORE_PATH=str(tmp_path),
+        PROVISIONER_STATE_DIR=str(tmp_path / "state"),
+        PYTHONPATH=str(ROOT),
+    )
+    return env
+
+
+def test_the_worker_refuses_transaction_pooling_in_one_line(
+    bouncer_env: dict[str, str], database: Database
+) -> None:
+    assert _cli(bouncer_env, "enqueue", "acme").returncode == 0
+    result = _cli(bouncer_env, "worker", "--once")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "transaction" in lines[0] and "connect the worker directly" in lines[0]
+    assert _queued(database) == ["acme"], "the refused worker claimed nothing"
+
+
+def test_one_off_commands_through_pgbouncer(
+    bouncer_env: dict[str, str], database: Database
+) -> None:
+    for args in (("migrate",), ("enqueue", "acme"), ("status", "acme"), ("jobs", "list")):
+        result = _cli(bouncer_env, *args)
+        assert result.returncode == 0, (args, result.stderr)
+    assert "acme" in _cli(bouncer_env, "jobs", "list").stdout
+    checked = _cli(bouncer_env, "check", "--all")
+    assert checked.returncode == 0, checked.stderr
+    health = _cli(bouncer_env, "health")
+    assert health.returncode == 1 and "no heartbeat" in health.stdout, health.stderr
+    # The test server has no standby at all: health says what a failover would lose.
+    assert "database: no synchronous standby" in health.stdout
+
+    # provision runs the step engine, whose sessions need a server session of their own.
+    refused = _cli(bouncer_env, "provision", "beta")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "connect it directly to PostgreSQL" in refused.stderr
+    assert "Traceback" not in refused.stderr

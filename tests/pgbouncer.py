@@ -27,8 +27,17 @@ import pytest
 from provisioner.local import cluster as local_pg
 from provisioner.testing import PgServer
 
-#: Every role the tests log in as through PgBouncer, with its PgBouncer password.
+#: Every role the tests log in as through PgBouncer, with its PgBouncer password on a server
+#: that trusts 127.0.0.1. A server that asks for passwords (the suite's own throwaway cluster)
+#: knows each role by the password derived from its superuser's (``secret``): PgBouncer logs in
+#: to it with that one, so its clients use it too.
 PASSWORDS = {"provisioner_owner": "bouncer owner pw", "app_rw": "bouncer app pw"}
+
+
+def passwords_for(secret: str | None) -> dict[str, str]:
+    if not secret:
+        return dict(PASSWORDS)
+    return {role: local_pg.role_password(secret, role) for role in PASSWORDS}
 
 
 @dataclass
@@ -38,9 +47,10 @@ class Bouncer:
     port: int
     folder: Path
     proc: subprocess.Popen[bytes]
+    secret: str | None = None
 
     def url(self, role: str, database: str) -> str:
-        password = quote(PASSWORDS[role], safe="")
+        password = quote(passwords_for(self.secret)[role], safe="")
         return f"postgresql://{role}:{password}@127.0.0.1:{self.port}/{database}"
 
     def log(self) -> str:
@@ -59,13 +69,17 @@ class Bouncer:
                 self.proc.wait(10)
 
 
-def start_bouncer(server_port: int, pool_mode: str = "transaction") -> Bouncer:
+def start_bouncer(
+    server_port: int, pool_mode: str = "transaction", secret: str | None = None
+) -> Bouncer:
     binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not Path(binary).exists():
         raise AssertionError("pgbouncer is not installed: `make test` installs it (make ha-tools)")
     folder = Path(tempfile.mkdtemp(prefix="provisioner-bouncer-"))
     port = local_pg.free_port()
-    users = "".join(f'"{role}" "{password}"\n' for role, password in PASSWORDS.items())
+    users = "".join(
+        f'"{role}" "{password}"\n' for role, password in passwords_for(secret).items()
+    )
     (folder / "users.txt").write_text(users)
     (folder / "pgbouncer.ini").write_text(
         f"[databases]\n* = host=127.0.0.1 port={server_port}\n\n"
@@ -84,7 +98,7 @@ def start_bouncer(server_port: int, pool_mode: str = "transaction") -> Bouncer:
     proc = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    bouncer = Bouncer(port, folder, proc)
+    bouncer = Bouncer(port, folder, proc, secret)
     deadline = time.monotonic() + 20
     while True:
         with socket.socket() as sock:
@@ -100,7 +114,7 @@ def start_bouncer(server_port: int, pool_mode: str = "transaction") -> Bouncer:
 def pgbouncer(provisioner_server: PgServer) -> Iterator[Bouncer]:
     """PgBouncer in transaction mode in front of the suite's server."""
     info = psycopg.conninfo.conninfo_to_dict(provisioner_server.admin_url)
-    bouncer = start_bouncer(int(info.get("port") or 5432))
+    bouncer = start_bouncer(int(info.get("port") or 5432), secret=provisioner_server.secret)
     try:
         yield bouncer
     finally:

@@ -20,7 +20,7 @@ module they live in.
 
 from __future__ import annotations
 
-from provisioner.db.conninfo import engine, libpq_address, with_role
+from provisioner.db.conninfo import engine, is_url, libpq_address, with_role
 from provisioner.db.pipelines import async_pipeline, pipeline
 from provisioner.db.pooling import transaction_pooled
 from provisioner.db.sessions import (
@@ -64,6 +64,7 @@ __all__ = [
     "control_missing",
     "engine",
     "is_alive",
+    "is_url",
     "libpq_address",
     "login_refused",
     "pipeline",

@@ -46,13 +46,15 @@ def role_url(admin_url: str, role: str, database: str, secret: str | None = None
     (derived from the superuser's, ``secret``: see :func:`bootstrap`) when the server asked the
     superuser for one, else none (a server that trusts 127.0.0.1). The password is in the URL,
     not in a password file, because libpq prefers ``PGPASSWORD`` (the superuser's, in a CI job)
-    to a password file."""
-    info = psycopg.conninfo.conninfo_to_dict(admin_url)
-    host, port = str(info.get("host") or "127.0.0.1"), info.get("port") or "5432"
-    if host.startswith("/"):  # a socket folder, in a URL's host part
-        host = quote(host, safe="")
-    auth = f":{local_pg.role_password(secret, role)}" if secret else ""
-    return f"postgresql://{role}{auth}@{host}:{port}/{database}"
+    to a password file. The address keeps the admin address's form (its hosts, ports and
+    parameters: a host list, a service, key=value: :func:`provisioner.db.with_role`)."""
+    address = db.with_role(admin_url, role, database)
+    if not secret:
+        return address
+    password = local_pg.role_password(secret, role)
+    if db.is_url(address):
+        return address.replace(f"://{role}@", f"://{role}:{quote(password, safe='')}@", 1)
+    return psycopg.conninfo.make_conninfo(address, password=password)
 
 
 @dataclass

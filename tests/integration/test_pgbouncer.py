@@ -50,7 +50,7 @@ def test_the_probe_tells_transaction_pooling_from_a_session(
     assert db.transaction_pooled(pgbouncer.url("app_rw", database.name))
     assert not db.transaction_pooled(database.app_url)
     port = int(psycopg.conninfo.conninfo_to_dict(provisioner_server.admin_url)["port"])
-    session_mode = start_bouncer(port, pool_mode="session")
+    session_mode = start_bouncer(port, pool_mode="session", secret=pgbouncer.secret)
     try:
         assert not db.transaction_pooled(session_mode.url("app_rw", database.name))
     finally:

@@ -291,7 +291,7 @@ def test_objects_the_template_defines_are_created_again_from_its_definitions(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    tree = make_tree(tmp_path, EVERY_KIND, pure=False)
+    tree = make_tree(tmp_path, EVERY_KIND)
     monkeypatch.setenv(migrations.TENANT_TREE_ENV, str(tree))
     env = {migrations.TENANT_TREE_ENV: str(tree)}
     service.provision(settings, "rich")

@@ -37,7 +37,6 @@ revision = "t005"
 down_revision = "t004"
 branch_labels = None
 depends_on = None
-pure_ddl = True
 
 
 def upgrade() -> None:

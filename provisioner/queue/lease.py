@@ -31,13 +31,14 @@ from provisioner.queue.rows import (
     fetch_one,
 )
 
-# Record one finished step with the new progress, fenced by the lease. The lease is renewed
-# with clock_timestamp(): now() is the start of the step's transaction, which may be older
-# than the lease itself after a long step.
+# Record one finished step with the new progress, fenced by the lease. The lease and the
+# progress time are renewed with clock_timestamp(): now() is the start of the step's
+# transaction, which may be older than the lease itself after a long step (and the stale
+# threshold bounds the time between two steps: admin.RECOVER_STALE).
 _RECORD_STEP = """
 UPDATE control.platform_jobs
    SET steps_completed = %(steps)s, progress = %(progress)s, locked_at = clock_timestamp(),
-       lock_waits = 0, updated_at = now()
+       lock_waits = 0, updated_at = clock_timestamp()
  WHERE id = %(id)s AND status = 'running' AND locked_by = %(worker)s AND attempts = %(attempts)s
 RETURNING *"""
 

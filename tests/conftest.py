@@ -225,9 +225,14 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def run_cli(
-    settings: Settings | None, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+    settings: Settings | None,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m provisioner ARGS`` as a real child process."""
+    """Run ``python -m provisioner ARGS`` as a real child process (in ``cwd``: a project's
+    folder, whose configuration file it then finds)."""
     child_env = settings_env(settings) if settings is not None else dict(os.environ)
     child_env.update(env or {})
     return subprocess.run(
@@ -237,6 +242,7 @@ def run_cli(
         env=child_env,
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
 
 

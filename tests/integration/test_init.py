@@ -5,11 +5,10 @@ project's folder as a user would. A refused init writes nothing."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 from provisioner.settings import Settings
-from tests.conftest import Database, settings_env
+from tests.conftest import Database, run_cli
 
 # An application's schema as a team that already runs schema-per-tenant has it.
 LEGACY = """
@@ -61,18 +60,8 @@ class Task(Base):
 def cli(
     settings: Settings, cwd: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    child = settings_env(settings)
-    child["OBJECT_STORE_PROVIDER"] = ""  # the project's file says "none"
-    child.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "provisioner", *args],
-        capture_output=True,
-        text=True,
-        env=child,
-        cwd=cwd,
-        timeout=120,
-        check=False,
-    )
+    """The CLI run in ``cwd``, the project's file saying the object store (none)."""
+    return run_cli(settings, *args, env={"OBJECT_STORE_PROVIDER": "", **(env or {})}, cwd=cwd)
 
 
 def tables(database: Database, schema: str) -> list[tuple[str, str, str]]:

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from provisioner.settings import Settings
-from tests.conftest import Database, settings_env
+from tests.conftest import Database, run_cli
 from tests.integration.test_project_seeds import SEED_SQL, own_tree
 
 SECRET = "Top$ecret@:/42"
@@ -20,17 +19,7 @@ SECRET = "Top$ecret@:/42"
 def cli(
     settings: Settings, cwd: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    child = settings_env(settings)
-    child.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "provisioner", *args],
-        capture_output=True,
-        text=True,
-        env=child,
-        cwd=cwd,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(settings, *args, env=env, cwd=cwd)
 
 
 def make_project(tmp_path: Path, text: str, name: str = "provisioner.toml") -> Path:

@@ -7,6 +7,11 @@ every step in one transaction with its record, skipped on a resume only when the
 
 * ``suspend_tenant``: revoke_app_rw, mark_suspended. ``app_rw`` loses every privilege on the
   schema in one transaction (its next query gets ``permission denied``); the data stays.
+
+A tenant that leaves the fleet (suspended, archived, purged) leaves its rollouts in the
+transaction that changes its state: an upgrade job still queued (or held) there goes back to
+succeeded and the tenant is counted ``skipped``, never ``failed``
+(:func:`provisioner.queue.skip_departed_tenant`).
 * ``restore_tenant``: grant_app_rw (the provisioning step's own grants and catalog check),
   mark_restored (back to the state before suspension or archival).
 * ``deprovision_tenant``: revoke_app_rw, mark_archived (data kept, restorable).
@@ -18,13 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from provisioner import queue
 from provisioner.db import Transaction
 from provisioner.kinds.provision import PROVISION_STEPS
 from provisioner.kinds.registry import JobKind, keyed_by_tenant
 from provisioner.kinds.step import Step, StepContext
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
-from provisioner.tenant.state import TRANSITIONS, TenantState, Transition
+from provisioner.tenant.state import INACTIVE, TRANSITIONS, TenantState, Transition
 
 SUSPEND_JOB_TYPE = "suspend_tenant"
 RESTORE_JOB_TYPE = "restore_tenant"
@@ -85,9 +91,17 @@ def _mark(name: str, statement: str, transition: Transition) -> Step:
     spells ``transition`` in SQL); its effect is the tenant being in the transition's target
     states."""
     target = transition.to_states
+    leaves_fleet = all(state in INACTIVE for state in target)
 
     def run(tx: Transaction, ctx: StepContext) -> str | None:
-        return f"state {tenants.transition(tx.pg, ctx.tenant, statement, target)}"
+        state = tenants.transition(tx.pg, ctx.tenant, statement, target)
+        if not leaves_fleet:
+            return f"state {state}"
+        # Out of the fleet: an upgrade still waiting in a rollout is skipped now, in this
+        # transaction, so it can never run, fail on the tenant's state and trip a brake.
+        steps = [step.name for step in PROVISION_STEPS]
+        skipped = queue.skip_departed_tenant(tx.pg, ctx.tenant.value, steps, f"tenant {state}")
+        return f"state {state}" + "".join(f"; skipped in rollout {r}" for r in skipped)
 
     def present(tx: Transaction, ctx: StepContext) -> bool:
         return tenants.state_of(tx.pg, ctx.tenant) in target

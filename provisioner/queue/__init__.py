@@ -84,8 +84,10 @@ from provisioner.queue.holds import (
     drop_queued,
     failures,
     finished_span,
+    hold_queued,
     phases,
     release_held,
+    skip_departed_tenant,
     upgraded_by_revision,
 )
 from provisioner.queue.journal import (
@@ -270,6 +272,7 @@ __all__ = [
     "forget_holders",
     "forget_silent_holders",
     "get_job",
+    "hold_queued",
     "latest_any_for_tenant",
     "latest_for_tenant",
     "latest_jobs",
@@ -290,6 +293,7 @@ __all__ = [
     "retry",
     "retry_failed",
     "runs",
+    "skip_departed_tenant",
     "step_run_opening",
     "step_runs",
     "tenant_history",

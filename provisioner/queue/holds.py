@@ -1,11 +1,14 @@
 """The queue's side of a rollout: the jobs a rollout's brake holds, releases and drops, and the
 rollout's tenants read through their jobs.
 
-A halted rollout *holds* its queued jobs: a trigger of the control schema (control c008) sets
-their ``available_at`` to :data:`HELD_UNTIL`, a time no claim reaches, in the transaction that
-records the failure that tripped the brake. A held job is neither failed nor claimable; resume
-puts ``available_at`` back to now, abort marks it succeeded with every step recorded (its
-schema was never touched). The marker is written here and in that trigger only.
+A halted (or paused) rollout *holds* its queued jobs: a trigger of the control schema
+(control c008) sets their ``available_at`` to :data:`HELD_UNTIL`, a time no claim reaches, in
+the transaction that records the failure that tripped the brake; a pause
+(:func:`hold_queued`) does the same by hand. A held job is neither failed nor claimable;
+resume puts ``available_at`` back to now, abort marks it succeeded with every step recorded
+(its schema was never touched). The marker is written here and in that trigger only. A tenant
+that leaves the fleet while its upgrade waits is taken out of its rollouts at once
+(:func:`skip_departed_tenant`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from provisioner.queue import journal
 from provisioner.queue.rows import Conn, fetch_all
 
 #: The ``available_at`` of a held job (the trigger's literal, in SQL).
@@ -34,6 +38,23 @@ UPDATE control.platform_jobs j SET available_at = now(), updated_at = now()
  WHERE t.rollout_id = %(rollout)s AND t.job_id = j.id AND j.status = 'queued'
    AND j.available_at = {HELD_UNTIL}
 RETURNING j.id
+"""
+
+# Pause: hold the rollout's queued jobs as the brake does (a retry waiting out its backoff
+# too: resume makes it claimable at once); its running jobs go on.
+HOLD_QUEUED = f"""
+UPDATE control.platform_jobs j SET available_at = {HELD_UNTIL}, updated_at = now()
+  FROM control.rollout_tenants t
+ WHERE t.rollout_id = %(rollout)s AND t.job_id = j.id AND t.state = 'queued'
+   AND j.status = 'queued'
+RETURNING j.id
+"""
+
+# How many of the rollout's jobs a worker runs now.
+RUNNING_COUNT = """
+SELECT count(*) AS n FROM control.rollout_tenants t
+  JOIN control.platform_jobs j ON j.id = t.job_id
+ WHERE t.rollout_id = %(rollout)s AND t.state = 'queued' AND j.status = 'running'
 """
 
 # Abort (or a tenant that left the fleet): jobs not started go back to succeeded, with every
@@ -60,6 +81,27 @@ SELECT t.tenant_id, t.job_id, t.state AS rollout_state, c.state AS tenant_state
    AND (t.state = 'pending'
         OR (t.state = 'queued' AND j.status = 'queued' AND j.available_at = {HELD_UNTIL}))
  ORDER BY t.tenant_id
+"""
+
+# A tenant that left the fleet (suspended, archived, purged): its rows in rollouts that have
+# not ended whose upgrade has not started (pending, or its job queued, held or not). The job
+# rows are locked: a claim racing this (SKIP LOCKED) passes them by, and one that took a job
+# first leaves it running, which this statement then no longer returns.
+TENANT_NOT_STARTED = """
+SELECT t.rollout_id, t.job_id, t.state AS rollout_state
+  FROM control.rollout_tenants t
+  JOIN control.rollouts r ON r.id = t.rollout_id
+  JOIN control.platform_jobs j ON j.id = t.job_id
+ WHERE t.tenant_id = %(tenant)s AND r.state NOT IN ('completed', 'aborted')
+   AND (t.state = 'pending' OR (t.state = 'queued' AND j.status = 'queued'))
+ ORDER BY t.rollout_id
+   FOR UPDATE OF j
+"""
+
+# Those rows skipped: the tenant is neither upgraded nor counted as a failure.
+SKIP_TENANT = """
+UPDATE control.rollout_tenants SET state = 'skipped'
+ WHERE tenant_id = %(tenant)s AND rollout_id = ANY(%(rollouts)s) AND state IN ('pending', 'queued')
 """
 
 # The watch: each tenant of the rollout with its job's state folded into one word.
@@ -122,6 +164,13 @@ def release_held(conn: Conn, rollout_id: int) -> list[UUID]:
     return [r["id"] for r in _by_rollout(conn, RELEASE_HELD, rollout_id)]
 
 
+def hold_queued(conn: Conn, rollout_id: int) -> tuple[int, int]:
+    """Hold the rollout's queued jobs (a pause); how many were held, and how many are running
+    (they finish)."""
+    held = len(_by_rollout(conn, HOLD_QUEUED, rollout_id))
+    return held, int(_by_rollout(conn, RUNNING_COUNT, rollout_id)[0]["n"])
+
+
 def drop_queued(
     conn: Conn, rollout_id: int, steps: list[str], jobs: list[UUID] | None = None
 ) -> list[UUID]:
@@ -135,6 +184,29 @@ def departed(conn: Conn, rollout_id: int, states: list[str]) -> list[dict[str, A
     """The rollout's tenants not started yet (pending or held) now in one of ``states``:
     ``tenant_id``, ``job_id``, ``rollout_state`` (pending or queued), ``tenant_state``."""
     return _by_rollout(conn, DEPARTED, rollout_id, states=states)
+
+
+def skip_departed_tenant(conn: Conn, tenant_id: str, steps: list[str], ended_by: str) -> list[int]:
+    """Take a tenant that has just left the fleet out of every rollout that has not ended, in
+    the transaction that changes its state: a queued (or held) upgrade job goes back to
+    succeeded with ``steps`` recorded (its schema was never touched; its run records
+    ``ended_by``), and its rollout rows say ``skipped``. Its job can then never fail on the
+    tenant's state and trip a brake. The rollouts concerned, by id."""
+    rows = fetch_all(conn, TENANT_NOT_STARTED, {"tenant": tenant_id})
+    if not rows:
+        return []
+    rollouts = sorted({int(r["rollout_id"]) for r in rows})
+    for rollout_id in rollouts:
+        queued = [
+            r["job_id"]
+            for r in rows
+            if r["rollout_id"] == rollout_id and r["rollout_state"] == "queued"
+        ]
+        if queued:
+            journal.record_runs_ended(conn, drop_queued(conn, rollout_id, steps, queued), ended_by)
+    with conn.cursor() as cur:
+        cur.execute(SKIP_TENANT, {"tenant": tenant_id, "rollouts": rollouts})
+    return rollouts
 
 
 def phases(conn: Conn, rollout_id: int) -> dict[str, int]:

@@ -372,3 +372,52 @@ def test_two_workers_settling_the_last_jobs_at_once_complete_the_rollout(
     assert all(versions(database, t) == ["t005"] for t in tenants)
     code, view = watch_json(fast, env)
     assert code == 0 and view["summary"]["upgraded"] == 8
+
+
+def test_a_tenant_suspended_while_its_upgrade_is_queued_is_skipped_not_a_failure(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fleet: Callable[[list[str]], None],
+) -> None:
+    """The brake counts failures of upgrades, not of tenants taken out of the fleet: with
+    ``--max-failures 2``, one real failure and one tenant suspended while its job waited
+    leave the rollout completed, the suspended tenant skipped at its old head."""
+    fleet(["br_bad", "br_gone", "br_ok"])
+    break_tenants(database, "br_bad")
+    env = use_tree(tmp_path, monkeypatch, STRICT_TARGET)
+    started = run_cli(settings, "upgrade", "--all", "--max-failures", "2", env=env)
+    assert started.returncode == 0, started.stderr
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET max_attempts = 1")
+    queued = kind_job(database, "br_gone", "provision_tenant")
+    assert queued["status"] == "queued"
+
+    suspended = run_cli(settings, "suspend", "br_gone", env=env)
+    assert suspended.returncode == 0, suspended.stderr
+    job = kind_job(database, "br_gone", "provision_tenant")
+    assert (job["status"], job["run"]) == ("succeeded", queued["run"])
+    with database.owner() as conn:
+        ended = conn.execute(
+            "SELECT ended_by FROM control.job_runs WHERE job_id = %s AND run = %s",
+            (job["id"], job["run"]),
+        ).fetchone()
+        detail = conn.execute(
+            "SELECT s.detail FROM control.job_step_runs s JOIN control.platform_jobs j "
+            "ON j.id = s.job_id WHERE j.tenant_id = 'br_gone' AND s.step = 'mark_suspended'"
+        ).fetchone()
+    assert ended == ("tenant suspended",)
+    assert detail is not None and "skipped in rollout 1" in detail[0]
+
+    worker_once(settings, env)
+    code, view = watch_json(settings, env)
+    assert view["rollout"]["state"] == "completed", view  # not halted: one failure, not two
+    assert view["phases"] == {"done": 1, "failed": 1, "skipped": 1}
+    assert (view["summary"]["failed"], view["summary"]["skipped"]) == (1, 1)
+    assert [f["tenant_id"] for f in view["failures"]] == ["br_bad"]
+    assert code == 1  # br_bad failed
+    assert versions(database, "br_ok") == ["t005"]
+    assert versions(database, "br_gone") == ["t004"]
+    text = run_cli(settings, "upgrade", "--watch", env=env)
+    assert "1 upgraded (1 from t004), 1 failed, 1 skipped (left the fleet)" in text.stdout

@@ -303,8 +303,15 @@ def upgrade(
     )
 
 
-def upgrade_resume(settings: Settings, *, started_by: str = "upgrade") -> rollout.Resumed:
-    return fleet.resume(settings, started_by=started_by)
+def upgrade_resume(
+    settings: Settings, *, rollout_id: int | None = None, started_by: str = "upgrade"
+) -> rollout.Resumed:
+    return fleet.resume(settings, rollout_id=rollout_id, started_by=started_by)
+
+
+def rollout_pause(settings: Settings, rollout_id: int, *, paused_by: str) -> rollout.Paused:
+    """Pause a running rollout (:func:`provisioner.fleet.rollout.pause`)."""
+    return fleet.pause(settings, rollout_id, paused_by=paused_by)
 
 
 def upgrade_abort(settings: Settings, *, ended_by: str = "upgrade --abort") -> rollout.Aborted:

@@ -2,9 +2,11 @@
 
 A rollout may now be ``paused``: ``provisioner rollouts pause ID`` (or the console) holds its
 queued jobs with the brake's marker (never claimed, not failed), lets its running jobs finish,
-and records who paused it and when (``paused_by``, ``paused_at``; cleared on resume). The brake
-still counts the failures of the jobs that finish while it is paused: the K-th halts it, as it
-halts a running one (``control.rollout_brake`` now looks at running and paused rollouts).
+and records who paused it and when (``paused_by``, ``paused_at``; cleared on resume). A job of
+it that a worker queues again meanwhile (a retry, a lock wait, a release, a recovered lease) is
+held too (``control.rollout_hold_requeued``). The brake still counts the failures of the jobs
+that finish while it is paused: the K-th halts it, as it halts a running one
+(``control.rollout_brake`` now looks at running and paused rollouts).
 
 ``control.tenant_checks`` keeps the last drift check of each tenant (``provisioner check``,
 ``check --all``, and the ``repair_tenant`` job once it has restored what it could): when, its
@@ -86,6 +88,34 @@ def upgrade() -> None:
     _brake("'running', 'paused'")
     op.execute(
         """
+        CREATE FUNCTION control.rollout_hold_requeued() RETURNS trigger
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $hold$
+        BEGIN
+            -- A job of a paused rollout that a worker queues again (a retry after an error, a
+            -- lock wait, a release at shutdown, a stale lease recovered) is held with the
+            -- others: a pause starts nothing until resume.
+            IF EXISTS (SELECT 1 FROM control.rollout_tenants t
+                         JOIN control.rollouts r ON r.id = t.rollout_id
+                        WHERE t.job_id = NEW.id AND t.state = 'queued'
+                          AND r.state = 'paused') THEN
+                NEW.available_at := '9999-01-01 00:00:00+00';
+            END IF;
+            RETURN NEW;
+        END
+        $hold$
+        """
+    )
+    op.execute(
+        """
+        CREATE TRIGGER platform_jobs_rollout_hold_requeued
+        BEFORE UPDATE OF status ON control.platform_jobs
+        FOR EACH ROW WHEN (OLD.status = 'running' AND NEW.status = 'queued')
+        EXECUTE FUNCTION control.rollout_hold_requeued()
+        """
+    )
+    op.execute("REVOKE ALL ON FUNCTION control.rollout_hold_requeued() FROM PUBLIC")
+    op.execute(
+        """
         CREATE TABLE control.tenant_checks (
             tenant_id  TEXT PRIMARY KEY,
             checked_at TIMESTAMPTZ NOT NULL DEFAULT now() CHECK (isfinite(checked_at)),
@@ -103,6 +133,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP TABLE control.tenant_checks")
+    op.execute("DROP TRIGGER platform_jobs_rollout_hold_requeued ON control.platform_jobs")
+    op.execute("DROP FUNCTION control.rollout_hold_requeued()")
     _brake("'running'")
     op.execute("UPDATE control.rollouts SET state = 'halted' WHERE state = 'paused'")
     op.execute("ALTER TABLE control.rollouts DROP COLUMN paused_by")

@@ -8,6 +8,7 @@ named for what it is about:
 
     provisioning  migrate, provision, enqueue, status
     fleet         upgrade (and its rollout levers)
+    rollouts      rollouts pause / resume (and the watch's rendering)
     drift         check, repair
     tenants       suspend, restore, deprovision (one tenant or a batch), tenants list
     worker        worker, health
@@ -24,7 +25,7 @@ from dataclasses import replace
 import click
 
 from provisioner.cli import config as config_command
-from provisioner.cli import console, drift, fleet, jobs, local, provisioning, tenants
+from provisioner.cli import console, drift, fleet, jobs, local, provisioning, rollouts, tenants
 from provisioner.cli import init as init_command
 from provisioner.cli import worker as worker_commands
 from provisioner.cli.render import OneLineErrors, fail_cleanly
@@ -69,6 +70,7 @@ for _command in (
     provisioning.provision,
     provisioning.enqueue,
     fleet.upgrade,
+    rollouts.rollouts_group,
     drift.check,
     drift.repair,
     provisioning.status,

@@ -114,20 +114,7 @@ def pull_lever(
 ) -> None:
     """``--resume``, ``--abort`` or ``--watch`` on the latest rollout."""
     if resume:
-        resumed = service.upgrade_resume(settings)
-        skipped = ", ".join(f"{s.tenant_id} ({s.state})" for s in resumed.skipped[:LISTED])
-        more = len(resumed.skipped) - LISTED
-        click.echo(
-            f"rollout {resumed.rollout.id} resumed: {resumed.queued} tenant(s) queued, "
-            f"{resumed.released} held job(s) released"
-            + (
-                f"; {len(resumed.skipped)} skipped, left the fleet: {skipped}"
-                + (f" and {more} more" if more > 0 else "")
-                if resumed.skipped
-                else ""
-            )
-            + ("; nothing left to run: completed" if resumed.state == "completed" else "")
-        )
+        click.echo(rollouts.resumed_line(service.upgrade_resume(settings)))
     elif abort:
         aborted = service.upgrade_abort(settings)
         click.echo(

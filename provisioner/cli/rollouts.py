@@ -1,15 +1,20 @@
-"""How a rollout is shown: ``upgrade --watch`` (a progress bar redrawn in place on a terminal,
-plain lines when piped), the summary it ends with, the failure list, its JSON frame, and the
-exit code a watch ends with.
+"""Rollouts: the ``rollouts pause ID`` and ``rollouts resume ID`` levers, and how a rollout is
+shown: ``upgrade --watch`` (a progress bar redrawn in place on a terminal, plain lines when
+piped), the summary it ends with, the failure list, its JSON frame, and the exit code a watch
+ends with.
 
 Exit codes of ``upgrade --watch`` (and of ``--watch --json`` once the rollout has stopped):
 0 the rollout completed (or its canary succeeded and waits for review) and no tenant failed;
-1 it halted on its brake, was aborted, or a tenant failed.
+1 it halted on its brake, was paused, was aborted, or a tenant failed.
+Exit codes of ``rollouts pause`` / ``resume``: 0 done; 2 no such rollout, or one in a state the
+lever does not apply to (pausing a finished, aborted, halted or paused rollout).
 """
 
 from __future__ import annotations
 
+import getpass
 import shutil
+import socket
 import sys
 import textwrap
 import time
@@ -18,8 +23,9 @@ from typing import Any, TextIO
 import click
 
 from provisioner import service
-from provisioner.cli.render import emit_json
-from provisioner.fleet.rollout import PHASES, Failure, Progress, Summary
+from provisioner.cli.options import settings_of
+from provisioner.cli.render import emit_json, fail_cleanly
+from provisioner.fleet.rollout import PHASES, Failure, Progress, Resumed, Summary
 from provisioner.settings import Settings
 
 #: Exit code of a watch whose rollout halted, was aborted, or has a failed tenant.
@@ -29,6 +35,68 @@ EXIT_NOT_CLEAN = 1
 LISTED_FAILURES = 10
 
 BAR_WIDTH = 24
+
+#: Tenants listed by name when a resume skips some.
+LISTED = 10
+
+
+@click.group("rollouts")
+def rollouts_group() -> None:
+    """Levers on one rollout, by id (`upgrade --watch` shows the latest).
+
+    A paused rollout starts no new upgrade (its queued jobs are held); the jobs already running
+    finish. Exit 0 done, 2 no such rollout or not in a state the lever applies to.
+    """
+
+
+def operator() -> str:
+    """Who pulls a lever from this terminal, as ``paused_by`` records it: user@host."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
+        user = "?"
+    return f"{user}@{socket.gethostname()[:32]}"
+
+
+@rollouts_group.command()
+@click.argument("rollout_id", type=click.IntRange(min=1), metavar="ID")
+@click.pass_context
+@fail_cleanly
+def pause(ctx: click.Context, rollout_id: int) -> None:
+    """Pause a running rollout: hold its queued upgrades; running ones finish."""
+    paused = service.rollout_pause(
+        settings_of(ctx), rollout_id, paused_by=f"rollouts pause ({operator()})"
+    )
+    click.echo(
+        f"rollout {paused.rollout.id} {paused.rollout.state_label}: {paused.held} queued "
+        f"job(s) held, {paused.running} running job(s) finish; "
+        f"`provisioner rollouts resume {paused.rollout.id}` continues it"
+    )
+
+
+@rollouts_group.command()
+@click.argument("rollout_id", type=click.IntRange(min=1), metavar="ID")
+@click.pass_context
+@fail_cleanly
+def resume(ctx: click.Context, rollout_id: int) -> None:
+    """Resume a paused or halted rollout, or one whose canary waits for review."""
+    click.echo(resumed_line(service.upgrade_resume(settings_of(ctx), rollout_id=rollout_id)))
+
+
+def resumed_line(resumed: Resumed) -> str:
+    skipped = ", ".join(f"{s.tenant_id} ({s.state})" for s in resumed.skipped[:LISTED])
+    more = len(resumed.skipped) - LISTED
+    return (
+        f"rollout {resumed.rollout.id} resumed: {resumed.queued} tenant(s) queued, "
+        f"{resumed.released} held job(s) released"
+        + (
+            f"; {len(resumed.skipped)} skipped, left the fleet: {skipped}"
+            + (f" and {more} more" if more > 0 else "")
+            if resumed.skipped
+            else ""
+        )
+        + ("; nothing left to run: completed" if resumed.state == "completed" else "")
+    )
 
 
 def watch(settings: Settings, interval: float, as_json: bool) -> None:
@@ -111,7 +179,7 @@ def frame_lines(frame: Progress, *, live: bool) -> list[str]:
     counts = ", ".join(f"{phases.get(p, 0)} {p}" for p in PHASES if phases.get(p) or p == "done")
     rate = f"{frame.rate_per_minute:.0f} tenants/min" if frame.rate_per_minute else "rate -"
     eta = f"ETA {_duration(frame.eta_minutes * 60)}" if frame.eta_minutes is not None else "ETA -"
-    head = f"rollout {rollout.id} to {rollout.head} ({rollout.state})"
+    head = f"rollout {rollout.id} to {rollout.head} ({rollout.state_label})"
     if not live:
         return [f"{time.strftime('%H:%M:%S')} {head}: {settled}/{total}; {counts}; {rate}, {eta}"]
     lines = [f"{head} {bar(settled, total)} {settled}/{total}  {rate}  {eta}", f"  {counts}"]
@@ -146,6 +214,8 @@ NEXT_STEP = {
     "halted": "halted by its brake: fix, `provisioner jobs retry --failed`, then "
     "`provisioner upgrade --resume` (or `--abort`)",
     "canary": "the canary waits for review: `provisioner upgrade --resume` (or `--abort`)",
+    "paused": "paused: what ran has finished, nothing more starts until "
+    "`provisioner rollouts resume {id}` (or `provisioner upgrade --abort`)",
 }
 
 
@@ -154,10 +224,10 @@ def final_lines(frame: Progress, heads: dict[str, int]) -> list[str]:
     and the failures, each with its phase and its error wrapped (never cut)."""
     rollout, summary = frame.rollout, frame.summary
     assert rollout is not None and summary is not None
-    lines = [summary_line(rollout.state, rollout.id, summary)]
+    lines = [summary_line(rollout.state_label, rollout.id, summary)]
     lines.append("tenants per head: " + (", ".join(f"{h} {n}" for h, n in heads.items()) or "-"))
     if rollout.state in NEXT_STEP:
-        lines.append(NEXT_STEP[rollout.state])
+        lines.append(NEXT_STEP[rollout.state].format(id=rollout.id))
     lines += failure_lines(frame.failures, summary.failed)
     return lines
 
@@ -195,6 +265,8 @@ def progress_view(frame: Progress) -> dict[str, Any]:
             "max_failures": rollout.max_failures,
             "created_at": rollout.created_at,
             "finished_at": rollout.finished_at,
+            "paused_by": rollout.paused_by,
+            "paused_at": rollout.paused_at,
         },
         "phases": frame.phases,
         "rate_per_minute": frame.rate_per_minute,
@@ -208,6 +280,7 @@ def progress_view(frame: Progress) -> dict[str, Any]:
         "summary": None
         if summary is None
         else {
+            "state": rollout.state_label if rollout else None,
             "upgraded": summary.upgraded,
             "failed": summary.failed,
             "skipped": summary.skipped,

@@ -227,6 +227,14 @@ class Console:
             f"{resumed.released} released"
         )
 
+    def pause(self, request: Request) -> str:
+        rollout_id = _rollout_id(request)
+        paused = service.rollout_pause(self.settings, rollout_id, paused_by=STARTED_BY)
+        return (
+            f"rollout {paused.rollout.id} paused: {paused.held} queued job(s) held, "
+            f"{paused.running} running job(s) finish"
+        )
+
     def abort(self, request: Request) -> str:
         aborted = service.upgrade_abort(self.settings, ended_by=STARTED_BY)
         return f"rollout {aborted.rollout.id} aborted: {aborted.dropped_jobs} job(s) dropped"
@@ -266,10 +274,18 @@ class Console:
                 methods=["POST"],
             ),
             Route("/rollouts/resume", self.action(self.resume), methods=["POST"]),
+            Route("/rollouts/{rollout_id}/pause", self.action(self.pause), methods=["POST"]),
             Route("/rollouts/abort", self.action(self.abort), methods=["POST"]),
             Mount("/static", StaticFiles(packages=[("provisioner.console", "static")])),
         ]
         return SecurityHeaders(Starlette(routes=routes))
+
+
+def _rollout_id(request: Request) -> int:
+    raw = request.path_params["rollout_id"]
+    if not raw.isdigit() or not 0 < int(raw) < 2**63:
+        raise InvalidInput(f"no rollout {raw!r}: a rollout id is a positive number")
+    return int(raw)
 
 
 async def _form(request: Request) -> dict[str, str]:

@@ -3,13 +3,15 @@ numbers behind ``upgrade --watch`` and the summary a rollout ends with.
 
 Every ``provisioner upgrade`` that queues tenants records a rollout (``control.rollouts``) and
 its tenants (``control.rollout_tenants``, each with the revision it started from). A rollout
-is in one of five states (:class:`RolloutState`):
+is in one of six states (:class:`RolloutState`):
 
     canary  --resume-->  running  --(its last job settles)-->  completed
-                            |  ^
-         (K-th failure)     v  | --resume
+                          |  ^  ^
+         (K-th failure)   |  |  | resume
+                          |  |  paused  <--pause-- running
+                          v  | resume        (K-th failure while paused: halted)
                           halted
-    canary, running or halted  --abort-->  aborted
+    canary, running, paused or halted  --abort-->  aborted
 
 With ``canary=N`` only the first N tenants' jobs are queued and the rollout waits in
 ``canary`` for review; ``resume`` queues the rest once every canary job has succeeded. With
@@ -22,7 +24,13 @@ started: held and queued jobs go back to succeeded (their schema was never touch
 still at its old head) and pending tenants are dropped. A failed tenant stays at its old head,
 usable, and ``status`` shows its error.
 
-A tenant suspended, archived or purged while the rollout waited (for review, or halted) has
+``pause`` holds a running rollout's queued jobs as the brake does (its running jobs finish,
+nothing new starts) and records who paused it and when; ``resume`` releases them.
+
+A tenant suspended, archived or purged while its upgrade is queued leaves the rollout in the
+transaction that changes its state (:func:`provisioner.queue.skip_departed_tenant`): it is
+skipped, never failed, and cannot trip the brake. A tenant suspended, archived or purged while
+the rollout waited (for review, or halted) has
 left the fleet: ``resume`` skips it (its job is neither re-opened nor released, so it cannot
 fail and trip the brake) and reports it as skipped.
 
@@ -51,14 +59,24 @@ from provisioner.tenant.state import INACTIVE
 
 # The newest rollout that still needs an operator or a worker.
 ACTIVE = """
-SELECT * FROM control.rollouts WHERE state IN ('canary', 'running', 'halted')
+SELECT * FROM control.rollouts WHERE state IN ('canary', 'running', 'paused', 'halted')
  ORDER BY id DESC LIMIT 1 FOR UPDATE
 """
 
-# The newest rollout that waits for the operator: for review, or halted by the brake.
+# The newest rollout that waits for the operator: for review, paused, or halted by the brake.
 WAITING = """
-SELECT * FROM control.rollouts WHERE state IN ('canary', 'halted')
+SELECT * FROM control.rollouts WHERE state IN ('canary', 'paused', 'halted')
  ORDER BY id DESC LIMIT 1 FOR UPDATE
+"""
+
+# One rollout, locked for a lever.
+LOCK = "SELECT * FROM control.rollouts WHERE id = %(id)s FOR UPDATE"
+
+PAUSE = """
+UPDATE control.rollouts SET state = 'paused', paused_at = now(), paused_by = %(by)s,
+       updated_at = now()
+ WHERE id = %(id)s
+RETURNING *
 """
 
 LATEST = "SELECT * FROM control.rollouts ORDER BY id DESC LIMIT 1"
@@ -105,10 +123,16 @@ UPDATE control.rollout_tenants SET state = 'dropped'
 
 NOW = "SELECT now() AS now"
 
-SET_STATE = "UPDATE control.rollouts SET state = %(state)s, updated_at = now() WHERE id = %(id)s"
+# A lever's new state; a pause's record goes with it (it said who paused, and when).
+SET_STATE = """
+UPDATE control.rollouts SET state = %(state)s, paused_at = NULL, paused_by = NULL,
+       updated_at = now()
+ WHERE id = %(id)s
+"""
 
 ABORT = """
-UPDATE control.rollouts SET state = 'aborted', finished_at = now(), updated_at = now()
+UPDATE control.rollouts SET state = 'aborted', finished_at = now(), paused_at = NULL,
+       paused_by = NULL, updated_at = now()
  WHERE id = %(id)s
 """
 
@@ -124,6 +148,7 @@ class RolloutState(StrEnum):
 
     CANARY = "canary"
     RUNNING = "running"
+    PAUSED = "paused"
     HALTED = "halted"
     COMPLETED = "completed"
     ABORTED = "aborted"
@@ -142,6 +167,9 @@ class Rollout:
     max_failures: int | None
     created_at: datetime
     finished_at: datetime | None = None
+    #: who paused it and when, while it is paused
+    paused_by: str | None = None
+    paused_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Rollout:
@@ -153,7 +181,17 @@ class Rollout:
             row["max_failures"],
             row["created_at"],
             row.get("finished_at"),
+            row.get("paused_by"),
+            row.get("paused_at"),
         )
+
+    @property
+    def state_label(self) -> str:
+        """The state as reports show it: a pause says who and when."""
+        if self.state is RolloutState.PAUSED and self.paused_at is not None:
+            when = self.paused_at.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+            return f"paused by {self.paused_by or '?'} at {when}"
+        return self.state.value
 
 
 def _reopen(
@@ -259,14 +297,38 @@ def _settle(conn: Conn, rollout: Rollout) -> RolloutState:
     return RolloutState(row["state"])
 
 
-def resume(conn: Conn, *, started_by: str = "upgrade") -> Resumed:
-    """Continue the rollout that waits: after a successful canary, queue the rest (their runs
-    record ``started_by``); after a halt, release the held jobs. Tenants that left the fleet
-    meanwhile are skipped. In the caller's transaction."""
-    row = conn.execute(WAITING).fetchone()
+#: States a rollout waits for the operator in: ``resume`` continues it.
+WAITS: tuple[RolloutState, ...] = (RolloutState.CANARY, RolloutState.PAUSED, RolloutState.HALTED)
+
+
+def _locked(conn: Conn, rollout_id: int) -> Rollout:
+    row = conn.execute(LOCK, {"id": rollout_id}).fetchone()
     if row is None:
-        raise InvalidInput("no rollout waits for review or is halted: nothing to resume")
-    rollout = Rollout.from_row(row)
+        raise InvalidInput(f"no rollout {rollout_id}")
+    return Rollout.from_row(row)
+
+
+def _waiting(conn: Conn, rollout_id: int | None) -> Rollout:
+    """The rollout to resume: the one named, or the newest that waits."""
+    if rollout_id is None:
+        row = conn.execute(WAITING).fetchone()
+        if row is None:
+            raise InvalidInput(
+                "no rollout waits for review, is paused or is halted: nothing to resume"
+            )
+        return Rollout.from_row(row)
+    rollout = _locked(conn, rollout_id)
+    if rollout.state not in WAITS:
+        raise InvalidInput(f"rollout {rollout.id} is {rollout.state}: nothing to resume")
+    return rollout
+
+
+def resume(conn: Conn, *, rollout_id: int | None = None, started_by: str = "upgrade") -> Resumed:
+    """Continue the rollout that waits (``rollout_id``, or the newest): after a successful
+    canary, queue the rest (their runs record ``started_by``); after a pause or a halt,
+    release the held jobs. Tenants that left the fleet meanwhile are skipped. In the caller's
+    transaction."""
+    rollout = _waiting(conn, rollout_id)
     if rollout.state is RolloutState.CANARY:
         counts = queue.canary_status(conn, rollout.id)
         unfinished = sum(n for status, n in counts.items() if status != "succeeded")
@@ -288,6 +350,43 @@ def resume(conn: Conn, *, started_by: str = "upgrade") -> Resumed:
         queue.notify(conn, PROVISION_JOB_TYPE)
     conn.execute(SET_STATE, {"state": RolloutState.RUNNING, "id": rollout.id})
     return Resumed(rollout, 0, len(released), skipped, _settle(conn, rollout))
+
+
+@dataclass(frozen=True)
+class Paused:
+    rollout: Rollout
+    #: queued jobs now held (never claimed until resume)
+    held: int
+    #: jobs a worker runs now: they finish
+    running: int
+
+
+#: Why a rollout in each state other than running cannot be paused.
+NOT_PAUSABLE = {
+    RolloutState.CANARY: "its canary waits for review, nothing more starts until "
+    "`provisioner upgrade --resume`",
+    RolloutState.PAUSED: "it is already paused",
+    RolloutState.HALTED: "its brake already holds it: fix, then `provisioner upgrade --resume` "
+    "(or `--abort`)",
+    RolloutState.COMPLETED: "it has ended",
+    RolloutState.ABORTED: "it has ended",
+}
+
+
+def pause(conn: Conn, rollout_id: int, *, paused_by: str) -> Paused:
+    """Pause a running rollout: hold its queued jobs (its running ones finish; a job of it
+    queued again later, for a retry, is held too: control revision ``20261202_h28rest``) and
+    record who paused it and when. InvalidInput for a rollout in any other state. In the
+    caller's transaction."""
+    rollout = _locked(conn, rollout_id)
+    if rollout.state is not RolloutState.RUNNING:
+        why = NOT_PAUSABLE[rollout.state]
+        label = rollout.state_label
+        raise InvalidInput(f"rollout {rollout.id} is {label}: {why}; nothing to pause")
+    held, running = queue.hold_queued(conn, rollout.id)
+    row = conn.execute(PAUSE, {"id": rollout.id, "by": paused_by}).fetchone()
+    assert row is not None
+    return Paused(Rollout.from_row(row), held, running)
 
 
 @dataclass(frozen=True)
@@ -366,21 +465,24 @@ class Progress:
 
     @property
     def stopped(self) -> bool:
-        """Nothing more happens without the operator: the rollout ended, halted (and its
-        running jobs finished), or its canary has finished and waits for review."""
+        """Nothing more happens without the operator: the rollout ended, halted or was paused
+        (and its running jobs finished), or its canary has finished and waits for review."""
         if self.rollout is None or self.finished:
             return True
         state, running = self.rollout.state, self.phases.get("running", 0)
         if state is RolloutState.HALTED:
             return not running  # the jobs already running finish first
+        if state is RolloutState.PAUSED:
+            return not running  # paused: what runs finishes, nothing starts
         return state is RolloutState.CANARY and not running and not self.phases.get("queued")
 
     @property
     def clean(self) -> bool:
-        """No tenant failed and the rollout was neither halted nor aborted."""
+        """No tenant failed and the rollout was neither halted, paused nor aborted."""
         return not self.phases.get("failed") and (
             self.rollout is None
-            or self.rollout.state not in (RolloutState.HALTED, RolloutState.ABORTED)
+            or self.rollout.state
+            not in (RolloutState.HALTED, RolloutState.PAUSED, RolloutState.ABORTED)
         )
 
 

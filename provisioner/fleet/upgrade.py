@@ -164,11 +164,19 @@ def _owner(settings: Settings, name: str) -> psycopg.Connection[dict[str, Any]]:
     return db.connect(settings.owner_url, application_name=name, autocommit=True)
 
 
-def resume(settings: Settings, *, started_by: str = "upgrade") -> rollout.Resumed:
-    """Continue the active rollout (the rest after a canary, or the jobs a halt held); the
-    runs it starts record ``started_by``."""
+def resume(
+    settings: Settings, *, rollout_id: int | None = None, started_by: str = "upgrade"
+) -> rollout.Resumed:
+    """Continue the rollout that waits (``rollout_id``, or the newest): the rest after a
+    canary, or the jobs a pause or a halt held; the runs it starts record ``started_by``."""
     with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
-        return rollout.resume(conn, started_by=started_by)
+        return rollout.resume(conn, rollout_id=rollout_id, started_by=started_by)
+
+
+def pause(settings: Settings, rollout_id: int, *, paused_by: str) -> rollout.Paused:
+    """Pause a running rollout: nothing of it starts until resume; what runs finishes."""
+    with closing(_owner(settings, "upgrade")) as conn, db.translated(), conn.transaction():
+        return rollout.pause(conn, rollout_id, paused_by=paused_by)
 
 
 def abort(settings: Settings, *, ended_by: str = "upgrade --abort") -> rollout.Aborted:

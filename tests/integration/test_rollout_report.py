@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.rows import dict_row
 
@@ -421,3 +422,91 @@ def test_a_tenant_suspended_while_its_upgrade_is_queued_is_skipped_not_a_failure
     assert versions(database, "br_gone") == ["t004"]
     text = run_cli(settings, "upgrade", "--watch", env=env)
     assert "1 upgraded (1 from t004), 1 failed, 1 skipped (left the fleet)" in text.stdout
+
+
+# Waits for the test's advisory lock inside the migration: a job stays running until it lets go.
+WAIT_FOR_TEST = (
+    '    op.execute("SELECT pg_advisory_xact_lock(2028)")\n'
+    '    op.execute("ALTER TABLE audit_events ADD COLUMN source TEXT")'
+)
+
+
+def jobs_by_status(database: Database) -> dict[str, int]:
+    with database.owner() as conn:
+        rows = conn.execute(
+            "SELECT status, count(*) FROM control.platform_jobs "
+            "WHERE job_type = 'provision_tenant' GROUP BY 1"
+        ).fetchall()
+    return {str(status): int(n) for status, n in rows}
+
+
+def waiting_on_advisory_lock(database: Database) -> int:
+    with psycopg.connect(database.admin_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.slow
+def test_a_paused_rollout_lets_running_jobs_finish_and_starts_none_until_resumed(
+    fast: Settings,
+    database: Database,
+    workers: Workers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fleet: Callable[[list[str]], None],
+) -> None:
+    tenants = [f"pause_{i}" for i in range(5)]
+    fleet(tenants)
+    env = use_tree(tmp_path, monkeypatch, WAIT_FOR_TEST)
+    gate = psycopg.connect(database.owner_url, autocommit=True)
+    try:
+        gate.execute("SELECT pg_advisory_lock(2028)")
+        assert run_cli(fast, "upgrade", "--all", env=env).returncode == 0
+        worker = workers.start(
+            "--concurrency", "2", env={**env, "PROVISIONER_LOCK_TIMEOUT_SECONDS": "300"}
+        )
+        wait_until(lambda: waiting_on_advisory_lock(database) == 2, 60, "two jobs mid-step")
+        assert jobs_by_status(database) == {"running": 2, "queued": 3}
+
+        paused = run_cli(fast, "rollouts", "pause", "1", env=env)
+        assert paused.returncode == 0, paused.stderr
+        assert "rollout 1 paused by rollouts pause (" in paused.stdout
+        assert "3 queued job(s) held, 2 running job(s) finish" in paused.stdout
+        code, view = watch_json(fast, env)
+        assert view["rollout"]["state"] == "paused" and not view["stopped"]
+        assert view["rollout"]["paused_by"].startswith("rollouts pause (")
+        assert view["rollout"]["paused_at"] is not None
+        assert view["phases"] == {"running": 2, "held": 3}
+    finally:
+        gate.close()  # the two running jobs go on
+
+    wait_until(lambda: jobs_by_status(database).get("succeeded") == 2, 60, "both to finish")
+    worker.idle()  # it looked for more work and found none claimable
+    assert jobs_by_status(database) == {"succeeded": 2, "queued": 3}
+    code, view = watch_json(fast, env)
+    assert view["rollout"]["state"] == "paused" and view["stopped"] and code == 1
+    assert view["phases"] == {"done": 2, "held": 3}
+    assert view["summary"]["state"].startswith("paused by rollouts pause (")
+    text = run_cli(fast, "upgrade", "--watch", env=env)
+    assert text.returncode == 1
+    assert "rollout 1 paused by rollouts pause (" in text.stdout
+    assert "`provisioner rollouts resume 1`" in text.stdout
+    again = run_cli(fast, "rollouts", "pause", "1", env=env)
+    assert again.returncode == 2 and "it is already paused; nothing to pause" in again.stderr
+
+    resumed = run_cli(fast, "rollouts", "resume", "1", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "rollout 1 resumed: 0 tenant(s) queued, 3 held job(s) released" in resumed.stdout
+    wait_until(lambda: rollout_row(database)["state"] == "completed", 90, "a completed rollout")
+    assert all(versions(database, t) == ["t005"] for t in tenants)
+    code, view = watch_json(fast, env)
+    assert code == 0 and view["summary"]["upgraded"] == 5
+    assert view["rollout"]["paused_by"] is None
+
+    for rollout_id, why in (("1", "rollout 1 is completed: it has ended"), ("9", "no rollout 9")):
+        ended = run_cli(fast, "rollouts", "pause", rollout_id, env=env)
+        assert ended.returncode == 2, ended.stdout
+        assert why in ended.stderr and len(ended.stderr.strip().splitlines()) == 1

@@ -510,3 +510,40 @@ def test_a_paused_rollout_lets_running_jobs_finish_and_starts_none_until_resumed
         ended = run_cli(fast, "rollouts", "pause", rollout_id, env=env)
         assert ended.returncode == 2, ended.stdout
         assert why in ended.stderr and len(ended.stderr.strip().splitlines()) == 1
+
+
+def test_a_paused_rollout_holds_a_job_queued_again_and_its_brake_still_counts(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fleet: Callable[[list[str]], None],
+) -> None:
+    """What a worker does to a job while the rollout is paused, written as its statements
+    write it: a retry queued again is held with the others; the K-th failure halts it."""
+    fleet(["ph_a", "ph_b", "ph_c"])
+    env = use_tree(tmp_path, monkeypatch, ADD_SOURCE)
+    assert run_cli(settings, "upgrade", "--all", "--max-failures", "1", env=env).returncode == 0
+    with database.owner() as conn:  # two claims
+        conn.execute(
+            "UPDATE control.platform_jobs SET status = 'running', attempts = 1 "
+            "WHERE tenant_id IN ('ph_a', 'ph_b')"
+        )
+    assert run_cli(settings, "rollouts", "pause", "1", env=env).returncode == 0
+    with database.owner() as conn:  # ph_a's attempt fails and is queued again for a retry
+        conn.execute(
+            "UPDATE control.platform_jobs SET status = 'queued', available_at = now(), "
+            "error_detail = 'busy' WHERE tenant_id = 'ph_a'"
+        )
+    code, view = watch_json(settings, env)
+    assert view["rollout"]["state"] == "paused"
+    assert view["phases"] == {"held": 2, "running": 1}
+    assert {f["tenant_id"]: f["phase"] for f in view["failures"]} == {"ph_a": "held"}
+    with database.owner() as conn:  # ph_b fails for good: the brake's first failure
+        conn.execute(
+            "UPDATE control.platform_jobs SET status = 'failed', error_detail = 'bad' "
+            "WHERE tenant_id = 'ph_b'"
+        )
+    code, view = watch_json(settings, env)
+    assert view["rollout"]["state"] == "halted" and code == 1
+    assert view["phases"] == {"held": 2, "failed": 1}

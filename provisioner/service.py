@@ -411,7 +411,7 @@ def repair(
     """Check the tenants, and run (or queue) a ``repair_tenant`` job for each drifted one that
     has something safe to restore; ``dry_run`` plans and changes nothing (see
     :mod:`provisioner.tenant.repairs` for what is restored and what is left alone)."""
-    report = drift.check(settings, tenant_ids)
+    report = drift.check(settings, tenant_ids, checked_by="repair")
     planned = drift.plans(settings, report)
     if dry_run:
         return RepairReport(report, [RepairResult(p.tenant_id, p) for p in planned])
@@ -439,7 +439,11 @@ def repair(
                 job = runner.settled_job(outcome)
             results.append(RepairResult(tenant.value, planned_tenant, job, queue_only))
     ran = [r.tenant_id for r in results if r.job is not None and not r.queued]
-    after = {t.tenant_id: t for t in drift.check(settings, ran).tenants} if ran else {}
+    after = (
+        {t.tenant_id: t for t in drift.check(settings, ran, checked_by="repair").tenants}
+        if ran
+        else {}
+    )
     return RepairReport(report, [replace(r, after=after.get(r.tenant_id)) for r in results])
 
 

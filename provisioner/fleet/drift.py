@@ -13,6 +13,10 @@ is drifted, not "not provisioned". A tenant whose schema records another revisio
 is reported as behind: ``provisioner upgrade`` is the cure for that. Purged tenants are left out
 of ``--all``.
 
+Each check is recorded per tenant (when, its outcome, its counts and a short summary) in
+``control.tenant_checks`` (:mod:`provisioner.tenant.checks`); nothing in the tenants' schemas is
+written.
+
 Every connection gives up after the connect timeout (:data:`provisioner.db.SA_CONNECT_ARGS`):
 a silent or unreachable server fails ``check`` in one line instead of hanging it.
 """
@@ -37,7 +41,7 @@ from provisioner.kinds.repair import expected_for
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.templates import expected, migrations
-from provisioner.tenant import catalog, repairs
+from provisioner.tenant import catalog, checks, repairs
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 from provisioner.tenant.catalog import MISSING, Difference
@@ -115,8 +119,12 @@ def expected_inventory(settings: Settings) -> catalog.Inventory:
         engine.dispose()
 
 
-def check(settings: Settings, tenant_ids: list[str] | None = None) -> DriftReport:
-    """Compare each provisioned tenant (all but the purged, or the named ones) with the head."""
+def check(
+    settings: Settings, tenant_ids: list[str] | None = None, *, checked_by: str = "check"
+) -> DriftReport:
+    """Compare each provisioned tenant (all but the purged, or the named ones) with the head,
+    and record each one's result (:mod:`provisioner.tenant.checks`, one statement at the
+    end): the console's and the metrics' drift figures read it."""
     wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
     heads = migrations.tenant_heads()
     owner = db.connect(settings.owner_url, application_name="check", autocommit=True)
@@ -143,7 +151,27 @@ def check(settings: Settings, tenant_ids: list[str] | None = None) -> DriftRepor
             if result.state is TenantCheck.DELETED and wanted is None:
                 continue  # purged tenants are out of the fleet's view
             results.append(result)
+        checks.record(conn, [stored(r) for r in results if r.state in STORED], checked_by)
     return DriftReport(heads, results)
+
+
+#: Outcomes recorded in ``control.tenant_checks`` (a purged tenant has nothing to check).
+STORED = (
+    TenantCheck.CLEAN,
+    TenantCheck.DRIFTED,
+    TenantCheck.BEHIND,
+    TenantCheck.NOT_PROVISIONED,
+)
+
+
+def stored(result: TenantDrift) -> checks.CheckRecord:
+    """A tenant's check as ``control.tenant_checks`` keeps it."""
+    if result.state is TenantCheck.DRIFTED:
+        return checks.of_differences(result.tenant_id, list(result.differences))
+    summary = ""
+    if result.state is TenantCheck.BEHIND:
+        summary = f"at {migrations.head_label(result.versions)}"
+    return checks.CheckRecord(result.tenant_id, result.state.value, summary=summary)
 
 
 def check_tenant(

@@ -1,6 +1,7 @@
 """The fleet at a glance, read on the caller's connection: the queue's figures, the tenants by
 lifecycle state, the warm pool, the newest rollout's tenants by phase, every component's
-heartbeat age. What the worker's Prometheus metrics and the console's first page show; a
+heartbeat age, the tenants by their last drift check (recorded by ``check``: never computed
+here). What the worker's Prometheus metrics and the console's first page show; a
 handful of statements, none of them per tenant or per kind.
 """
 
@@ -15,6 +16,7 @@ from provisioner import pool
 from provisioner.control import heartbeats
 from provisioner.fleet import rollout
 from provisioner.queue import stats
+from provisioner.tenant import checks
 
 # Tenants by lifecycle state.
 TENANTS_BY_STATE = "SELECT state, count(*) AS n FROM control.tenants GROUP BY state ORDER BY state"
@@ -32,6 +34,8 @@ class Overview:
     rollout_phases: dict[str, int]
     #: heartbeat age in seconds, by component
     heartbeats: dict[str, float]
+    #: the tenants by their last drift check's outcome, and when the newest check ran
+    drift: checks.DriftFigures
 
 
 def tenants_by_state(conn: Conn) -> dict[str, int]:
@@ -49,4 +53,5 @@ def read(conn: Conn) -> Overview:
         rollout=latest,
         rollout_phases=phases,
         heartbeats=heartbeats.ages(conn),
+        drift=checks.figures(conn),
     )

@@ -4,9 +4,11 @@ where that is safe, recorded like every job (``provisioner repair``, or queued f
 One step, ``restore_catalog``, in one transaction with its record: it builds the head's
 inventory (:mod:`provisioner.templates.expected`, rolled back), reads the tenant's, compares
 them, and applies what :mod:`provisioner.tenant.repairs` says is safe (each action under its own
-savepoint). Its detail names what was restored, what failed and what was left alone and why.
-A suspended or archived tenant is compared with the head's shape without the application
-role's privileges (revoked by design), so repair never gives it its access back.
+savepoint). Its detail names what was restored, what failed and what was left alone and
+why; what is left different is recorded as the tenant's last check
+(:mod:`provisioner.tenant.checks`). A suspended or archived tenant is compared with the
+head's shape without the application role's privileges (revoked by design), so repair never
+gives it its access back.
 
 Refused (the job fails at once): a tenant being provisioned (``provision`` finishes it) or
 deleted. A tenant behind the head, or without its version table, is not repaired either
@@ -22,7 +24,7 @@ from provisioner.errors import PermanentError
 from provisioner.kinds.registry import JobKind, keyed_by_tenant
 from provisioner.kinds.step import Step, StepContext
 from provisioner.templates import expected, migrations
-from provisioner.tenant import catalog, repairs
+from provisioner.tenant import catalog, checks, repairs
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 from provisioner.tenant.state import TenantState
@@ -42,11 +44,18 @@ def expected_for(
 
 def current_plan(tx: Transaction, ctx: StepContext) -> repairs.Plan:
     """The tenant's repair plan now, in the step's transaction."""
-    return _planner(tx, ctx)()
+    return _planner(tx, ctx)()[1]
 
 
-def _planner(tx: Transaction, ctx: StepContext) -> Callable[[], repairs.Plan]:
-    """Plans for the tenant as it is at each call, against the head's shape built once."""
+#: What ``control.tenant_checks`` records as the author of a repair job's check.
+CHECKED_BY = "repair_tenant job"
+
+
+def _planner(
+    tx: Transaction, ctx: StepContext
+) -> Callable[[], tuple[list[catalog.Difference], repairs.Plan]]:
+    """The tenant's differences and plan as it is at each call, against the head's shape
+    built once."""
     schema = ctx.tenant.schema
     versions = migrations.tenant_versions(tx.pg, schema)
     if versions is None:
@@ -64,11 +73,12 @@ def _planner(tx: Transaction, ctx: StepContext) -> Callable[[], repairs.Plan]:
     want = expected_for(head, tenants.state_of(tx.pg, ctx.tenant), ctx.app_role)
     owner = tenant_schema.schema_owner(tx.pg, schema)[1]
 
-    def plan() -> repairs.Plan:
+    def plan() -> tuple[list[catalog.Difference], repairs.Plan]:
         found = catalog.read(tx.pg, schema)
         if found is None:
             raise PermanentError(f"{schema} does not exist: `provisioner provision {ctx.tenant}`")
-        return repairs.plan(tx.pg, schema, catalog.compare(want, found), owner=owner)
+        differences = catalog.compare(want, found)
+        return differences, repairs.plan(tx.pg, schema, differences, owner=owner)
 
     return plan
 
@@ -77,13 +87,17 @@ def _restore(tx: Transaction, ctx: StepContext) -> str | None:
     """Plan and apply, then once more: what belongs to an object created again (a view's
     grants, a column of a restored type) is only seen once that object exists."""
     planner = _planner(tx, ctx)
-    plan = planner()
+    left, plan = planner()
     applied = repairs.apply(tx.pg, plan.actions)
     if applied.restored:
-        plan = planner()
+        _, plan = planner()
         tried = {what for what, _ in applied.failed}
         more = repairs.apply(tx.pg, [a for a in plan.actions if a.what not in tried])
         applied = repairs.Applied(applied.restored + more.restored, applied.failed + more.failed)
+    if applied.restored:
+        left, _ = planner()
+    # What is left is the tenant's check now: recorded with the step, for the fleet's figures.
+    checks.record(tx.pg, [checks.of_differences(ctx.tenant.value, left)], CHECKED_BY)
     parts = [f"restored {len(applied.restored)}"]
     if applied.restored:
         parts[0] += ": " + "; ".join(applied.restored)

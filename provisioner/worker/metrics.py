@@ -12,7 +12,8 @@ Two sources, one registry (the worker's own, not the library's global one):
 * **Read from the database at each scrape** by :class:`FleetCollector`, on its own connection:
   the queue by kind and status and the oldest ready job's wait (one statement for every kind),
   the warm pool's spares, the newest rollout's tenants by phase, each component's heartbeat
-  age (:func:`provisioner.fleet.overview.read`). A scrape while the database is down still
+  age, the tenants by their last recorded drift check
+  (:func:`provisioner.fleet.overview.read`). A scrape while the database is down still
   answers: the counters, and ``provisioner_database_up 0``.
 """
 
@@ -113,7 +114,20 @@ def _families(found: overview.Overview) -> Iterator[Metric]:
     )
     for component, age in found.heartbeats.items():
         beats.add_metric([component], age)
-    yield from (jobs, oldest, tenants, spares, rollout, beats)
+    checked = GaugeMetricFamily(
+        "provisioner_tenants_checked",
+        "Tenants (not purged) by the outcome of their last drift check ('never checked': none)",
+        labels=["outcome"],
+    )
+    for outcome, count in found.drift.tenants.items():
+        checked.add_metric([outcome], count)
+    last_check = GaugeMetricFamily(
+        "provisioner_drift_last_check_timestamp_seconds",
+        "When the newest recorded drift check ran (Unix time; absent: never)",
+    )
+    if found.drift.last_checked_at is not None:
+        last_check.add_metric([], found.drift.last_checked_at.timestamp())
+    yield from (jobs, oldest, tenants, spares, rollout, beats, checked, last_check)
 
 
 class WorkerMetrics:

@@ -20,11 +20,14 @@ import pytest
 from provisioner import service
 from provisioner.errors import InvalidInput
 from provisioner.kinds import lifecycle
+from provisioner.kinds.repair import REPAIR_JOB_TYPE
 from provisioner.models import TenantId
 from provisioner.settings import Settings
 from provisioner.templates import expected, migrations
 from provisioner.testing import Tenant
+from provisioner.worker.metrics import FleetCollector
 from tests.conftest import Database, run_cli, settings_env
+from tests.console_server import Console, request
 from tests.integration.test_fleet_upgrade import make_tree
 
 Make = Callable[..., Tenant]
@@ -373,3 +376,87 @@ def test_a_tenant_behind_the_head_is_reported_behind_not_drifted(
     )
     assert result.returncode == 0, result.stderr
     assert "older: behind (at t004; see `provisioner upgrade`)" in result.stdout
+
+
+def stored_checks(database: Database) -> dict[str, tuple[Any, ...]]:
+    with database.owner() as conn:
+        rows = conn.execute(
+            "SELECT tenant_id, outcome, missing, extra, altered, summary, checked_by "
+            "FROM control.tenant_checks ORDER BY tenant_id"
+        ).fetchall()
+    return {str(r[0]): tuple(r[1:]) for r in rows}
+
+
+def fleet_page(console: Console) -> str:
+    status, page, _ = request(console.port, "GET", "/")
+    assert status == 200, page
+    return page
+
+
+def test_each_check_is_stored_and_the_fleet_page_and_metrics_count_the_drifted(
+    settings: Settings,
+    database: Database,
+    make: Callable[[str], str],
+    tmp_path: Path,
+    consoles: list[Console],
+) -> None:
+    """``check`` records each tenant's outcome, counts and summary; the repair job records what
+    it left; the console's fleet page and the metrics show the drifted count, the tenants never
+    checked, and the time of the last check."""
+    for tenant in ("chk_clean", "chk_bad", "chk_never"):
+        make(tenant)
+    bad = "tenant_chk_bad"
+    by_hand(database, f"REVOKE INSERT ON {bad}.audit_events FROM app_rw")
+    console = Console(settings, tmp_path / "console.log", {})
+    consoles.append(console)
+    page = fleet_page(console)
+    assert '<span id="drifted-count" class="num">0</span> drifted' in page
+    assert '<span id="never-checked">3</span> never checked' in page
+    assert "never checked: <code>provisioner check --all</code>" in page
+
+    assert run_cli(settings, "check", "chk_clean", "chk_bad").returncode == 1
+    missing = "missing privilege INSERT ON TABLE audit_events TO app_rw"
+    assert stored_checks(database) == {
+        "chk_bad": ("drifted", 1, 0, 0, f"1 missing: {missing}", "check"),
+        "chk_clean": ("clean", 0, 0, 0, "", "check"),
+    }
+    figures = service.overview(settings).drift
+    assert figures.tenants == {
+        "clean": 1,
+        "drifted": 1,
+        "behind": 0,
+        "not provisioned": 0,
+        "never checked": 1,
+    }
+    assert figures.last_checked_at is not None
+    page = fleet_page(console)
+    assert '<span id="drifted-count" class="num">1</span> drifted' in page
+    assert '<span id="never-checked">1</span> never checked' in page
+    assert "last check " + figures.last_checked_at.strftime("%Y-%m-%d %H:%M:%S") in page
+    collector = FleetCollector(settings, "test-scrape")
+    try:
+        scraped = {
+            (family.name, tuple(sample.labels.values())): sample.value
+            for family in collector.collect()
+            for sample in family.samples
+        }
+    finally:
+        collector.close()
+    assert scraped[("provisioner_tenants_checked", ("drifted",))] == 1
+    assert scraped[("provisioner_tenants_checked", ("never checked",))] == 1
+    last = scraped[("provisioner_drift_last_check_timestamp_seconds", ())]
+    assert last == figures.last_checked_at.timestamp()
+
+    # The repair job records what it left (nothing) in its step's transaction.
+    assert run_cli(settings, "repair", "chk_bad", "--queue").returncode == 0
+    assert stored_checks(database)["chk_bad"][0::5] == ("drifted", "repair")
+    env = {"PROVISIONER_WORKER_JOB_TYPES": REPAIR_JOB_TYPE}
+    assert run_cli(settings, "worker", "--once", env=env).returncode == 0
+    assert stored_checks(database)["chk_bad"] == ("clean", 0, 0, 0, "", "repair_tenant job")
+    assert '<span id="drifted-count" class="num">0</span> drifted' in fleet_page(console)
+
+    # check --all covers every tenant; a purged one leaves the figures.
+    assert run_cli(settings, "check", "--all").returncode == 0
+    assert set(stored_checks(database)) == {"chk_bad", "chk_clean", "chk_never"}
+    assert run_cli(settings, "deprovision", "--purge", "--yes", "chk_never").returncode == 0
+    assert sum(service.overview(settings).drift.tenants.values()) == 2

@@ -38,7 +38,10 @@ def _targets(tenant_ids: tuple[str, ...], every: bool) -> list[str] | None:
 @click.pass_context
 @fail_cleanly
 def check(ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, as_json: bool) -> None:
-    """Compare tenants' objects with what the template head builds (read-only).
+    """Compare tenants' objects with what the template head builds.
+
+    Tenants' schemas are only read; each tenant's result is recorded in
+    control.tenant_checks (the console's and the metrics' drift figures).
 
     Lists, per tenant, the missing, extra and altered objects: tables, columns, constraints,
     indexes, sequences, views, functions, triggers, types, policies, rules, owners and

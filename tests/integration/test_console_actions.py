@@ -90,3 +90,70 @@ def test_resume_after_the_canary_and_abort_from_the_console_are_recorded_as_the_
 
     _, page, _ = request(console.port, "GET", "/rollouts")
     assert "aborted" in page
+
+
+@pytest.mark.slow
+def test_pause_and_resume_from_the_console_need_the_token_and_record_the_console(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    tenant_factory: Callable[..., Tenant],
+    consoles: list[Console],
+) -> None:
+    for tenant in TENANTS:
+        tenant_factory(tenant, settings=settings)
+    tree = {migrations.TENANT_TREE_ENV: str(make_tree(tmp_path))}
+    assert run_cli(settings, "upgrade", "--all", env=tree).returncode == 0
+    console = Console(
+        settings, tmp_path / "console.log", {**tree, "PROVISIONER_CONSOLE_TOKEN": TOKEN}
+    )
+    consoles.append(console)
+    status, page, _ = request(console.port, "POST", "/rollouts/1/pause", "", Origin=console.url)
+    assert status == 403, page  # no session: refused, nothing paused
+    assert job_row(database, TENANTS[0])["available_at"].year < 9999
+
+    cookie, csrf = log_in(console)
+    _, page, _ = request(console.port, "GET", "/rollouts", Cookie=cookie)
+    assert 'action="/rollouts/1/pause"' in page and 'action="/rollouts/resume"' not in page
+    status, page, _ = request(
+        console.port,
+        "POST",
+        "/rollouts/1/pause",
+        f"csrf={csrf}",
+        Cookie=cookie,
+        Origin=console.url,
+    )
+    assert status == 200, page
+    assert "rollout 1 paused: 3 queued job(s) held, 0 running job(s) finish" in page
+    for tenant in TENANTS:
+        assert job_row(database, tenant)["available_at"].year == 9999
+    _, page, _ = request(console.port, "GET", "/rollouts", Cookie=cookie)
+    assert 'id="rollout-paused">paused by console at' in page
+    assert 'action="/rollouts/resume"' in page and 'action="/rollouts/1/pause"' not in page
+    status, page, _ = request(
+        console.port,
+        "POST",
+        "/rollouts/1/pause",
+        f"csrf={csrf}",
+        Cookie=cookie,
+        Origin=console.url,
+    )
+    assert status == 400 and "it is already paused" in page
+    status, page, _ = request(
+        console.port,
+        "POST",
+        "/rollouts/x1/pause",
+        f"csrf={csrf}",
+        Cookie=cookie,
+        Origin=console.url,
+    )
+    assert status == 400 and "a rollout id is a positive number" in page
+
+    status, page, _ = request(
+        console.port, "POST", "/rollouts/resume", f"csrf={csrf}", Cookie=cookie, Origin=console.url
+    )
+    assert status == 200, page
+    assert "rollout 1 resumed: 0 tenant(s) queued, 3 released" in page
+    assert run_cli(settings, "worker", "--once", env=tree).returncode == 0
+    _, page, _ = request(console.port, "GET", "/rollouts")
+    assert 'data-state="completed"' in page

@@ -179,6 +179,9 @@ def test_every_page_a_live_rollout_and_actions_without_and_with_the_token(
     )
     assert HOSTILE in text(browser, "td.detail")
     assert no_alert(browser)
+    assert text(browser, "#drifted-count") == "0"  # no check recorded yet
+    assert text(browser, "#never-checked") == str(len(TENANTS) + 1)
+    assert "never checked" in text(browser, "#last-check")
     shot(browser, "fleet")
 
     # A rollout queued while no worker runs, followed live once one starts.

@@ -36,7 +36,9 @@ from provisioner.templates import migrations
     default=None,
     help="Hold the rest after K failures.",
 )
-@click.option("--resume", is_flag=True, help="Continue the rollout after review or a halt.")
+@click.option(
+    "--resume", is_flag=True, help="Continue the rollout after review, a pause or a halt."
+)
 @click.option("--abort", is_flag=True, help="Drop what the rollout has not started.")
 @click.option(
     "--watch",

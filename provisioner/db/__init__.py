@@ -34,6 +34,8 @@ from provisioner.db.sessions import (
     Transaction,
     connect,
     is_alive,
+    local_settings,
+    transaction_with,
 )
 from provisioner.db.translate import (
     DatabaseError,
@@ -66,11 +68,13 @@ __all__ = [
     "is_alive",
     "is_url",
     "libpq_address",
+    "local_settings",
     "login_refused",
     "pipeline",
     "rejected_for_good",
     "statements_of",
     "transaction_pooled",
+    "transaction_with",
     "translate",
     "translated",
     "with_role",

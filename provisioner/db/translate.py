@@ -41,6 +41,7 @@ __all__ = [
     "LockNotAvailable",
     "control_missing",
     "login_refused",
+    "options_refused",
     "rejected_for_good",
     "statements_of",
     "translate",
@@ -128,6 +129,13 @@ def translated() -> Iterator[None]:
         yield
     except (psycopg.Error, sa.exc.SQLAlchemyError) as exc:
         raise translate(exc) from exc
+
+
+def options_refused(exc: BaseException) -> bool:
+    """True for a connection a pooler in transaction mode refused for its libpq ``options``
+    startup parameter (PgBouncer's ``unsupported startup parameter: options``)."""
+    cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
+    return isinstance(cause, psycopg.OperationalError) and _POOLER_REFUSED_OPTIONS in str(cause)
 
 
 def login_refused(exc: BaseException) -> bool:

@@ -71,8 +71,8 @@ _POOLER_REFUSED_OPTIONS = "unsupported startup parameter: options"
 #: What to do about it, appended to PgBouncer's refusal.
 POOLER_HINT = (
     "this connection goes through PgBouncer, and this command needs a PostgreSQL session of "
-    "its own: connect it directly to PostgreSQL (enqueue, status, jobs, health, check and "
-    "migrate work through PgBouncer)"
+    "its own: connect it directly to PostgreSQL (enqueue, status, jobs, health, check, "
+    "migrate and upgrade work through PgBouncer)"
 )
 # SQLSTATEs of a session the server ended with no fault of its statement (class 08 aside):
 # admin_shutdown (a fast stop, a demoted primary), crash_shutdown (another backend crashed),

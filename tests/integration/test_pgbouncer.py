@@ -262,6 +262,8 @@ def test_a_tenant_connection_through_pgbouncer_keeps_its_search_path(
             conn.commit()
             other.rollback()
     assert len(pids) > 1, "the tenant's transactions ran on more than one server session"
+    with tenant.connect(autocommit=True) as conn, conn.transaction():
+        assert conn.execute("SHOW search_path").fetchone() == ("tenant_acme",)
     with psycopg.connect(database.owner_url) as owner:
         count = owner.execute(
             "SELECT count(*) FROM tenant_acme.role_profiles WHERE key LIKE 'probe%'"

@@ -302,7 +302,9 @@ def _switchover_during_a_rollout(formation: Formation, env: dict[str, str], tmp:
         switched = time.monotonic()
         formation.switchover()
         while formation.primary() != "node1":
-            assert time.monotonic() < switched + FORMATION_DEADLINE_SECONDS, f"no switchover: {formation.states()}"
+            assert time.monotonic() < switched + FORMATION_DEADLINE_SECONDS, (
+                f"no switchover: {formation.states()}"
+            )
             time.sleep(0.1)
         switchover_seconds = time.monotonic() - switched
         deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS

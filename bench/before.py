@@ -117,8 +117,9 @@ def union_read_versions(url: str, schemas: list[str] | None) -> dict[str, frozen
         versioned = fleet.versioned(conn, schemas)
 
     def part(share: list[fleet.VersionTable]) -> dict[str, frozenset[str]]:
-        conn = db.connect(url, autocommit=True, options=fleet.UPGRADE_OPTIONS)
+        conn = db.connect(url, autocommit=True)
         with closing(conn):
+            conn.execute("SET lock_timeout = '5s'")  # as it was: for the session (direct)
             return _union_chunks(conn, share)
 
     size = max(1, -(-len(versioned) // UNION_SESSIONS))

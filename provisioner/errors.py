@@ -17,7 +17,8 @@
     ├── BuildStopped (1)            a spare build was asked to stop between transactions
     ├── TransientError (1)          worth retrying later: the queue's backoff handles it
     │   ├── DatabaseUnavailable
-    │   │   └── LockNotAvailable    SQLSTATE 55P03: a lock timeout (provisioner.db.translate)
+    │   │   ├── LockNotAvailable    SQLSTATE 55P03: a lock timeout (provisioner.db.translate)
+    │   │   └── ConnectionLost      the session went away (crash, failover, restart, network)
     │   └── StorageUnavailable
     └── PermanentError (1)          retrying cannot help until someone changes something
         ├── StorageMisconfigured
@@ -138,6 +139,12 @@ class LockNotAvailable(DatabaseUnavailable):
     """A statement gave up waiting for a lock (``lock_timeout``, SQLSTATE 55P03): another
     session holds it. Retried later like an outage, never worked around (another path would
     wait for the same lock)."""
+
+
+class ConnectionLost(DatabaseUnavailable):
+    """The session to the server was lost or could not be opened: the server crashed, failed
+    over, restarted or shut down, or the network dropped. No fault of the work in flight: a
+    job attempt cut this way is retried at once, without the backoff (queue.FAIL_OR_RETRY)."""
 
 
 class StorageUnavailable(TransientError):

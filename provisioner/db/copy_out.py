@@ -22,7 +22,8 @@ from psycopg.errors import error_from_result
 
 
 def copy_each(conn: psycopg.Connection[Any], statements: list[bytes]) -> list[bytes]:
-    """The output of each of ``statements`` (``COPY ... TO STDOUT``), sent as one string."""
+    """The output of each ``COPY ... TO STDOUT`` of ``statements``, sent as one string; the
+    results of other statements (settings for the string's transaction) are skipped."""
     pgconn = conn.pgconn
     encoding = conn.info.encoding
     outputs: list[bytes] = []

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,9 +60,15 @@ def connect(
     *,
     application_name: str = "provisioner",
     autocommit: bool = False,
-    options: dict[str, Any] | None = None,
+    session_options: dict[str, Any] | None = None,
 ) -> psycopg.Connection[dict[str, Any]]:
-    """A new psycopg connection returning dict rows; close it (``with``) when done."""
+    """A new psycopg connection returning dict rows; close it (``with``) when done.
+
+    ``session_options``: server settings for the whole session, sent as libpq's ``options``
+    startup parameter, for the step engine's sessions only. PgBouncer refuses that parameter,
+    which is how a command that needs a server session of its own is refused through it in one
+    line (:data:`~provisioner.db.translate.POOLER_HINT`). A command that works through PgBouncer
+    sends none and sets what it needs in each transaction (:func:`local_settings`)."""
     with translated():
         return psycopg.connect(
             libpq_address(url),
@@ -70,8 +76,35 @@ def connect(
             row_factory=dict_row,
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
             application_name=application_name[:63],
-            options=_options(options),
+            options=_options(session_options),
         )
+
+
+def local_settings(settings: Mapping[str, str]) -> sql.Composed:
+    """``SELECT set_config(name, value, true), ...``: each of ``settings`` for the current
+    transaction only, to send first in it (or first in a string of statements, which runs as one
+    implicit transaction).
+
+    How a one-off command sets its server parameters (``lock_timeout``...): libpq's ``options``
+    startup parameter is refused by PgBouncer (``unsupported startup parameter: options``), and
+    a session ``SET`` would, under transaction pooling, stay on a server connection that other
+    clients share next while missing from this client's next transaction."""
+    calls = sql.SQL(", ").join(
+        sql.SQL("set_config({}, {}, true)").format(sql.Literal(name), sql.Literal(value))
+        for name, value in settings.items()
+    )
+    return sql.SQL("SELECT {}").format(calls)
+
+
+@contextmanager
+def transaction_with(
+    conn: psycopg.Connection[Any], settings: Mapping[str, str]
+) -> Iterator[psycopg.Transaction]:
+    """A transaction of ``conn`` whose first statement sets ``settings`` for it alone
+    (:func:`local_settings`): works directly and through a pooler in transaction mode."""
+    with conn.transaction() as tx:
+        conn.execute(local_settings(settings))
+        yield tx
 
 
 def is_alive(conn: psycopg.Connection[Any]) -> bool:

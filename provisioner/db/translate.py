@@ -1,11 +1,13 @@
 """The one place driver errors become the package's errors.
 
 Nothing above :mod:`provisioner.db` catches ``psycopg.Error`` or SQLAlchemy's errors: they leave
-:func:`translated` as :class:`DatabaseUnavailable` (the server or the connection went away;
-retry later), as :class:`LockNotAvailable` (a lock timeout, SQLSTATE 55P03: retried like an
-outage) or as :class:`DatabaseError` (the statement itself failed), with any password removed
-and on one line. What the SQLSTATE says is read here and nowhere else: callers ask with
-``isinstance`` (or :func:`login_refused`, :func:`control_missing`).
+:func:`translated` as :class:`DatabaseUnavailable` (the server is unavailable; retry later), as
+:class:`ConnectionLost` (a kind of it: the session itself went away or could not be opened, no
+fault of the statement: a job cut this way is retried at once), as :class:`LockNotAvailable`
+(a lock timeout, SQLSTATE 55P03: retried like an outage) or as :class:`DatabaseError` (the
+statement itself failed), with any password removed and on one line. What the SQLSTATE says
+is read here and nowhere else: callers ask with ``isinstance`` (or :func:`login_refused`,
+:func:`control_missing`).
 
 Pinned by ``tests/unit/test_translate.py`` (each SQLSTATE to its class, secrets redacted) and
 ``tests/integration/test_fleet_upgrade.py::
@@ -23,6 +25,7 @@ import sqlalchemy as sa
 
 from provisioner.errors import (
     ConfigurationError,
+    ConnectionLost,
     DatabaseError,
     DatabaseUnavailable,
     LockNotAvailable,
@@ -32,11 +35,13 @@ from provisioner.errors import (
 from provisioner.redact import redact
 
 __all__ = [
+    "ConnectionLost",
     "DatabaseError",
     "DatabaseUnavailable",
     "LockNotAvailable",
     "control_missing",
     "login_refused",
+    "options_refused",
     "rejected_for_good",
     "statements_of",
     "translate",
@@ -66,9 +71,13 @@ _POOLER_REFUSED_OPTIONS = "unsupported startup parameter: options"
 #: What to do about it, appended to PgBouncer's refusal.
 POOLER_HINT = (
     "this connection goes through PgBouncer, and this command needs a PostgreSQL session of "
-    "its own: connect it directly to PostgreSQL (enqueue, status, jobs, health, check and "
-    "migrate work through PgBouncer)"
+    "its own: connect it directly to PostgreSQL (enqueue, status, jobs, health, check, "
+    "migrate and upgrade work through PgBouncer)"
 )
+# SQLSTATEs of a session the server ended with no fault of its statement (class 08 aside):
+# admin_shutdown (a fast stop, a demoted primary), crash_shutdown (another backend crashed),
+# cannot_connect_now (the server is starting or stopping).
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03"})
 # SQLSTATEs of a control schema that is missing or older than this release.
 _CONTROL_MISSING = {"3F000", "42P01", "42703", "42883"}
 
@@ -79,6 +88,19 @@ def _is_connectivity(exc: BaseException) -> bool:
     if isinstance(exc, sa.exc.DBAPIError):
         return bool(exc.connection_invalidated) or isinstance(exc.orig, psycopg.OperationalError)
     return isinstance(exc, sa.exc.OperationalError)
+
+
+def _session_lost(exc: BaseException, orig: BaseException) -> bool:
+    """The session went away or never opened, whatever the statement: libpq's own errors (no
+    SQLSTATE: the connection refused, closed or broken), connection exceptions (class 08), or
+    the server ending every session (:data:`_SESSION_ENDED`). A statement or idle timeout, a
+    cancel or a lock timeout has a SQLSTATE of its own and is not one."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if not isinstance(orig, psycopg.OperationalError):
+        return False
+    state = orig.sqlstate
+    return state is None or state.startswith("08") or state in _SESSION_ENDED
 
 
 def translate(exc: BaseException) -> ProvisionerError:
@@ -93,6 +115,8 @@ def translate(exc: BaseException) -> ProvisionerError:
         return ConfigurationError(f"{message}: {POOLER_HINT}")
     if isinstance(orig, psycopg.Error) and orig.sqlstate == LOCK_NOT_AVAILABLE:
         return LockNotAvailable(f"database unavailable: {message}")
+    if _session_lost(exc, orig):
+        return ConnectionLost(f"database unavailable: {message}")
     if _is_connectivity(exc):
         return DatabaseUnavailable(f"database unavailable: {message}")
     return DatabaseError(f"database error: {message}")
@@ -105,6 +129,13 @@ def translated() -> Iterator[None]:
         yield
     except (psycopg.Error, sa.exc.SQLAlchemyError) as exc:
         raise translate(exc) from exc
+
+
+def options_refused(exc: BaseException) -> bool:
+    """True for a connection a pooler in transaction mode refused for its libpq ``options``
+    startup parameter (PgBouncer's ``unsupported startup parameter: options``)."""
+    cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
+    return isinstance(cause, psycopg.OperationalError) and _POOLER_REFUSED_OPTIONS in str(cause)
 
 
 def login_refused(exc: BaseException) -> bool:

@@ -56,6 +56,7 @@ from provisioner.engine.events import (
 )
 from provisioner.engine.sessions import EngineSessions
 from provisioner.errors import (
+    ConnectionLost,
     LeaseLost,
     LockNotAvailable,
     PermanentError,
@@ -330,10 +331,13 @@ class Engine:
                 # A lock timeout (an application's transaction holds the lock) is waited out:
                 # queued again without spending an attempt (queue.FAIL_OR_RETRY).
                 contended = isinstance(cause or exc, LockNotAvailable)
+                # A session lost under the step (a failover, a restart) is no fault of the
+                # job: it is retried at once, not after the backoff.
+                cut = isinstance(cause or exc, ConnectionLost)
                 message = f"{where or 'start'}: {describe(cause or exc)}"
                 return self._finish(
                     lambda c: queue.fail_or_retry(
-                        c, lease, message, permanent=permanent, contended=contended
+                        c, lease, message, permanent=permanent, contended=contended, at_once=cut
                     )
                 )
 

@@ -19,7 +19,13 @@ from uuid import UUID
 from provisioner import db, queue
 from provisioner.engine.engine import Engine
 from provisioner.engine.events import ProgressCallback, StopRequested, describe
-from provisioner.errors import LeaseLost, ProvisionerError, TenantBusy, is_permanent
+from provisioner.errors import (
+    ConnectionLost,
+    LeaseLost,
+    ProvisionerError,
+    TenantBusy,
+    is_permanent,
+)
 from provisioner.models import Job, JobStatus
 
 
@@ -57,6 +63,8 @@ class Unsettled:
     permanent: bool
     #: hand the job back untouched (a stop request) instead of counting a failed attempt
     release: bool = False
+    #: the database cut the attempt short (its session was lost): retry it at once
+    cut: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,10 @@ def run_claimed(
     except LeaseLost as exc:
         return LostLease(job.id, describe(exc))
     except Exception as exc:
-        return Unsettled(job, describe(exc), is_permanent(exc))
+        # The outcome could not be recorded: the database went away with the step (cut) or
+        # failed it (see Engine.run), and the supervisor settles the job once it answers.
+        cut = isinstance(exc, ConnectionLost)
+        return Unsettled(job, describe(exc), is_permanent(exc), cut=cut)
     return Settled(done, stopped=done.status is JobStatus.QUEUED and should_stop())
 
 

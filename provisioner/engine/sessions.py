@@ -80,7 +80,7 @@ class EngineSessions:
             autocommit=True,
             # Generic plans: the claim's, made ready by the warm-up, is still there when the
             # next sign-up wakes the engine (see :meth:`warm`).
-            options={"synchronous_commit": "off", **GENERIC_PLANS},
+            session_options={"synchronous_commit": "off", **GENERIC_PLANS},
         )
 
     def refresh(self) -> None:

@@ -16,7 +16,7 @@ from provisioner.fleet.upgrade import (
     wait_for_canary,
 )
 from provisioner.fleet.versions import (
-    UPGRADE_OPTIONS,
+    UPGRADE_SETTINGS,
     VersionTable,
     read_versions,
     schema_versions,
@@ -24,7 +24,7 @@ from provisioner.fleet.versions import (
 )
 
 __all__ = [
-    "UPGRADE_OPTIONS",
+    "UPGRADE_SETTINGS",
     "SkippedTenant",
     "TenantUpgrade",
     "UpgradeReport",

@@ -21,7 +21,7 @@ from provisioner import db, queue
 from provisioner.control.schema import require_control_at_head
 from provisioner.errors import InvalidInput, UnknownTenant, WrongState
 from provisioner.fleet import rollout
-from provisioner.fleet.versions import UPGRADE_OPTIONS, read_versions, schema_versions
+from provisioner.fleet.versions import UPGRADE_SETTINGS, read_versions, schema_versions
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings
@@ -94,21 +94,20 @@ def upgrade(
             raise InvalidInput(f"{name.replace('_', '-')} must be at least 1, got {value}")
     wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
     heads = migrations.tenant_heads()
-    owner = db.connect(
-        settings.owner_url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS
-    )
+    owner = db.connect(settings.owner_url, application_name="upgrade", autocommit=True)
     # A fleet-wide upgrade reads every tenant schema's version while this thread reads and
     # parses the jobs (the reads wait on the server, the parsing is Python's): the two overlap.
     reader = ThreadPoolExecutor(1)
     early = reader.submit(read_versions, settings.owner_url, None) if wanted is None else None
     with reader, closing(owner) as conn, db.translated():
-        require_control_at_head(conn)
-        jobs = queue.latest_jobs(conn, PROVISION_JOB_TYPE, wanted)
+        with db.transaction_with(conn, UPGRADE_SETTINGS):
+            require_control_at_head(conn)
+            jobs = queue.latest_jobs(conn, PROVISION_JOB_TYPE, wanted)
+            left_alone = [state.value for state in INACTIVE]
+            rows = conn.execute(TENANTS_LEFT_ALONE, {"states": left_alone}).fetchall()
         missing = sorted({t.value for t in wanted or []} - {str(j.tenant_id) for j in jobs})
         if missing:
             raise UnknownTenant(f"unknown tenant(s) {', '.join(missing)}: no provisioning job")
-        left_alone = [state.value for state in INACTIVE]
-        rows = conn.execute(TENANTS_LEFT_ALONE, {"states": left_alone}).fetchall()
         states = {r["tenant_id"]: TenantState(r["state"]) for r in rows}
         skipped = [
             SkippedTenant(str(j.tenant_id), states[j.tenant_id])
@@ -140,7 +139,7 @@ def upgrade(
             action = "would queue" if dry_run else "queued"
             upgrades = [TenantUpgrade(job, v, action) for job, v in behind]
         else:
-            with conn.transaction():
+            with db.transaction_with(conn, UPGRADE_SETTINGS):
                 started, queued = rollout.start(
                     conn,
                     migrations.head_label(heads),

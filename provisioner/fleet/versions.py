@@ -27,8 +27,10 @@ from psycopg.rows import tuple_row
 from provisioner import db
 from provisioner.db import copy_out
 
-#: A tenant stuck behind a long migration's lock fails the command rather than hang it.
-UPGRADE_OPTIONS = {"lock_timeout": "5s"}
+#: A tenant stuck behind a long migration's lock fails the command rather than hang it. Set in
+#: each of the upgrade's transactions (:func:`provisioner.db.local_settings`), never as libpq
+#: ``options``: ``upgrade`` works through PgBouncer in transaction mode.
+UPGRADE_SETTINGS = {"lock_timeout": "5s"}
 
 #: Version tables per string of ``COPY`` statements (one round trip, one implicit transaction,
 #: so as many table locks). ``COPY table TO STDOUT`` is not planned: a ``UNION ALL`` of the same
@@ -117,8 +119,10 @@ def _read_chunks(
 def _copy_versions(
     conn: psycopg.Connection[Any], tables: list[VersionTable]
 ) -> dict[str, frozenset[str]]:
-    """The versions of ``tables``: one string of ``COPY`` statements, one result per table."""
-    outputs = copy_out.copy_each(conn, [table.copy_statement(conn) for table in tables])
+    """The versions of ``tables``: one string of ``COPY`` statements, one result per table,
+    after the upgrade's settings for the string's implicit transaction."""
+    first = db.local_settings(UPGRADE_SETTINGS).as_bytes(conn)
+    outputs = copy_out.copy_each(conn, [first, *(table.copy_statement(conn) for table in tables)])
     encoding = conn.info.encoding
     found: dict[str, frozenset[str]] = {}
     for table, data in zip(tables, outputs, strict=False):
@@ -137,7 +141,7 @@ def read_versions(url: str, schemas: list[str] | None) -> dict[str, frozenset[st
     shares = 1 if schemas is not None and len(schemas) <= VERSION_CHUNK else VERSION_SESSIONS
 
     def part(share: int) -> dict[str, frozenset[str]]:
-        conn = db.connect(url, application_name="upgrade", autocommit=True, options=UPGRADE_OPTIONS)
+        conn = db.connect(url, application_name="upgrade", autocommit=True)
         with closing(conn), db.translated():
             return _read_chunks(conn, versioned(conn, schemas, share, shares))
 

@@ -113,7 +113,10 @@ CLOSE_STEP_OPEN_NEXT = (
 # queued again whatever its attempts, and hands its attempt back (as RELEASE does): waiting
 # behind the application is not a failure, spends no attempt and trips no rollout brake.
 # ``lock_waits`` counts those in a row, for their own backoff (1 s doubling, capped at
-# LOCK_WAIT_CAP_SECONDS); a completed step, or a failure of another kind, resets it.
+# LOCK_WAIT_CAP_SECONDS); a completed step, or a failure of another kind, resets it. An
+# attempt the database cut short (``at_once``: the session was lost, errors.ConnectionLost) is
+# retried at once, its attempt counted: no fault of the job, and the backoff would only leave
+# it waiting behind the queue once the database is back (a failover's in-flight jobs).
 FAIL_OR_RETRY = """
 UPDATE control.platform_jobs
    SET status = CASE WHEN %(contended)s THEN 'queued'
@@ -124,6 +127,7 @@ UPDATE control.platform_jobs
        available_at = CASE WHEN %(contended)s THEN now() + make_interval(
                                 secs => least(%(lock_cap)s, power(2, least(lock_waits, 8))))
                            WHEN %(permanent)s OR attempts >= max_attempts THEN available_at
+                           WHEN %(at_once)s THEN now()
                            ELSE now() + make_interval(
                                     secs => least(%(cap)s, power(2, least(attempts, 8))))
                       END,
@@ -301,11 +305,18 @@ def complete(conn: Conn, lease: Lease) -> Job:
 
 
 def fail_or_retry(
-    conn: Conn, lease: Lease, error: str, *, permanent: bool = False, contended: bool = False
+    conn: Conn,
+    lease: Lease,
+    error: str,
+    *,
+    permanent: bool = False,
+    contended: bool = False,
+    at_once: bool = False,
 ) -> Job:
     """Back off and requeue, or fail when attempts are spent or the error is permanent.
     ``contended``: the job gave up waiting for a lock; it is queued again without spending an
-    attempt (:data:`FAIL_OR_RETRY`)."""
+    attempt. ``at_once``: the database cut the attempt short (a lost session); it is queued
+    again without a backoff (:data:`FAIL_OR_RETRY`)."""
     return _fenced(
         conn,
         FAIL_OR_RETRY,
@@ -313,6 +324,7 @@ def fail_or_retry(
         error=bounded_error(error),
         permanent=permanent,
         contended=contended,
+        at_once=at_once,
         cap=BACKOFF_CAP_SECONDS,
         lock_cap=LOCK_WAIT_CAP_SECONDS,
     )

@@ -25,6 +25,7 @@ from provisioner.settings import Settings
 from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateUnusable, describe_difference
 from provisioner.tenant import schema as tenant_schema
+from provisioner.testing import search_path
 from provisioner.testing.server import ProvisionerDatabase
 from provisioner.testing.signups import Sweep
 
@@ -57,9 +58,16 @@ class Tenant:
 
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A psycopg connection as the application role, ``search_path`` set to the tenant's
-        schema alone: unqualified names resolve to the tenant's tables."""
-        options = f"-c search_path={self.schema}"
-        return psycopg.connect(self.app_url, options=options, **kwargs)
+        schema alone: unqualified names resolve to the tenant's tables.
+
+        Set for the session (libpq ``options``); through a pooler in transaction mode, which
+        refuses that, in each transaction instead (:mod:`provisioner.testing.search_path`)."""
+        try:
+            return psycopg.connect(self.app_url, options=self.search_path_options, **kwargs)
+        except psycopg.OperationalError as exc:
+            if not db.options_refused(exc):
+                raise
+        return search_path.connect(self.app_url, self.schema, **kwargs)
 
     @property
     def search_path_options(self) -> str:

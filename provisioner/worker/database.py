@@ -146,8 +146,13 @@ class DatabaseWork(WorkerState):
                     if orphan.release:
                         job = queue.release(self._conn, lease)
                     else:
-                        reason, permanent = orphan.reason, orphan.permanent
-                        job = queue.fail_or_retry(self._conn, lease, reason, permanent=permanent)
+                        job = queue.fail_or_retry(
+                            self._conn,
+                            lease,
+                            orphan.reason,
+                            permanent=orphan.permanent,
+                            at_once=orphan.cut,
+                        )
                     self._conn.commit()
             except LeaseLost as exc:
                 with db.translated():

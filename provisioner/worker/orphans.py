@@ -34,3 +34,5 @@ class Orphan:
     permanent: bool = False
     #: the child died: close the attempt's open step runs first
     child_gone: bool = False
+    #: the database cut the attempt short (a lost session): retried at once, no backoff
+    cut: bool = False

@@ -144,9 +144,9 @@ class Supervisor(DatabaseWork):
                 self._log_outcome(done, released=stopped, seconds=seconds)
             case runner.LostLease(detail=detail):
                 self._log_lease_lost(job, detail)
-            case runner.Unsettled(detail=detail, permanent=permanent, release=release):
+            case runner.Unsettled(detail=detail, permanent=permanent, release=release, cut=cut):
                 reason = f"{child.failure}; then {detail}" if child.failure else detail
-                self._orphan(child, reason, release=release, permanent=permanent)
+                self._orphan(child, reason, release=release, permanent=permanent, cut=cut)
                 return
             case runner.Busy() | runner.NothingQueued() | runner.ClaimFailed():
                 pass  # handled before a job was held
@@ -214,10 +214,13 @@ class Supervisor(DatabaseWork):
         release: bool,
         permanent: bool = False,
         gone: bool = False,
+        cut: bool = False,
     ) -> None:
         """Hand the child's job to the parent to settle; the child is free (or gone)."""
         assert child.job is not None
-        orphan = Orphan(child.job, reason, release=release, permanent=permanent, child_gone=gone)
+        orphan = Orphan(
+            child.job, reason, release=release, permanent=permanent, child_gone=gone, cut=cut
+        )
         with self._lock:
             self._orphans.append(orphan)
             child.assign(None)

@@ -1,4 +1,5 @@
-"""PostgreSQL restarted under a running worker: it logs the outage once, reconnects, finishes.
+"""PostgreSQL restarted under a running worker: it logs the outage once, reconnects, finishes;
+the job whose session the restart cut is retried at once (no backoff: not its fault).
 
 The test runs its own throwaway cluster (never the session's shared server) and restarts it
 with ``pg_ctl`` (stop, two seconds down, start) while a job is in the middle of a step.
@@ -110,4 +111,7 @@ def test_worker_survives_a_postgresql_restart_and_finishes_the_queue(
                 "SELECT attempts FROM control.platform_jobs WHERE tenant_id = 'during'"
             ).fetchone()
         assert attempts is not None and attempts[0] >= 2
+        # The restart cut its session: no fault of the job, so no backoff before its retry.
+        cut = [r for r in worker.events("retry_scheduled") if r.get("tenant_id") == "during"]
+        assert cut and all(r["delay_seconds"] == 0 for r in cut), cut
         assert worker.stop() == 0, worker.output()

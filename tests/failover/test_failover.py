@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -35,6 +36,9 @@ TENANTS = 300
 DATABASE = "provisioner"
 #: Generous: the figure measured is reported, never asserted tightly.
 DRAIN_DEADLINE_SECONDS = 240
+#: For the formation's own orchestration (the old primary's pg_rewind and catch-up, the
+#: switchover settling): about 1-2 minutes, and past 180 s twice on a busy machine.
+FORMATION_DEADLINE_SECONDS = 360
 
 
 def _env(formation: Formation, tmp: Path) -> dict[str, str]:
@@ -83,8 +87,27 @@ def _counts(formation: Formation) -> dict[str, int] | None:
     return {status: count for status, count in rows}
 
 
+def _events(log: Path, name: str) -> list[dict]:
+    """The worker's JSON log lines of one event."""
+    found = []
+    for line in log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # not a log line (a child's traceback would be shown by the asserts)
+        if isinstance(record, dict) and record.get("event") == name:
+            found.append(record)
+    return found
+
+
+def _wall(record: dict) -> float:
+    """A log line's time, in seconds since the epoch."""
+    return datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
+
+
 class WriteProbe(threading.Thread):
-    """Writes one row every 50 ms through the multi-host URL; keeps the refused stretch."""
+    """Writes one row every 50 ms through the multi-host URL; keeps the refused stretch (wall
+    clock, to compare with the worker's log)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
@@ -102,7 +125,7 @@ class WriteProbe(threading.Thread):
                 conn.execute("INSERT INTO failover_probe DEFAULT VALUES")
                 self.acknowledged += 1
             except psycopg.Error:
-                self.refused.append(time.monotonic())
+                self.refused.append(time.time())
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -112,6 +135,7 @@ class WriteProbe(threading.Thread):
 
     @property
     def refused_seconds(self) -> float:
+        """From the first refused write to the last one."""
         return self.refused[-1] - self.refused[0] if self.refused else 0.0
 
 
@@ -162,7 +186,7 @@ def test_a_primary_crash_mid_drain_loses_nothing_and_the_old_primary_rejoins(
         probe.start()
         time.sleep(0.5)
         formation.crash("node1")
-        crashed = time.monotonic()
+        crashed, crashed_wall = time.monotonic(), time.time()
 
         deadline = crashed + DRAIN_DEADLINE_SECONDS
         while (_counts(formation) or {}).get("succeeded", 0) < TENANTS:
@@ -196,13 +220,30 @@ def test_a_primary_crash_mid_drain_loses_nothing_and_the_old_primary_rejoins(
         worker.wait(60)
         log.close()
 
+    # Where the seconds after the crash went: the formation's failover (writes refused), the
+    # worker's way back (its first claim after the new primary took writes), then the drain.
+    worker_log = tmp_path / "worker.log"
+    writable = probe.refused[-1] if probe.refused else crashed_wall
+    claims = [_wall(c) for c in _events(worker_log, "claimed") if _wall(c) > writable]
+    back = claims[0] - writable if claims else float("nan")
+    succeeded = sorted(_wall(e) for e in _events(worker_log, "succeeded"))
+    left = sum(1 for t in succeeded if t > crashed_wall)
+    done_before = TENANTS - left
+    first = succeeded[0] if succeeded else crashed_wall
+    rate_before = done_before / max(crashed_wall - first, 1e-9)
+    rate_after = left / max(succeeded[-1] - writable - back, 1e-9) if succeeded else 0.0
     print(
         f"\nfailover: writes refused for {probe.refused_seconds:.1f} s, "
-        f"{probe.acknowledged} probe writes acknowledged; drain done {drained:.1f} s after the "
-        f"crash; {retried} job(s) on a second attempt"
+        f"{probe.acknowledged} probe writes acknowledged; the worker claimed again {back:.2f} s "
+        f"after the new primary took writes; drain done {drained:.1f} s after the crash "
+        f"({left} tenants left at the crash; {rate_before:.1f} jobs/s before it, "
+        f"{rate_after:.1f} after); {retried} job(s) on a second attempt"
     )
     assert counts == {"succeeded": TENANTS}, counts
     assert retried <= 2, f"{retried} jobs retried; at most the 2 in flight may be"
+    # The crash cut the in-flight jobs' sessions: no fault of theirs, so no retry backoff.
+    cut = _events(worker_log, "retry_scheduled")
+    assert len(cut) == retried and all(r["delay_seconds"] == 0 for r in cut), cut
     assert open_runs == 0, "a step run was left 'running'"
     assert alone["database"]["synchronous_standby"] is False, alone
 
@@ -213,7 +254,7 @@ def test_a_primary_crash_mid_drain_loses_nothing_and_the_old_primary_rejoins(
 
     # The old primary rejoins as the new primary's standby.
     formation.run(formation.nodes["node1"])
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + FORMATION_DEADLINE_SECONDS
     while not formation.settled("node2"):
         assert time.monotonic() < deadline, f"node1 did not rejoin: {formation.states()}"
         time.sleep(0.5)
@@ -261,7 +302,9 @@ def _switchover_during_a_rollout(formation: Formation, env: dict[str, str], tmp:
         switched = time.monotonic()
         formation.switchover()
         while formation.primary() != "node1":
-            assert time.monotonic() < switched + 120, f"no switchover: {formation.states()}"
+            assert time.monotonic() < switched + FORMATION_DEADLINE_SECONDS, (
+                f"no switchover: {formation.states()}"
+            )
             time.sleep(0.1)
         switchover_seconds = time.monotonic() - switched
         deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
@@ -276,7 +319,7 @@ def _switchover_during_a_rollout(formation: Formation, env: dict[str, str], tmp:
         f"switchover during the rollout: node1 primary again {switchover_seconds:.1f} s after "
         "it was asked for"
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + FORMATION_DEADLINE_SECONDS
     while not formation.settled("node1"):
         assert time.monotonic() < deadline, (
             f"not settled after the switchover: {formation.states()}"

@@ -1,6 +1,7 @@
 """Through a real PgBouncer 1.18 in transaction mode (``tests/pgbouncer.py``): the application's
 ``enqueue`` works (sync and async, psycopg and SQLAlchemy), the one-off commands that need no
-session of their own work, and the worker refuses to start in one line.
+session of their own work (``upgrade`` with its lock timeout), and the worker refuses to start
+in one line.
 
 Each enqueue test makes the pooling bite: between two of the application's transactions,
 another client opens a transaction and holds it, taking the server connection the application
@@ -12,6 +13,7 @@ connection) is then missing in the next: "prepared statement ... does not exist"
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -23,7 +25,10 @@ from sqlalchemy.orm import Session
 
 import provisioner
 from provisioner import db
+from provisioner.templates.migrations import TENANT_TREE_ENV
+from provisioner.testing import Tenant
 from tests.conftest import ROOT, Database
+from tests.integration.test_fleet_upgrade import make_tree
 from tests.pgbouncer import Bouncer, start_bouncer
 
 #: More than psycopg's prepare_threshold (5): a prepared statement would be used.
@@ -178,3 +183,92 @@ def test_one_off_commands_through_pgbouncer(
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "connect it directly to PostgreSQL" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def _server_settings(
+    bouncer: Bouncer, database: Database, name: str, role: str = "provisioner_owner"
+) -> set[str]:
+    """``name`` as each server connection of the role's pool has it (default_pool_size = 4):
+    four clients each hold a transaction open at once, so each runs on a server connection of
+    its own."""
+    url = bouncer.url(role, database.name)
+    clients = [psycopg.connect(url) for _ in range(4)]
+    try:
+        return {c.execute(f"SHOW {name}", prepare=False).fetchone()[0] for c in clients}
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_upgrade_through_pgbouncer_sets_its_lock_timeout_per_transaction(
+    pgbouncer: Bouncer, bouncer_env: dict[str, str], database: Database, tmp_path
+) -> None:
+    """``upgrade`` sends no ``options`` startup parameter (PgBouncer refuses it): its lock
+    timeout is set in each of its transactions, so a tenant held by a migration fails the
+    command in one line instead of hanging it, and no pooled server connection keeps it."""
+    direct = {
+        **bouncer_env,
+        "MIGRATIONS_DATABASE_URL": database.owner_url,
+        "APP_DATABASE_URL": database.app_url,
+    }
+    provisioned = _cli(direct, "provision", "acme")
+    assert provisioned.returncode == 0, provisioned.stderr
+    ahead = {**bouncer_env, TENANT_TREE_ENV: str(make_tree(tmp_path))}
+
+    with psycopg.connect(database.owner_url) as migration:
+        migration.execute("LOCK TABLE tenant_acme.alembic_version IN ACCESS EXCLUSIVE MODE")
+        stuck = _cli(ahead, "upgrade", "acme")
+    assert stuck.returncode == 1, stuck.stdout + stuck.stderr
+    assert stuck.stderr.strip().count("\n") == 0 and "lock timeout" in stuck.stderr, stuck.stderr
+    assert _server_settings(pgbouncer, database, "lock_timeout") == {"0"}
+
+    upgraded = _cli(ahead, "upgrade", "acme", "--json")
+    assert upgraded.returncode == 0, upgraded.stderr
+    behind = json.loads(upgraded.stdout)["behind"]
+    assert [(b["tenant_id"], b["action"]) for b in behind] == [("acme", "queued")]
+    assert _server_settings(pgbouncer, database, "lock_timeout") == {"0"}
+
+
+def test_a_tenant_connection_through_pgbouncer_keeps_its_search_path(
+    pgbouncer: Bouncer, bouncer_env: dict[str, str], database: Database
+) -> None:
+    """The plugin's ``Tenant.connect()`` through PgBouncer in transaction mode (which refuses
+    the ``options`` it sets ``search_path`` with): every transaction, on whichever server
+    connection, sees the tenant's schema alone, implicit ones and ``transaction()`` blocks
+    alike; its statements are never prepared on a server connection (the eighth INSERT would
+    find its statement missing); and no pooled server connection keeps the setting."""
+    direct = {
+        **bouncer_env,
+        "MIGRATIONS_DATABASE_URL": database.owner_url,
+        "APP_DATABASE_URL": database.app_url,
+    }
+    provisioned = _cli(direct, "provision", "acme")
+    assert provisioned.returncode == 0, provisioned.stderr
+    url = pgbouncer.url("app_rw", database.name)
+    tenant = Tenant("acme", "tenant_acme", app_url=url, owner_url=database.owner_url)
+    pids = set()
+    with tenant.connect() as conn, psycopg.connect(url) as other:
+        for i in range(ROUNDS):
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO role_profiles (key, name) VALUES (%s, %s)",
+                    (f"probe_{i}", "probe"),
+                )
+                pids.add(_backend_pid(conn))
+            _backend_pid(other)  # holds the server connection conn just released
+            shown = conn.execute("SHOW search_path", prepare=False).fetchone()
+            assert shown == ("tenant_acme",)
+            pids.add(_backend_pid(conn))
+            conn.commit()
+            other.rollback()
+    assert len(pids) > 1, "the tenant's transactions ran on more than one server session"
+    with tenant.connect(autocommit=True) as conn, conn.transaction():
+        assert conn.execute("SHOW search_path").fetchone() == ("tenant_acme",)
+    with psycopg.connect(database.owner_url) as owner:
+        count = owner.execute(
+            "SELECT count(*) FROM tenant_acme.role_profiles WHERE key LIKE 'probe%'"
+        ).fetchone()
+    assert count == (ROUNDS,)
+    assert _server_settings(pgbouncer, database, "search_path", role="app_rw") == {
+        '"$user", public'
+    }

@@ -201,18 +201,22 @@ def test_spares_are_built_ahead_in_the_background(
         assert len(oids) == 2
         factory.drop(first)  # renamed out of the way now, dropped by the builder
         factory.drop(second)
+
+        def left() -> int:
+            with psycopg.connect(provisioner_database.owner_url) as conn:
+                found = conn.execute(
+                    "SELECT count(*) FROM pg_namespace WHERE oid = ANY(%s)", (oids,)
+                ).fetchone()
+            return int(found[0])
+
+        # The builder takes the retired list, then drops its schemas: wait for the drop itself.
         wait_until(
-            lambda: len(factory.spares) == 3 and not factory.retired,
+            lambda: len(factory.spares) == 3 and not factory.retired and left() == 0,
             120,
             "the spare handed out replaced, the retired schemas dropped, by the builder",
         )
         assert factory.built == built + 1
         assert factory.copy_off is None
-        with psycopg.connect(provisioner_database.owner_url) as conn:
-            gone = conn.execute(
-                "SELECT count(*) FROM pg_namespace WHERE oid = ANY(%s)", (oids,)
-            ).fetchone()
-        assert gone == (0,)
         assert factory.model is not None
         spares = [spare.schema for spare in factory.spares] + [factory.model.schema]
     finally:

@@ -311,6 +311,24 @@ def test_backoff_exponent_stops_at_eight(database: Database) -> None:
     assert timedelta(seconds=254) <= delay <= timedelta(seconds=256)
 
 
+def test_an_attempt_the_database_cut_is_retried_at_once_and_counted(database: Database) -> None:
+    """``at_once`` (the session was lost under the step): queued again without a backoff, the
+    attempt still counted, so a database that keeps failing still ends the job's tries."""
+    job = claim(database)
+    with app(database) as conn:
+        retried = queue.fail_or_retry(conn, job.lease, "the connection is lost", at_once=True)
+        conn.commit()
+    assert retried.status is JobStatus.QUEUED and retried.attempts == 1
+    assert row(database, job.id)["delay"] <= timedelta(0)
+    with app(database) as conn:
+        again = queue.claim_next(conn, ["provision_tenant"], "w1")
+        assert again is not None and again.id == job.id and again.attempts == 2
+        conn.execute("UPDATE control.platform_jobs SET max_attempts = 2")
+        failed = queue.fail_or_retry(conn, again.lease, "lost again", at_once=True)
+        conn.commit()
+    assert failed.status is JobStatus.FAILED
+
+
 def test_permanent_failure_skips_the_retries(database: Database) -> None:
     job = claim(database)
     with app(database) as conn:

@@ -7,6 +7,7 @@ import pytest
 
 from provisioner import db
 from provisioner.errors import (
+    ConnectionLost,
     DatabaseUnavailable,
     LockNotAvailable,
     ProvisionerError,
@@ -24,7 +25,7 @@ def test_a_lock_timeout_is_lock_not_available_and_transient() -> None:
 
 def test_a_lost_connection_is_unavailable_and_a_failed_statement_an_error() -> None:
     lost = db.translate(psycopg.OperationalError("server closed\n the connection"))
-    assert type(lost) is DatabaseUnavailable
+    assert type(lost) is ConnectionLost and isinstance(lost, DatabaseUnavailable)
     assert str(lost) == "database unavailable: server closed the connection"
     failed = db.translate(psycopg.errors.UndefinedTable('relation "x" does not exist'))
     assert type(failed) is db.DatabaseError
@@ -63,3 +64,30 @@ def test_only_errors_no_retry_can_fix_are_rejected_for_good(
     assert isinstance(caught.value, StatementRejected) is for_good
     if for_good:
         assert str(caught.value).startswith("seed 001.sql: ")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        psycopg.OperationalError("connection failed: Connection refused"),  # libpq: no SQLSTATE
+        psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+        psycopg.errors.CrashShutdown("terminating connection because of crash of another"),
+        psycopg.errors.CannotConnectNow("the database system is starting up"),
+        psycopg.errors.ConnectionFailure("connection failure"),
+    ],
+)
+def test_a_session_that_went_away_is_connection_lost(error: psycopg.Error) -> None:
+    assert type(db.translate(error)) is ConnectionLost
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
+        psycopg.errors.IdleInTransactionSessionTimeout("terminating connection due to idle"),
+        psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"),
+    ],
+)
+def test_a_timeout_of_the_session_itself_is_not_connection_lost(error: psycopg.Error) -> None:
+    """Each of these is the statement's or the session's own doing: retried with backoff."""
+    assert not isinstance(db.translate(error), ConnectionLost)

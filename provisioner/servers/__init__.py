@@ -1,0 +1,37 @@
+"""Tenants on several PostgreSQL servers: the directory in ``control`` (:mod:`.directory`) and
+its export for PgBouncer (:mod:`.pgbouncer`). Placement itself is the control database's
+trigger, fired by the enqueue (control revision ``20261202_h29servers``)."""
+
+from provisioner.servers.directory import (
+    CONTROL,
+    Directory,
+    Location,
+    ServerStatus,
+    TenantServer,
+    add,
+    connection_reference,
+    directory,
+    get,
+    locate,
+    server_name,
+    servers_of,
+    set_status,
+)
+from provisioner.servers.pgbouncer import databases_section
+
+__all__ = [
+    "CONTROL",
+    "Directory",
+    "Location",
+    "ServerStatus",
+    "TenantServer",
+    "add",
+    "connection_reference",
+    "databases_section",
+    "directory",
+    "get",
+    "locate",
+    "server_name",
+    "servers_of",
+    "set_status",
+]

@@ -18,8 +18,9 @@
   With no server in the directory but retired ones, the tenant stays on the control database;
   with servers, but none active with room, the insert fails with SQLSTATE ``PV001`` (the
   library's ``NoServerRoom``): nothing is created.
-* The application role reads the directory (to route: ``provisioner.locate``) and may name a
-  server when it registers a tenant; it writes nothing else here.
+* The application role learns where a tenant lives from ``control.tenant_location(tenant)``
+  (``provisioner.locate``; a SECURITY DEFINER function: it reads no directory row itself) and
+  may name a server when it registers a tenant; it writes nothing else here.
 
 Revision ID: 20261202_h29servers
 Revises: 20261202_h28_rollouts
@@ -59,7 +60,6 @@ def upgrade() -> None:
         """
     )
     revoke_from_app_role("ALL", "TABLE control.tenant_servers")
-    grant_to_app_role("SELECT", "TABLE control.tenant_servers")
     op.execute("ALTER TABLE control.tenants ADD COLUMN server TEXT")
     # NOT VALID: every existing row holds NULL (the control database), and new rows are checked.
     op.execute(
@@ -71,6 +71,24 @@ def upgrade() -> None:
     grant_to_app_role("INSERT (server)", "TABLE control.tenants")
     _placement()
     _counting()
+    _location()
+
+
+def _location() -> None:
+    """Where a tenant lives, for the application role, which reads no directory row itself."""
+    op.execute(
+        """
+        CREATE FUNCTION control.tenant_location(tenant TEXT)
+        RETURNS TABLE (server TEXT, conninfo TEXT)
+        LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $locate$
+            SELECT t.server, s.conninfo
+              FROM control.tenants t LEFT JOIN control.tenant_servers s ON s.name = t.server
+             WHERE t.tenant_id = tenant
+        $locate$
+        """
+    )
+    op.execute("REVOKE ALL ON FUNCTION control.tenant_location(TEXT) FROM PUBLIC")
+    grant_to_app_role("EXECUTE", "FUNCTION control.tenant_location(TEXT)")
 
 
 def _placement() -> None:
@@ -182,6 +200,7 @@ def _counting() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP FUNCTION control.tenant_location(TEXT)")
     op.execute("DROP TRIGGER tenants_move_server ON control.tenants")
     op.execute("DROP TRIGGER tenants_leave_server ON control.tenants")
     op.execute("DROP TRIGGER tenants_join_server ON control.tenants")

@@ -75,12 +75,10 @@ RETURNING *
 
 GET_SERVER = "SELECT * FROM control.tenant_servers WHERE name = %(name)s"
 
-# Where a tenant lives: its server's name and connection reference (NULL: the control database).
-LOCATE = """
-SELECT t.tenant_id, t.server, s.conninfo, s.status
-  FROM control.tenants t LEFT JOIN control.tenant_servers s ON s.name = t.server
- WHERE t.tenant_id = %(tenant_id)s
-"""
+# Where a tenant lives: its server's name and connection reference (NULL: the control
+# database); no row: no such tenant. A function of the owner's, which the application role may
+# call (it reads no directory row itself).
+LOCATE = "SELECT server, conninfo FROM control.tenant_location(%(tenant_id)s)"
 
 # The server of each tenant that lives on one (a list's or a report's column).
 SERVERS_OF = "SELECT tenant_id, server FROM control.tenants WHERE server IS NOT NULL"

@@ -25,7 +25,8 @@
         ├── StorageMisconfigured
         ├── GrantVerificationFailed
         ├── StatementRejected       a migration or seed the server refused for good (22, 23, 42)
-        └── SeedUnusable            a declared seed cannot be read or imported
+        ├── SeedUnusable            a declared seed cannot be read or imported
+        └── TenantElsewhere         the tenant lives on a tenant server (jobs there: not yet)
 
 Retry decisions use ``isinstance`` on these classes, never the message text
 (:func:`is_permanent` says which failures fail a job at once). Messages never carry secrets:
@@ -182,6 +183,12 @@ class StatementRejected(PermanentError):
 class SeedUnusable(PermanentError):
     """A declared seed cannot be used: a missing folder or file, a ``module:function`` that
     does not import or is not callable."""
+
+
+class TenantElsewhere(PermanentError):
+    """The job's tenant was placed on a tenant server (``control.tenants.server``), and this
+    release runs a job's steps on the control database only: the job fails at once rather
+    than build the tenant's schema in the wrong database."""
 
 
 def is_permanent(exc: BaseException) -> bool:

@@ -540,7 +540,8 @@ def health(settings: Settings) -> heartbeats.HealthReport:
     required = {settings.worker_component: frozenset(kinds.worker_job_types(settings))}
     application_kinds = kinds.for_settings(settings).application_kinds
     with app_connection(settings) as conn:
-        return heartbeats.readiness(conn, required, settings.heartbeat_seconds, application_kinds)
+        report = heartbeats.readiness(conn, required, settings.heartbeat_seconds, application_kinds)
+        return replace(report, servers=tuple(servers.loads(conn)))
 
 
 # -- the console's reads -------------------------------------------------------------------

@@ -19,8 +19,9 @@
   with servers, but none active with room, the insert fails with SQLSTATE ``PV001`` (the
   library's ``NoServerRoom``): nothing is created.
 * The application role learns where a tenant lives from ``control.tenant_location(tenant)``
-  (``provisioner.locate``; a SECURITY DEFINER function: it reads no directory row itself) and
-  may name a server when it registers a tenant; it writes nothing else here.
+  (``provisioner.locate``; a SECURITY DEFINER function), reads each server's name, status and
+  load (``health`` shows them) but no reference, and may name a server when it registers a
+  tenant; it writes nothing else here.
 
 Revision ID: 20261202_h29servers
 Revises: 20261202_h28_rollouts
@@ -60,6 +61,10 @@ def upgrade() -> None:
         """
     )
     revoke_from_app_role("ALL", "TABLE control.tenant_servers")
+    # What ``health`` shows of each server, which runs as the application role: no reference.
+    grant_to_app_role(
+        "SELECT (name, status, capacity, weight, placed)", "TABLE control.tenant_servers"
+    )
     op.execute("ALTER TABLE control.tenants ADD COLUMN server TEXT")
     # NOT VALID: every existing row holds NULL (the control database), and new rows are checked.
     op.execute(

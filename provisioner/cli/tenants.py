@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 import click
 
-from provisioner import kinds, service
+from provisioner import kinds, servers, service
 from provisioner.cli.options import settings_of
 from provisioner.cli.render import F, StepPrinter, emit_json, fail_cleanly, render_job, say
 from provisioner.errors import InvalidInput
@@ -364,25 +364,33 @@ def tenants_list(
         drifted=drifted,
         include_deleted=include_deleted,
     )
+    # The server column appears once a tenant lives on a tenant server: a deployment with none
+    # lists as it always did.
+    spread = any(e.server is not None for e in found)
     if as_json:
-        emit_json([_entry_view(e) for e in found])
+        emit_json([_entry_view(e, spread) for e in found])
         return
     if not found:
         click.echo("no tenants")
         return
-    click.echo(f"{'TENANT':<24} {'STATE':<12} {'REVISION':<12} {'BEHIND':<6} {'PROVISIONING':<12}")
+    click.echo(
+        f"{'TENANT':<24} {'STATE':<12} {'REVISION':<12} {'BEHIND':<6} {'PROVISIONING':<12}"
+        + (f" {'SERVER':<20}" if spread else "")
+    )
     for entry in found:
         click.echo(
             f"{entry.tenant_id:<24} {entry.state:<12} {entry.revision or '-':<12} "
             f"{'yes' if entry.behind else 'no':<6} "
             f"{entry.job_status.value if entry.job_status else '-':<12}"
+            + (f" {entry.server or servers.CONTROL:<20}" if spread else "")
             + ("  drifted" if entry.drifted else "")
         )
     click.echo(f"{len(found)} tenant(s)")
 
 
-def _entry_view(entry: service.TenantEntry) -> dict[str, Any]:
-    return {
+def _entry_view(entry: service.TenantEntry, spread: bool) -> dict[str, Any]:
+    located = {"server": entry.server or servers.CONTROL} if spread else {}
+    return located | {
         "tenant_id": entry.tenant_id,
         "state": entry.state.value,
         "revision": entry.revision or None,

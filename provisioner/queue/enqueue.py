@@ -106,10 +106,18 @@ LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
 
 
 # Make sure the tenant has its control row before its first job. A new row is placed on a
-# tenant server by the control database's trigger (control.place_tenant): the one named, or the
-# least loaded (NULL server: the trigger chooses; no server in the directory: the control
-# database). An existing row keeps its server: a tenant is placed once.
+# tenant server by the control database's trigger (control.place_tenant): the least loaded
+# (no server in the directory: the control database). An existing row keeps its server: a
+# tenant is placed once.
 ENSURE_TENANT = """
+INSERT INTO control.tenants (tenant_id, schema_name)
+VALUES (%(tenant_id)s, %(schema)s)
+ON CONFLICT (tenant_id) DO NOTHING
+"""
+
+
+# ENSURE_TENANT for a new tenant on the server named (the trigger checks that it takes it).
+ENSURE_TENANT_ON_SERVER = """
 INSERT INTO control.tenants (tenant_id, schema_name, server)
 VALUES (%(tenant_id)s, %(schema)s, %(server)s)
 ON CONFLICT (tenant_id) DO NOTHING
@@ -123,6 +131,12 @@ TENANT_SERVER = "SELECT server FROM control.tenants WHERE tenant_id = %(tenant_i
 # ENSURE_TENANT and ENQUEUE_WOKEN in one statement. The job's foreign key is checked at the end
 # of the statement, when the tenant's row, inserted by the CTE, is there.
 ENSURE_TENANT_ENQUEUE_WOKEN = "WITH tenant AS (" + ENSURE_TENANT.strip() + "\n), " + _ENQUEUE_WOKEN
+
+
+# The same, for a new tenant on the server named.
+ENSURE_TENANT_ON_SERVER_ENQUEUE_WOKEN = (
+    "WITH tenant AS (" + ENSURE_TENANT_ON_SERVER.strip() + "\n), " + _ENQUEUE_WOKEN
+)
 
 
 @dataclass(frozen=True)
@@ -196,8 +210,13 @@ class _JobRequest:
 
     @property
     def statement(self) -> str:
-        """A new job with its wake-up (and the tenant's row when the request names a schema)."""
-        return ENQUEUE_WOKEN if self.tenant_schema is None else ENSURE_TENANT_ENQUEUE_WOKEN
+        """A new job with its wake-up (and the tenant's row when the request names a schema,
+        on the server it names, if it does)."""
+        if self.tenant_schema is None:
+            return ENQUEUE_WOKEN
+        if self.server is None:
+            return ENSURE_TENANT_ENQUEUE_WOKEN
+        return ENSURE_TENANT_ON_SERVER_ENQUEUE_WOKEN
 
     def holder(self, existing: dict[str, Any] | None) -> Job:
         """The job already holding the key; KeyConflict when it is another tenant's or kind's."""

@@ -80,6 +80,9 @@ GET_SERVER = "SELECT * FROM control.tenant_servers WHERE name = %(name)s"
 # call (it reads no directory row itself).
 LOCATE = "SELECT server, conninfo FROM control.tenant_location(%(tenant_id)s)"
 
+# Each server's status and load, without its reference (what the application role may read).
+LOADS = "SELECT name, status, capacity, weight, placed FROM control.tenant_servers ORDER BY name"
+
 # The server of each tenant that lives on one (a list's or a report's column).
 SERVERS_OF = "SELECT tenant_id, server FROM control.tenants WHERE server IS NOT NULL"
 
@@ -116,6 +119,24 @@ class TenantServer:
             "status": self.status.value,
             "capacity": self.capacity,
             "weight": self.weight,
+            "tenants": self.placed,
+        }
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    """A server's status and how many tenants it holds, as ``health`` reports it."""
+
+    name: str
+    status: ServerStatus
+    capacity: int | None
+    placed: int
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "capacity": self.capacity,
             "tenants": self.placed,
         }
 
@@ -243,6 +264,16 @@ def locate(conn: Conn, tenant: TenantId) -> Location:
     if row is None:
         raise UnknownTenant(f"unknown tenant {tenant}")
     return Location(tenant.value, row["server"] or CONTROL, row["conninfo"])
+
+
+def loads(conn: Conn) -> list[ServerLoad]:
+    """Every server's status and load, by name (readable by the application role)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(LOADS)
+        return [
+            ServerLoad(r["name"], ServerStatus(r["status"]), r["capacity"], r["placed"])
+            for r in cur.fetchall()
+        ]
 
 
 def servers_of(conn: Conn) -> dict[str, str]:

@@ -364,3 +364,57 @@ def test_pgbouncer_databases_from_the_directory(settings: Settings, database: Da
         "east = host=127.0.0.1 port=1 dbname=tenants_a",
         "; west: libpq service shard_west (PgBouncer reads no service file)",
     ]
+
+
+def test_tenants_list_and_health_show_the_servers(settings: Settings, database: Database) -> None:
+    enqueue(database, "home")  # before any server: on the control database
+    add(database, "east", A, capacity=10)
+    enqueue(database, "acme")
+    listed = run_cli(settings, "tenants", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {t["tenant_id"]: t["server"] for t in json.loads(listed.stdout)} == {
+        "acme": "east",
+        "home": "control",
+    }
+    text = run_cli(settings, "tenants", "list")
+    assert "SERVER" in text.stdout.splitlines()[0]
+    assert [line.split()[-1] for line in text.stdout.splitlines()[1:3]] == ["east", "control"]
+    health = run_cli(settings, "health", "--json")
+    assert health.returncode == 1  # no worker runs: not ready, but the servers are shown
+    assert json.loads(health.stdout)["servers"] == [
+        {"name": "east", "status": "active", "capacity": 10, "tenants": 1}
+    ]
+    assert "tenant server east: active, 1 of 10 tenants" in run_cli(settings, "health").stdout
+
+
+def test_with_no_server_the_lists_are_as_they_were(settings: Settings, database: Database) -> None:
+    enqueue(database, "home")
+    listed = run_cli(settings, "tenants", "list", "--json")
+    assert "server" not in json.loads(listed.stdout)[0]
+    assert "SERVER" not in run_cli(settings, "tenants", "list").stdout
+    assert "servers" not in json.loads(run_cli(settings, "health", "--json").stdout)
+
+
+def schema_exists(database: Database, schema: str) -> bool:
+    with database.owner() as conn:
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+    return found is not None
+
+
+def test_a_tenant_on_a_tenant_server_is_never_built_on_the_control_database(
+    settings: Settings, database: Database
+) -> None:
+    """Until jobs run on the tenant's own server, its job fails at once, with a reason, and
+    nothing is created where it does not belong: by a one-off command and by a worker."""
+    add(database, "east", A)
+    out = run_cli(settings, "provision", "acme", "--json")
+    assert out.returncode == 1
+    job = json.loads(out.stdout)
+    assert (job["status"], job["steps_completed"], job["attempts"]) == ("failed", [], 1)
+    assert "tenant acme lives on tenant server east" in job["error_detail"]
+    enqueue(database, "beta")
+    assert run_cli(settings, "worker", "--once").returncode == 0
+    status = json.loads(run_cli(settings, "status", "beta", "--json").stdout)
+    assert (status["status"], status["attempts"]) == ("failed", 1)
+    assert "lives on tenant server east" in status["error_detail"]
+    assert not schema_exists(database, "tenant_acme") and not schema_exists(database, "tenant_beta")

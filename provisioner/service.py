@@ -574,8 +574,9 @@ def add_server(
 
 
 def list_servers(settings: Settings) -> servers.Directory:
-    """The tenant servers, and the tenants on the control database (readable by app_rw)."""
-    with writer_connection(settings) as conn:
+    """The tenant servers with their references, and the tenants on the control database (the
+    owner's to read: the application role reads no reference)."""
+    with _owner_connection(settings) as conn:
         return servers.directory(conn)
 
 

@@ -5,8 +5,9 @@
   password comes from ``.pgpass``, ``PGPASSWORD`` or a service file); the library refuses a
   password before it gets here, and a CHECK refuses the obvious forms again. ``status``:
   ``active`` takes new tenants; ``draining``, ``full`` and ``retired`` take none. ``capacity``
-  (NULL: no limit) bounds ``placed``, the number of tenant rows naming the server, which the
-  triggers below keep; ``weight`` shares new tenants between active servers.
+  (NULL: no limit) bounds ``placed``, the number of tenants on the server that are not purged,
+  which the triggers below keep (a purged tenant frees its place; taken up again with
+  ``--reuse-deleted``, it returns to its server, whatever its room); ``weight`` shares new tenants between active servers.
 * ``control.tenants.server``: the tenant's server; NULL is the control database itself, the
   implicit default, so a deployment with no tenant server changes nothing.
 * **Placement** is a BEFORE INSERT trigger on ``control.tenants`` (``control.place_tenant``),
@@ -163,16 +164,19 @@ def _placement() -> None:
 
 
 def _counting() -> None:
-    """``placed`` counts the rows naming a server: inserted, deleted, or moved by the owner."""
+    """``placed`` counts the tenants on a server that are not purged: inserted, purged
+    (``deleted``) or taken up again, deleted, or moved by the owner."""
     op.execute(
         """
         CREATE FUNCTION control.count_tenant_servers() RETURNS trigger
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $count$
         BEGIN
-            IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.server IS NOT NULL THEN
+            IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.server IS NOT NULL
+               AND OLD.state <> 'deleted' THEN
                 UPDATE control.tenant_servers SET placed = placed - 1 WHERE name = OLD.server;
             END IF;
-            IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.server IS NOT NULL THEN
+            IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.server IS NOT NULL
+               AND NEW.state <> 'deleted' THEN
                 UPDATE control.tenant_servers SET placed = placed + 1 WHERE name = NEW.server;
             END IF;
             RETURN NULL;
@@ -197,8 +201,9 @@ def _counting() -> None:
     )
     op.execute(
         """
-        CREATE TRIGGER tenants_move_server AFTER UPDATE OF server ON control.tenants
-        FOR EACH ROW WHEN (OLD.server IS DISTINCT FROM NEW.server)
+        CREATE TRIGGER tenants_move_server AFTER UPDATE OF server, state ON control.tenants
+        FOR EACH ROW WHEN (OLD.server IS DISTINCT FROM NEW.server
+                           OR (OLD.state = 'deleted') <> (NEW.state = 'deleted'))
         EXECUTE FUNCTION control.count_tenant_servers()
         """
     )

@@ -33,10 +33,12 @@ def add(database: Database, name: str, reference: str, **flags: int) -> None:
 
 
 def placed(database: Database) -> dict[str | None, int]:
-    """Tenant rows per server (None: the control database), and the directory's own counts
-    agree with them."""
+    """Tenants not purged per server (None: the control database), and the directory's own
+    counts agree with them."""
     with database.owner() as conn:
-        rows = conn.execute("SELECT server, count(*) FROM control.tenants GROUP BY 1").fetchall()
+        rows = conn.execute(
+            "SELECT server, count(*) FROM control.tenants WHERE state <> 'deleted' GROUP BY 1"
+        ).fetchall()
         counted = dict(conn.execute("SELECT name, placed FROM control.tenant_servers").fetchall())
     found = {server: n for server, n in rows}
     assert counted == {name: found.get(name, 0) for name in counted}
@@ -290,15 +292,22 @@ def test_the_application_role_cannot_move_a_tenant_or_touch_the_directory(
         assert conn.execute("SELECT * FROM control.tenant_location('nobody')").fetchall() == []
 
 
-def test_the_count_follows_tenants_deleted_and_moved_by_the_owner(database: Database) -> None:
-    add(database, "east", A)
+def test_the_count_follows_tenants_purged_deleted_and_moved(database: Database) -> None:
+    add(database, "east", A, capacity=3)
     add(database, "west", B)
     for tenant in ("a1", "a2", "a3"):
         enqueue(database, tenant, server="east")
+    enqueue(database, "a4")
+    assert placed(database) == {"east": 3, "west": 1}  # a4: east is at its capacity
     with database.owner() as conn:
         conn.execute("UPDATE control.tenants SET server = 'west' WHERE tenant_id = 'a1'")
         conn.execute("DELETE FROM control.tenants WHERE tenant_id = 'a2'")
-    assert placed(database) == {"east": 1, "west": 1}
+        conn.execute("UPDATE control.tenants SET state = 'deleted' WHERE tenant_id = 'a3'")
+    assert placed(database) == {"west": 2}
+    enqueue(database, "a5", server="east")  # the purged tenant's place is free again
+    with database.owner() as conn:
+        conn.execute("UPDATE control.tenants SET state = 'pending' WHERE tenant_id = 'a3'")
+    assert placed(database) == {"east": 2, "west": 2}
 
 
 CHILD = """

@@ -7,7 +7,8 @@
   ``active`` takes new tenants; ``draining``, ``full`` and ``retired`` take none. ``capacity``
   (NULL: no limit) bounds ``placed``, the number of tenants on the server that are not purged,
   which the triggers below keep (a purged tenant frees its place; taken up again with
-  ``--reuse-deleted``, it returns to its server, whatever its room); ``weight`` shares new tenants between active servers.
+  ``--reuse-deleted``, it returns to its server, whatever its room); ``weight`` shares new
+  tenants between active servers.
 * ``control.tenants.server``: the tenant's server; NULL is the control database itself, the
   implicit default, so a deployment with no tenant server changes nothing.
 * **Placement** is a BEFORE INSERT trigger on ``control.tenants`` (``control.place_tenant``),

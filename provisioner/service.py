@@ -589,6 +589,12 @@ def set_server_status(
         return servers.set_status(conn, name, status)
 
 
+def check_servers(settings: Settings) -> list[servers.Reach]:
+    """Whether the owner reaches each active tenant server as an ordinary role."""
+    directory = list_servers(settings)
+    return servers.reach_active(directory.servers, settings.owner_url)
+
+
 def locate(settings: Settings, tenant_id: str) -> servers.Location:
     """Where ``tenant_id`` lives (UnknownTenant when it has no control row)."""
     tenant = TenantId(tenant_id)

@@ -1,11 +1,13 @@
 """``provisioner servers``: the directory of tenant servers (add, list, drain, retire, ...), its
 PgBouncer export, and ``provisioner locate``: where a tenant lives.
 
-Exit codes: 0 done; 2 a bad name, reference, number, or a server that cannot be retired yet;
-3 an unknown server or tenant.
+Exit codes: 0 done; 1 ``servers check`` found a server the owner cannot use; 2 a bad name,
+reference, number, or a server that cannot be retired yet; 3 an unknown server or tenant.
 """
 
 from __future__ import annotations
+
+import sys
 
 import click
 
@@ -106,6 +108,27 @@ _status_command(
     servers.ServerStatus.ACTIVE,
     "SERVER takes new tenants again.",
 )
+
+
+@servers_group.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one per server.")
+@click.pass_context
+@fail_cleanly
+def servers_check(ctx: click.Context, as_json: bool) -> None:
+    """Connect to each active server as the owner (the role its reference names, else the
+    owner URL's; the password from ~/.pgpass, PGPASSWORD or the service file). Exit 0 when
+    each is reached as an ordinary role, 1 otherwise."""
+    found = service.check_servers(settings_of(ctx))
+    if as_json:
+        emit_json([r.view() for r in found])
+    else:
+        for r in found:
+            click.echo(
+                f"{r.server}: {'ok' if r.ok else 'NOT OK'} ({r.problem or 'as ' + str(r.role)})"
+            )
+        if not found:
+            click.echo("no active tenant server")
+    sys.exit(0 if all(r.ok for r in found) else 1)
 
 
 @servers_group.command("pgbouncer")

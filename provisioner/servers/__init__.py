@@ -1,5 +1,6 @@
 """Tenants on several PostgreSQL servers: the directory in ``control`` (:mod:`.directory`) and
-its export for PgBouncer (:mod:`.pgbouncer`). Placement itself is the control database's
+its export for PgBouncer (:mod:`.pgbouncer`), and whether the owner reaches each server
+(:mod:`.reach`). Placement itself is the control database's
 trigger, fired by the enqueue (control revision ``20261202_h29servers``)."""
 
 from provisioner.servers.directory import (
@@ -20,11 +21,13 @@ from provisioner.servers.directory import (
     set_status,
 )
 from provisioner.servers.pgbouncer import databases_section
+from provisioner.servers.reach import Reach, reach, reach_active
 
 __all__ = [
     "CONTROL",
     "Directory",
     "Location",
+    "Reach",
     "ServerLoad",
     "ServerStatus",
     "TenantServer",
@@ -35,6 +38,8 @@ __all__ = [
     "get",
     "loads",
     "locate",
+    "reach",
+    "reach_active",
     "server_name",
     "servers_of",
     "set_status",

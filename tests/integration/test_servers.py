@@ -427,3 +427,48 @@ def test_a_tenant_on_a_tenant_server_is_never_built_on_the_control_database(
     assert (status["status"], status["attempts"]) == ("failed", 1)
     assert "lives on tenant server east" in status["error_detail"]
     assert not schema_exists(database, "tenant_acme") and not schema_exists(database, "tenant_beta")
+
+
+def test_servers_check_reaches_each_active_server_as_an_ordinary_owner(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    """The owner's password comes from libpq's own sources, never from the directory nor the
+    owner URL; a superuser and an unreachable server are reported (exit 1)."""
+    owner = psycopg.conninfo.conninfo_to_dict(database.owner_url)
+    admin = psycopg.conninfo.conninfo_to_dict(database.admin_url)
+    here = f"host={owner['host']} port={owner['port']} dbname={database.name}"
+    add(database, "good", here)
+    add(database, "root", f"{here} user={admin['user']}")
+    add(database, "down", "host=127.0.0.1 port=1 dbname=nothing")
+    add(database, "idle", "host=127.0.0.1 port=1 dbname=nothing")
+    with database.owner() as conn:
+        servers.set_status(conn, "idle", servers.ServerStatus.DRAINING)
+    passfile = tmp_path / "pgpass"
+    passfile.write_text("")
+    passfile.chmod(0o600)
+    out = run_cli(settings, "servers", "check", "--json", env={"PGPASSFILE": str(passfile)})
+    assert out.returncode == 1
+    found = {r["server"]: r for r in json.loads(out.stdout)}
+    assert sorted(found) == ["down", "good", "root"]  # a draining server takes no new work
+    assert not found["good"]["ok"] and "password" in found["good"]["problem"]
+    secrets = {str(owner.get("password")), str(admin.get("password"))} - {"None"}
+    assert not any(secret in out.stdout + out.stderr for secret in secrets)
+
+    passfile.write_text(
+        f"{owner['host']}:{owner['port']}:*:{owner['user']}:{owner.get('password', '')}\n"
+        f"{admin['host']}:{admin['port']}:*:{admin['user']}:{admin.get('password', '')}\n"
+    )
+    out = run_cli(settings, "servers", "check", "--json", env={"PGPASSFILE": str(passfile)})
+    assert out.returncode == 1
+    found = {r["server"]: r for r in json.loads(out.stdout)}
+    assert (found["good"]["ok"], found["good"]["role"]) == (True, owner["user"])
+    assert found["root"]["problem"] == (
+        f"role {admin['user']} is a superuser: the owner must be an ordinary role"
+    )
+    assert not found["down"]["ok"] and "database unavailable" in found["down"]["problem"]
+    assert not any(secret in out.stdout + out.stderr for secret in secrets)
+    with database.owner() as conn:
+        servers.set_status(conn, "root", servers.ServerStatus.FULL)
+        servers.set_status(conn, "down", servers.ServerStatus.DRAINING)
+    text = run_cli(settings, "servers", "check", env={"PGPASSFILE": str(passfile)})
+    assert (text.returncode, text.stdout) == (0, f"good: ok (as {owner['user']})\n")

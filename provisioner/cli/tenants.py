@@ -344,6 +344,9 @@ def tenants_group() -> None:
     help="Only tenants whose catalog drifted from the head (runs a check of those at head).",
 )
 @click.option("--include-deleted", is_flag=True, help="List purged tenants too.")
+@click.option(
+    "--server", default=None, help="Only tenants on this server ('control': the control database)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.pass_context
 @fail_cleanly
@@ -353,10 +356,12 @@ def tenants_list(
     behind: bool,
     drifted: bool,
     include_deleted: bool,
+    server: str | None,
     as_json: bool,
 ) -> None:
     """Every tenant (purged ones only with --include-deleted or --state deleted): its state,
     the revision its schema records, whether it is behind, its provisioning job's status."""
+    wanted = None if server in (None, servers.CONTROL) else servers.server_name(server)
     found = service.list_tenants(
         settings_of(ctx),
         states=[TenantState(s) for s in states] or None,
@@ -364,9 +369,11 @@ def tenants_list(
         drifted=drifted,
         include_deleted=include_deleted,
     )
+    if server is not None:
+        found = [e for e in found if e.server == wanted]
     # The server column appears once a tenant lives on a tenant server: a deployment with none
     # lists as it always did.
-    spread = any(e.server is not None for e in found)
+    spread = server is not None or any(e.server is not None for e in found)
     if as_json:
         emit_json([_entry_view(e, spread) for e in found])
         return

@@ -9,6 +9,7 @@ name ports nothing listens on, on purpose."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -472,3 +473,40 @@ def test_servers_check_reaches_each_active_server_as_an_ordinary_owner(
         servers.set_status(conn, "down", servers.ServerStatus.DRAINING)
     text = run_cli(settings, "servers", "check", env={"PGPASSFILE": str(passfile)})
     assert (text.returncode, text.stdout) == (0, f"good: ok (as {owner['user']})\n")
+
+
+def test_placement_is_part_of_the_callers_transaction(database: Database) -> None:
+    """A rolled-back enqueue placed nothing: no tenant, no job, the server's count unchanged;
+    the async enqueue places as the sync one does."""
+    add(database, "east", A, capacity=1)
+    with psycopg.connect(database.app_url) as conn:
+        provisioner.enqueue(conn, "acme", server="east")
+        conn.rollback()
+    assert rows_of(database, "acme") == (0, 0) and placed(database) == {}
+
+    async def enqueue_async() -> None:
+        async with await psycopg.AsyncConnection.connect(database.app_url) as conn:
+            await provisioner.enqueue_async(conn, "acme", server="east")
+            await conn.commit()
+            with pytest.raises(provisioner.ConfigurationError, match="at its capacity"):
+                await provisioner.enqueue_async(conn, "beta", server="east")
+
+    asyncio.run(enqueue_async())
+    assert placed(database) == {"east": 1} and rows_of(database, "beta") == (0, 0)
+
+
+def test_tenants_list_by_server(settings: Settings, database: Database) -> None:
+    enqueue(database, "home")
+    add(database, "east", A)
+    add(database, "west", B)
+    enqueue(database, "acme", server="east")
+    enqueue(database, "beta", server="west")
+
+    def listed(server: str) -> list[str]:
+        out = run_cli(settings, "tenants", "list", "--server", server, "--json")
+        assert out.returncode == 0, out.stderr
+        return [t["tenant_id"] for t in json.loads(out.stdout)]
+
+    assert (listed("east"), listed("west"), listed("control")) == (["acme"], ["beta"], ["home"])
+    bad = run_cli(settings, "tenants", "list", "--server", "No Such")
+    assert bad.returncode == 2 and "invalid server name" in bad.stderr

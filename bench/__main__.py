@@ -19,6 +19,7 @@ from bench import (
     claim,
     fleet,
     fleet_scale,
+    placement,
     pool,
     provisioning,
     scale,
@@ -32,7 +33,7 @@ from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
 SCENARIOS = ("provision", "pool", "worker", "wake", "claim", "fixture", "fleet")
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
-OPT_IN = ("fleet-scale", "bulk")
+OPT_IN = ("fleet-scale", "bulk", "placement")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                 "bulk": (
                     f"purge {args.bulk_tenants} tenants: one command each vs one batch",
                     lambda: bulk.run(cluster, results, args.bulk_tenants),
+                ),
+                "placement": (
+                    "a new tenant's enqueue: placement off, no tenant server, two servers",
+                    lambda: placement.run(cluster, results),
                 ),
                 "fleet-scale": (
                     f"{args.fleet_scale_tenants} tenants at t004 built in bulk, who is behind, "

@@ -10,6 +10,7 @@ from provisioner.api import (
     enqueue,
     enqueue_async,
     health,
+    locate,
     provision,
     restore,
     status,
@@ -27,6 +28,7 @@ from provisioner.errors import (
 )
 from provisioner.fleet.drift import DriftReport
 from provisioner.models import Job, JobStatus, TenantId
+from provisioner.servers import Location
 from provisioner.service import LifecycleResult, ProvisionResult, TenantStatus, UpgradeReport
 from provisioner.settings import Settings
 from provisioner.version import __version__
@@ -40,6 +42,7 @@ __all__ = [
     "JobStatus",
     "KeyConflict",
     "LifecycleResult",
+    "Location",
     "ProvisionResult",
     "ProvisionerError",
     "Settings",
@@ -54,6 +57,7 @@ __all__ = [
     "enqueue",
     "enqueue_async",
     "health",
+    "locate",
     "provision",
     "restore",
     "status",

@@ -6,6 +6,7 @@
     await provisioner.enqueue_async(aconn, "acme")  # the same, for async applications
     provisioner.provision("acme")                   # now, in this process
     provisioner.status("acme")                      # or status("acme", conn=session)
+    provisioner.locate("acme")                      # the server it lives on
     provisioner.upgrade(dry_run=True)
     provisioner.suspend("acme"); provisioner.restore("acme")
     provisioner.deprovision("acme", purge=True)
@@ -19,7 +20,7 @@ Everything raises :class:`ProvisionerError` subclasses (see :mod:`provisioner.er
 
 from __future__ import annotations
 
-from provisioner import service
+from provisioner import servers, service
 from provisioner.control.heartbeats import HealthReport
 from provisioner.db import caller as connections
 from provisioner.engine import ProgressCallback, ignore_progress
@@ -27,6 +28,7 @@ from provisioner.fleet.drift import DriftReport
 from provisioner.kinds import lifecycle
 from provisioner.kinds.provision import ensure_provision_job, ensure_provision_job_async
 from provisioner.models import Job, TenantId
+from provisioner.servers import Location
 from provisioner.service import LifecycleResult, ProvisionResult, TenantStatus, UpgradeReport
 from provisioner.settings import Settings
 
@@ -35,7 +37,7 @@ def _settings(settings: Settings | None) -> Settings:
     return service.resolve(settings if settings is not None else Settings.load())
 
 
-def enqueue(conn: connections.SyncConnection, tenant_id: str) -> Job:
+def enqueue(conn: connections.SyncConnection, tenant_id: str, *, server: str | None = None) -> Job:
     """Queue ``tenant_id``'s provisioning job in the caller's transaction, and return it.
 
     ``conn`` is a SQLAlchemy ``Session`` or ``Connection`` on the psycopg 3 driver, or a psycopg
@@ -43,19 +45,43 @@ def enqueue(conn: connections.SyncConnection, tenant_id: str) -> Job:
     out with the caller's commit, or not at all. Idempotent: a tenant has one provisioning job;
     a failed or cancelled one is queued again. A bad id or an unsupported connection (psycopg2)
     raises :class:`InvalidInput` before anything is sent.
+
+    A new tenant is placed on the least loaded active tenant server (``server`` names one);
+    :class:`NoServerRoom` when none takes it (nothing is written; the caller's transaction is
+    aborted by the failed statement, as by any other).
     """
     tenant = TenantId(tenant_id)
+    named = None if server is None else servers.server_name(server)
     pg = connections.sync_connection(conn)
-    return ensure_provision_job(pg, tenant, retry_terminal=True).job
+    return ensure_provision_job(pg, tenant, retry_terminal=True, server=named).job
 
 
-async def enqueue_async(conn: connections.AsyncConnectionLike, tenant_id: str) -> Job:
+async def enqueue_async(
+    conn: connections.AsyncConnectionLike, tenant_id: str, *, server: str | None = None
+) -> Job:
     """:func:`enqueue` for async applications: a psycopg ``AsyncConnection``, or SQLAlchemy's
     ``AsyncSession``/``AsyncConnection`` on the psycopg driver (``postgresql+psycopg://``);
     the same statements, awaited, in the caller's transaction."""
     tenant = TenantId(tenant_id)
+    named = None if server is None else servers.server_name(server)
     pg = await connections.async_connection(conn)
-    return (await ensure_provision_job_async(pg, tenant, retry_terminal=True)).job
+    return (await ensure_provision_job_async(pg, tenant, retry_terminal=True, server=named)).job
+
+
+def locate(
+    tenant_id: str,
+    *,
+    settings: Settings | None = None,
+    conn: connections.SyncConnection | None = None,
+) -> Location:
+    """Where ``tenant_id`` lives: ``location.server`` (``"control"`` for the control database)
+    and ``location.conninfo``, its connection reference without a password (None: the control
+    database, reached as usual). UnknownTenant if it has no control row. With ``conn`` it is
+    read on the caller's connection (one query), as :func:`status` does."""
+    tenant = TenantId(tenant_id)
+    if conn is not None:
+        return servers.locate(connections.sync_connection(conn), tenant)
+    return service.locate(_settings(settings), tenant_id)
 
 
 def provision(

@@ -3,9 +3,11 @@
     ProvisionerError (exit 1)
     ├── InvalidInput (2)            bad tenant id, unknown job type, bad flag value
     ├── ConfigurationError (2)      settings that cannot work (missing URL, unknown provider)
+    │   └── NoServerRoom (2)        no tenant server takes the new tenant (draining, full, ...)
     ├── WrongState (2)              the tenant's lifecycle state does not allow the command
     ├── UnknownTenant (3)           no control row and no job for that tenant
     ├── UnknownJob (3)              no job with that id
+    ├── UnknownServer (3)           no tenant server of that name in the directory
     ├── LeaseLost (1)               another process took this job over; record nothing
     ├── TenantBusy (1)              another live engine works on this tenant right now
     ├── KeyConflict (1)             an idempotency key is held by another tenant's or kind's job
@@ -24,7 +26,8 @@
         ├── StorageMisconfigured
         ├── GrantVerificationFailed
         ├── StatementRejected       a migration or seed the server refused for good (22, 23, 42)
-        └── SeedUnusable            a declared seed cannot be read or imported
+        ├── SeedUnusable            a declared seed cannot be read or imported
+        └── TenantElsewhere         the tenant lives on a tenant server (jobs there: not yet)
 
 Retry decisions use ``isinstance`` on these classes, never the message text
 (:func:`is_permanent` says which failures fail a job at once). Messages never carry secrets:
@@ -72,6 +75,14 @@ class WrongState(ProvisionerError):
     exit_code = 2
 
 
+class NoServerRoom(ConfigurationError):
+    """Placement found no tenant server for a new tenant: the one named is unknown, not
+    active or at its capacity, or every server is. Nothing was created (the enqueue's
+    transaction fails with it)."""
+
+    exit_code = 2
+
+
 class UnknownTenant(ProvisionerError):
     """No control row and no job exists for the tenant."""
 
@@ -80,6 +91,12 @@ class UnknownTenant(ProvisionerError):
 
 class UnknownJob(ProvisionerError):
     """No job with the given id exists."""
+
+    exit_code = 3
+
+
+class UnknownServer(ProvisionerError):
+    """No tenant server of that name is in the directory (``control.tenant_servers``)."""
 
     exit_code = 3
 
@@ -173,6 +190,12 @@ class StatementRejected(PermanentError):
 class SeedUnusable(PermanentError):
     """A declared seed cannot be used: a missing folder or file, a ``module:function`` that
     does not import or is not callable."""
+
+
+class TenantElsewhere(PermanentError):
+    """The job's tenant was placed on a tenant server (``control.tenants.server``), and this
+    release runs a job's steps on the control database only: the job fails at once rather
+    than build the tenant's schema in the wrong database."""
 
 
 def is_permanent(exc: BaseException) -> bool:

@@ -7,14 +7,14 @@ function opens what it needs, does one thing, and returns plain values.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import AbstractContextManager, closing
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
-from provisioner import db, fleet, kinds, queue
+from provisioner import db, fleet, kinds, queue, servers
 from provisioner.control import heartbeats
 from provisioner.control.schema import (
     NOT_AT_HEAD,
@@ -136,12 +136,14 @@ def _refuse_state(tenant: TenantId, state: TenantState | None, command: str) -> 
         raise WrongState(f"tenant {tenant} is {state}: {command} leaves it alone; {hint}")
 
 
-def enqueue(settings: Settings, tenant_id: str) -> queue.Enqueued:
-    """Idempotently enqueue the tenant's provisioning job (re-queues a failed one)."""
+def enqueue(settings: Settings, tenant_id: str, server: str | None = None) -> queue.Enqueued:
+    """Idempotently enqueue the tenant's provisioning job (re-queues a failed one); a new
+    tenant goes to ``server`` when named, else where placement puts it."""
     tenant = TenantId(tenant_id)
+    named = None if server is None else servers.server_name(server)
     with writer_connection(settings) as conn:
         refuse_inactive(conn, tenant, "enqueue")
-        return ensure_provision_job(conn, tenant, retry_terminal=True)
+        return ensure_provision_job(conn, tenant, retry_terminal=True, server=named)
 
 
 @dataclass(frozen=True)
@@ -549,7 +551,8 @@ def health(settings: Settings) -> heartbeats.HealthReport:
     required = {settings.worker_component: frozenset(kinds.worker_job_types(settings))}
     application_kinds = kinds.for_settings(settings).application_kinds
     with app_connection(settings) as conn:
-        return heartbeats.readiness(conn, required, settings.heartbeat_seconds, application_kinds)
+        report = heartbeats.readiness(conn, required, settings.heartbeat_seconds, application_kinds)
+        return replace(report, servers=tuple(servers.loads(conn)))
 
 
 # -- the console's reads -------------------------------------------------------------------
@@ -565,3 +568,53 @@ def rollout_history(settings: Settings, limit: int = 20) -> list[rollout.PastRol
     """The newest rollouts, each with its tenants by phase."""
     with writer_connection(settings, "console") as conn:
         return rollout.history(conn, limit)
+
+
+# -- the directory of tenant servers (provisioner.servers) -----------------------------------
+
+
+def add_server(
+    settings: Settings, name: str, reference: str, *, capacity: int | None = None, weight: int = 1
+) -> servers.TenantServer:
+    """A new active tenant server in the directory (the owner's: ``MIGRATIONS_DATABASE_URL``).
+    Name and reference are checked before anything is sent."""
+    servers.server_name(name)
+    servers.connection_reference(reference)
+    with _owner_connection(settings) as conn:
+        return servers.add(conn, name, reference, capacity=capacity, weight=weight)
+
+
+def list_servers(settings: Settings) -> servers.Directory:
+    """The tenant servers with their references, and the tenants on the control database (the
+    owner's to read: the application role reads no reference)."""
+    with _owner_connection(settings) as conn:
+        return servers.directory(conn)
+
+
+def set_server_status(
+    settings: Settings, name: str, status: servers.ServerStatus
+) -> servers.TenantServer:
+    """Drain, retire, mark full or activate a tenant server (UnknownServer: no such name)."""
+    servers.server_name(name)
+    with _owner_connection(settings) as conn:
+        return servers.set_status(conn, name, status)
+
+
+def check_servers(settings: Settings) -> list[servers.Reach]:
+    """Whether the owner reaches each active tenant server as an ordinary role."""
+    directory = list_servers(settings)
+    return servers.reach_active(directory.servers, settings.owner_url)
+
+
+def locate(settings: Settings, tenant_id: str) -> servers.Location:
+    """Where ``tenant_id`` lives (UnknownTenant when it has no control row)."""
+    tenant = TenantId(tenant_id)
+    with app_connection(settings) as conn:
+        return servers.locate(conn, tenant)
+
+
+def _owner_connection(settings: Settings) -> AbstractContextManager[psycopg.Connection[Any]]:
+    """The owner's connection: the directory is written by the owner alone (ConfigurationError,
+    exit 2, when its URL is not set)."""
+    settings.owner_url  # noqa: B018 - raises when it is not set
+    return writer_connection(settings)

@@ -13,6 +13,7 @@ named for what it is about:
     tenants       suspend, restore, deprovision (one tenant or a batch), tenants list
     worker        worker, health
     jobs          jobs list / retry / cancel
+    servers       servers add / list / drain / full / retire / activate / pgbouncer, locate
     local         local stop / status / env
     console       console (the web console, the [console] extra)
     render        output, progress and the error -> exit code mapping every command shares
@@ -25,7 +26,17 @@ from dataclasses import replace
 import click
 
 from provisioner.cli import config as config_command
-from provisioner.cli import console, drift, fleet, jobs, local, provisioning, rollouts, tenants
+from provisioner.cli import (
+    console,
+    drift,
+    fleet,
+    jobs,
+    local,
+    provisioning,
+    rollouts,
+    servers,
+    tenants,
+)
 from provisioner.cli import init as init_command
 from provisioner.cli import worker as worker_commands
 from provisioner.cli.render import OneLineErrors, fail_cleanly
@@ -81,6 +92,8 @@ for _command in (
     worker_commands.worker,
     worker_commands.health,
     jobs.jobs,
+    servers.servers_group,
+    servers.locate,
     local.local,
     config_command.config,
     init_command.init,

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from provisioner import kinds, service
+from provisioner import kinds, servers, service
 from provisioner.cli.options import SECONDS, settings_of
 from provisioner.cli.render import (
     StepPrinter,
@@ -90,13 +90,19 @@ EMBEDDED_WORKER_HINT = (
 @click.command()
 @click.argument("tenant_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON object.")
+@click.option(
+    "--server", default=None, help="Place a new tenant on this tenant server (`servers list`)."
+)
 @click.pass_context
 @fail_cleanly
-def enqueue(ctx: click.Context, tenant_id: str, as_json: bool) -> None:
-    """Queue TENANT_ID for a worker (idempotent); print the job id."""
+def enqueue(ctx: click.Context, tenant_id: str, as_json: bool, server: str | None) -> None:
+    """Queue TENANT_ID for a worker (idempotent); print the job id. A new tenant is placed on
+    the least loaded active tenant server, or on --server."""
     service.TenantId(tenant_id)
+    if server is not None:
+        servers.server_name(server)
     embedded = ctx.obj.embedded
-    result = service.enqueue(settings_of(ctx), tenant_id)
+    result = service.enqueue(settings_of(ctx), tenant_id, server)
     if as_json:
         emit_json({**result.job.view(), "created": result.created, "requeued": result.requeued})
     else:

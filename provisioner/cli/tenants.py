@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 import click
 
-from provisioner import kinds, service
+from provisioner import kinds, servers, service
 from provisioner.cli.options import settings_of
 from provisioner.cli.render import F, StepPrinter, emit_json, fail_cleanly, render_job, say
 from provisioner.errors import InvalidInput
@@ -344,6 +344,9 @@ def tenants_group() -> None:
     help="Only tenants whose catalog drifted from the head (runs a check of those at head).",
 )
 @click.option("--include-deleted", is_flag=True, help="List purged tenants too.")
+@click.option(
+    "--server", default=None, help="Only tenants on this server ('control': the control database)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.pass_context
 @fail_cleanly
@@ -353,10 +356,12 @@ def tenants_list(
     behind: bool,
     drifted: bool,
     include_deleted: bool,
+    server: str | None,
     as_json: bool,
 ) -> None:
     """Every tenant (purged ones only with --include-deleted or --state deleted): its state,
     the revision its schema records, whether it is behind, its provisioning job's status."""
+    wanted = None if server in (None, servers.CONTROL) else servers.server_name(server)
     found = service.list_tenants(
         settings_of(ctx),
         states=[TenantState(s) for s in states] or None,
@@ -364,25 +369,35 @@ def tenants_list(
         drifted=drifted,
         include_deleted=include_deleted,
     )
+    if server is not None:
+        found = [e for e in found if e.server == wanted]
+    # The server column appears once a tenant lives on a tenant server: a deployment with none
+    # lists as it always did.
+    spread = server is not None or any(e.server is not None for e in found)
     if as_json:
-        emit_json([_entry_view(e) for e in found])
+        emit_json([_entry_view(e, spread) for e in found])
         return
     if not found:
         click.echo("no tenants")
         return
-    click.echo(f"{'TENANT':<24} {'STATE':<12} {'REVISION':<12} {'BEHIND':<6} {'PROVISIONING':<12}")
+    click.echo(
+        f"{'TENANT':<24} {'STATE':<12} {'REVISION':<12} {'BEHIND':<6} {'PROVISIONING':<12}"
+        + (f" {'SERVER':<20}" if spread else "")
+    )
     for entry in found:
         click.echo(
             f"{entry.tenant_id:<24} {entry.state:<12} {entry.revision or '-':<12} "
             f"{'yes' if entry.behind else 'no':<6} "
             f"{entry.job_status.value if entry.job_status else '-':<12}"
+            + (f" {entry.server or servers.CONTROL:<20}" if spread else "")
             + ("  drifted" if entry.drifted else "")
         )
     click.echo(f"{len(found)} tenant(s)")
 
 
-def _entry_view(entry: service.TenantEntry) -> dict[str, Any]:
-    return {
+def _entry_view(entry: service.TenantEntry, spread: bool) -> dict[str, Any]:
+    located = {"server": entry.server or servers.CONTROL} if spread else {}
+    return located | {
         "tenant_id": entry.tenant_id,
         "state": entry.state.value,
         "revision": entry.revision or None,

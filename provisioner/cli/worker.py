@@ -143,6 +143,10 @@ def health(
                 )
         if report.database is not None:
             click.echo(f"database: {report.database.detail}")
+        for server in report.servers:
+            room = "" if server.capacity is None else f" of {server.capacity}"
+            load = f"{server.placed}{room} tenants"
+            click.echo(f"tenant server {server.name}: {server.status}, {load}")
         if check_storage:
             click.echo(
                 f"object store: {'ready' if view['storage']['ready'] else 'NOT READY'} "

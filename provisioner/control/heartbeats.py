@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from provisioner import queue
 from provisioner.control.replication import Replication, replication
+from provisioner.servers import ServerLoad
 
 Conn = psycopg.Connection[Any]
 
@@ -82,9 +83,12 @@ class HealthReport:
     components: list[ComponentHealth]
     #: the database's replication, as the worker's writes see it (None: not looked at)
     database: Replication | None = None
+    #: the tenant servers of the directory (none: every tenant is on the control database)
+    servers: tuple[ServerLoad, ...] = ()
 
     def view(self) -> dict[str, Any]:
-        return {
+        located = {"servers": [s.view() for s in self.servers]} if self.servers else {}
+        return located | {
             "ready": self.ready,
             "database": None if self.database is None else self.database.view(),
             "components": [

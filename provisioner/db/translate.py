@@ -29,6 +29,7 @@ from provisioner.errors import (
     DatabaseError,
     DatabaseUnavailable,
     LockNotAvailable,
+    NoServerRoom,
     ProvisionerError,
     StatementRejected,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "control_missing",
     "login_refused",
     "options_refused",
+    "placement_refused",
     "rejected_for_good",
     "statements_of",
     "translate",
@@ -50,6 +52,9 @@ __all__ = [
 
 #: SQLSTATE of a lock timeout (``lock_not_available``).
 LOCK_NOT_AVAILABLE = "55P03"
+#: SQLSTATE the placement trigger raises when no tenant server takes a new tenant (control
+#: revision ``20261202_h29servers``).
+NO_SERVER_ROOM = "PV001"
 
 # What libpq says when the server answered but refused this login: retrying cannot help.
 _LOGIN_REFUSED = (
@@ -115,6 +120,8 @@ def translate(exc: BaseException) -> ProvisionerError:
         return ConfigurationError(f"{message}: {POOLER_HINT}")
     if isinstance(orig, psycopg.Error) and orig.sqlstate == LOCK_NOT_AVAILABLE:
         return LockNotAvailable(f"database unavailable: {message}")
+    if isinstance(orig, psycopg.Error) and orig.sqlstate == NO_SERVER_ROOM:
+        return NoServerRoom(redact(orig.diag.message_primary or message))
     if _session_lost(exc, orig):
         return ConnectionLost(f"database unavailable: {message}")
     if _is_connectivity(exc):
@@ -136,6 +143,19 @@ def options_refused(exc: BaseException) -> bool:
     startup parameter (PgBouncer's ``unsupported startup parameter: options``)."""
     cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
     return isinstance(cause, psycopg.OperationalError) and _POOLER_REFUSED_OPTIONS in str(cause)
+
+
+@contextmanager
+def placement_refused() -> Iterator[None]:
+    """Run an enqueue, raising :class:`NoServerRoom` when placement refused the new tenant
+    (SQLSTATE ``PV001``); every other driver error is left as it is, for the caller's own
+    handling (an application's enqueue sees psycopg's errors, as it always did)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate == NO_SERVER_ROOM:
+            raise translate(exc) from exc
+        raise
 
 
 def login_refused(exc: BaseException) -> bool:

@@ -62,6 +62,7 @@ from provisioner.errors import (
     PermanentError,
     ProvisionerError,
     StepFailed,
+    TenantElsewhere,
     WrongState,
     is_permanent,
 )
@@ -82,6 +83,8 @@ class Unread:
 
 #: ``Engine.run(tenant_state=UNREAD)``: the claim did not read the tenant's state.
 UNREAD = Unread()
+#: What a claim read of the tenant's row (its state, its server), or UNREAD.
+ClaimRead = str | Unread | None
 
 
 # A step's transaction starts by taking its tenant's lock, in the same simple query as its
@@ -289,6 +292,7 @@ class Engine:
         on_progress: ProgressCallback = ignore_progress,
         should_stop: StopRequested = never_stop,
         tenant_state: str | Unread | None = UNREAD,
+        tenant_server: str | Unread | None = UNREAD,
         claim_next: tuple[str, ...] = (),
     ) -> Job:
         """Run the job's missing steps, then complete it; on failure, retry or fail it.
@@ -297,7 +301,10 @@ class Engine:
         ``should_stop`` turns true between steps, the job is released back to the queue with its
         progress. Raises :class:`LeaseLost` if the job stopped being ours.
 
-        ``tenant_state`` is the tenant's state as the claim read it (else it is read here).
+        ``tenant_state`` is the tenant's state as the claim read it (else it is read here),
+        ``tenant_server`` the tenant server it lives on (likewise): a job of a tenant placed on
+        a tenant server fails at once, for this release runs every step on the control database
+        (jobs on the tenant's own server are issue 29's next step).
         With ``claim_next``, the transaction of the job's last step also claims this holder's
         next job of those kinds (:meth:`claim`): the claim commits with the step, and a
         worker child goes on to it without a round trip or a commit of its own.
@@ -320,7 +327,7 @@ class Engine:
                     claim_next=claim_next,
                     lock=_tenant_lock(tenant),
                 )
-                return self._run_steps(run, job, tenant_state)
+                return self._run_steps(run, job, (tenant_state, tenant_server))
             except LeaseLost:
                 raise
             except Exception as exc:
@@ -341,11 +348,11 @@ class Engine:
                     )
                 )
 
-    def _run_steps(self, run: JobRun, job: Job, tenant_state: str | Unread | None) -> Job:
+    def _run_steps(self, run: JobRun, job: Job, claimed: tuple[ClaimRead, ClaimRead]) -> Job:
         current = "resume check"
         state = RunState(job)
         try:
-            self._check_state(run, tenant_state)
+            self._check_state(run, *claimed)
             # A scope of the pending steps alone (a fleet upgrade's job: its migration step)
             # leaves the recorded steps unchecked and unreported: five messages and log lines
             # per tenant of a rollout would say what the claim's ``steps_done`` already says.
@@ -377,17 +384,22 @@ class Engine:
             raise StepFailed(current) from exc
 
     @staticmethod
-    def _check_state(run: JobRun, claimed: str | Unread | None) -> None:
-        """WrongState (the job fails at once) when the tenant's state refuses the kind. The
-        claim's state is the column's text (the queue knows no tenant): typed here."""
+    def _check_state(run: JobRun, claimed: ClaimRead, server: ClaimRead) -> None:
+        """WrongState (the job fails at once) when the tenant's state refuses the kind, and
+        TenantElsewhere when it lives on a tenant server. The claim's state is the column's
+        text (the queue knows no tenant): typed here. Read here only when the claim did not."""
         kind, tenant = run.kind, run.context.tenant
-        if not kind.refused_states:
-            return
-        if isinstance(claimed, Unread):
+        if isinstance(claimed, Unread) or isinstance(server, Unread):
             with db.translated():
-                state = tenants.state_of(run.journal, tenant)
-        else:
-            state = None if claimed is None else TenantState(claimed)
+                found = tenants.get_tenant(run.journal, tenant)
+            claimed = None if found is None else found.state.value
+            server = None if found is None else found.server
+        if server is not None:
+            raise TenantElsewhere(
+                f"tenant {tenant} lives on tenant server {server}: this release runs jobs on "
+                "the control database only (jobs on a tenant server are not built yet)"
+            )
+        state = None if claimed is None else TenantState(claimed)
         if state in kind.refused_states:
             raise WrongState(f"tenant {tenant} is {state}: {kind.name} leaves it alone")
 

@@ -101,6 +101,7 @@ def run_claimed(
             on_progress=on_progress,
             should_stop=should_stop,
             tenant_state=claimed.tenant_state,
+            tenant_server=claimed.tenant_server,
             claim_next=claim_next,
         )
     except LeaseLost as exc:

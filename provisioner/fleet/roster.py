@@ -40,6 +40,8 @@ class TenantEntry:
     updated_at: datetime | None
     #: drifted from the head's shape (None: not checked, or not at the head)
     drifted: bool | None = None
+    #: the tenant server it lives on (None: the control database)
+    server: str | None = None
 
 
 def list_tenants(
@@ -76,6 +78,7 @@ def list_tenants(
                 recorded is not None and recorded != heads,
                 job.status if job is not None else None,
                 tenant.updated_at,
+                server=tenant.server,
             )
         )
     if behind:

@@ -226,9 +226,11 @@ def ensure_provision_job(
     *,
     retry_terminal: bool = False,
     started_by: str = "enqueue",
+    server: str | None = None,
 ) -> queue.Enqueued:
     """The tenant's control row and its one provisioning job, created if missing (in the
-    caller's transaction, woken on its commit)."""
+    caller's transaction, woken on its commit); a new tenant is placed on ``server``, or on the
+    least loaded tenant server (:func:`queue.ensure_tenant_job`)."""
     return queue.ensure_tenant_job(
         conn,
         tenant,
@@ -236,6 +238,7 @@ def ensure_provision_job(
         provision_key(tenant),
         retry_terminal=retry_terminal,
         started_by=started_by,
+        server=server,
     )
 
 
@@ -245,6 +248,7 @@ async def ensure_provision_job_async(
     *,
     retry_terminal: bool = False,
     started_by: str = "enqueue",
+    server: str | None = None,
 ) -> queue.Enqueued:
     """:func:`ensure_provision_job` for a psycopg ``AsyncConnection``: the same statements, in
     the same round trips, awaited."""
@@ -255,4 +259,5 @@ async def ensure_provision_job_async(
         provision_key(tenant),
         retry_terminal=retry_terminal,
         started_by=started_by,
+        server=server,
     )

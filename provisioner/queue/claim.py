@@ -56,7 +56,7 @@ WITH next AS ({CLAIMABLE}), claimed AS (
      WHERE j.id = next.id
     RETURNING j.*
 )
-SELECT claimed.*, t.state AS tenant_state
+SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """
 
@@ -79,7 +79,7 @@ WITH claimed AS (
       FROM claimed
      WHERE s.job_id = claimed.id AND s.attempt < claimed.attempts AND s.outcome = 'running'
 )
-SELECT claimed.*, t.state AS tenant_state
+SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """
 
@@ -124,10 +124,12 @@ def claim_next(conn: Conn, job_types: tuple[str, ...] | list[str], worker: str) 
 @dataclass(frozen=True)
 class Claim:
     """A job the step engine claimed, and its tenant's lifecycle state read by the same
-    statement (None: the job has no tenant, or the tenant no control row)."""
+    statement (None: the job has no tenant, or the tenant no control row), and the tenant
+    server it lives on (None: the control database, or no control row)."""
 
     job: Job
     tenant_state: str | None
+    tenant_server: str | None = None
 
 
 def claim_params(job_types: Sequence[str], worker: str) -> dict[str, Any]:
@@ -147,7 +149,7 @@ def plan_claim(conn: Conn, worker: str) -> None:
 
 
 def as_claim(row: dict[str, Any] | None) -> Claim | None:
-    return Claim(Job.from_row(row), row["tenant_state"]) if row else None
+    return Claim(Job.from_row(row), row["tenant_state"], row.get("tenant_server")) if row else None
 
 
 def claim_next_with_state(conn: Conn, job_types: Sequence[str], worker: str) -> Claim | None:

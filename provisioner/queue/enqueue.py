@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from provisioner.db.pipelines import async_pipeline, pipeline
+from provisioner.db.translate import placement_refused
 from provisioner.errors import InvalidInput, KeyConflict
 from provisioner.models import (
     Job,
@@ -104,7 +105,10 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(job_type)s)"
 LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
 
 
-# Make sure the tenant has its control row before its first job.
+# Make sure the tenant has its control row before its first job. A new row is placed on a
+# tenant server by the control database's trigger (control.place_tenant): the least loaded
+# (no server in the directory: the control database). An existing row keeps its server: a
+# tenant is placed once.
 ENSURE_TENANT = """
 INSERT INTO control.tenants (tenant_id, schema_name)
 VALUES (%(tenant_id)s, %(schema)s)
@@ -112,9 +116,27 @@ ON CONFLICT (tenant_id) DO NOTHING
 """
 
 
+# ENSURE_TENANT for a new tenant on the server named (the trigger checks that it takes it).
+ENSURE_TENANT_ON_SERVER = """
+INSERT INTO control.tenants (tenant_id, schema_name, server)
+VALUES (%(tenant_id)s, %(schema)s, %(server)s)
+ON CONFLICT (tenant_id) DO NOTHING
+"""
+
+
+# The server a registered tenant lives on (NULL: the control database); no row: not registered.
+TENANT_SERVER = "SELECT server FROM control.tenants WHERE tenant_id = %(tenant_id)s"
+
+
 # ENSURE_TENANT and ENQUEUE_WOKEN in one statement. The job's foreign key is checked at the end
 # of the statement, when the tenant's row, inserted by the CTE, is there.
 ENSURE_TENANT_ENQUEUE_WOKEN = "WITH tenant AS (" + ENSURE_TENANT.strip() + "\n), " + _ENQUEUE_WOKEN
+
+
+# The same, for a new tenant on the server named.
+ENSURE_TENANT_ON_SERVER_ENQUEUE_WOKEN = (
+    "WITH tenant AS (" + ENSURE_TENANT_ON_SERVER.strip() + "\n), " + _ENQUEUE_WOKEN
+)
 
 
 @dataclass(frozen=True)
@@ -162,6 +184,8 @@ class _JobRequest:
     started_by: str
     #: the tenant's schema: its control row is made sure of in the same statement
     tenant_schema: str | None = None
+    #: the tenant server a new tenant goes to (None: placement chooses)
+    server: str | None = None
 
     def params(self) -> dict[str, Any]:
         """The new job's statement params (refused here when out of range); its id is chosen
@@ -180,13 +204,19 @@ class _JobRequest:
             "started_by": self.started_by,
             "channel": NOTIFY_CHANNEL,
             "schema": self.tenant_schema,
+            "server": self.server,
             "id": uuid4(),
         }
 
     @property
     def statement(self) -> str:
-        """A new job with its wake-up (and the tenant's row when the request names a schema)."""
-        return ENQUEUE_WOKEN if self.tenant_schema is None else ENSURE_TENANT_ENQUEUE_WOKEN
+        """A new job with its wake-up (and the tenant's row when the request names a schema,
+        on the server it names, if it does)."""
+        if self.tenant_schema is None:
+            return ENQUEUE_WOKEN
+        if self.server is None:
+            return ENSURE_TENANT_ENQUEUE_WOKEN
+        return ENSURE_TENANT_ON_SERVER_ENQUEUE_WOKEN
 
     def holder(self, existing: dict[str, Any] | None) -> Job:
         """The job already holding the key; KeyConflict when it is another tenant's or kind's."""
@@ -205,11 +235,25 @@ def _retried(job: Job, retry_terminal: bool) -> bool:
     return retry_terminal and job.status in (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
+def _refuse_elsewhere(request: _JobRequest, found: dict[str, Any] | None) -> None:
+    """InvalidInput when the request names a server and the tenant lives on another."""
+    if request.server is None or found is None or found["server"] == request.server:
+        return
+    raise InvalidInput(
+        f"tenant {request.tenant_id} lives on {found['server'] or 'the control database'}, not "
+        f"on {request.server}: a tenant is placed once (nothing was queued)"
+    )
+
+
 def _enqueue(conn: Conn, request: _JobRequest, *, retry_terminal: bool) -> Enqueued:
     params = request.params()
+    if request.server is not None:  # one more round trip, only when a server is named
+        found = fetch_one(conn, TENANT_SERVER, params, prepare=False)
+        _refuse_elsewhere(request, found)
     # A new job with its wake-up, then its run's row: one round trip with the transaction's
     # BEGIN (a sign-up waits for its enqueue, and each round trip of it is latency it sees).
-    row = _insert_started(conn, request.statement, params)
+    with placement_refused():
+        row = _insert_started(conn, request.statement, params)
     if row is not None:
         return Enqueued(Job.from_row(row), created=True)
     key = {"key": request.idempotency_key}
@@ -228,10 +272,15 @@ async def _enqueue_async(
 ) -> Enqueued:
     """:func:`_enqueue` on an async connection: the same statements, awaited."""
     params = request.params()
-    async with async_pipeline(conn), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(request.statement, params, prepare=False)
-        await conn.execute(RUN_START_ENQUEUED, params, prepare=False)
-        row = await cur.fetchone()
+    if request.server is not None:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(TENANT_SERVER, params, prepare=False)
+            _refuse_elsewhere(request, await cur.fetchone())
+    with placement_refused():
+        async with async_pipeline(conn), conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(request.statement, params, prepare=False)
+            await conn.execute(RUN_START_ENQUEUED, params, prepare=False)
+            row = await cur.fetchone()
     if row is not None:
         return Enqueued(Job.from_row(row), created=True)
     async with conn.cursor(row_factory=dict_row) as cur:
@@ -294,15 +343,21 @@ def ensure_tenant_job(
     *,
     retry_terminal: bool = False,
     started_by: str = "enqueue",
+    server: str | None = None,
 ) -> Enqueued:
     """The tenant's control row and its job of ``job_type`` under the key, created if missing.
+
+    A new tenant is placed on ``server`` when one is named (refused with NoServerRoom when it
+    takes no new tenants), else on the least loaded active server of the directory, in the
+    same statement; a registered tenant living on another server than the one named is
+    refused (InvalidInput) before anything is written.
 
     A new job costs two statements in one round trip, with the transaction's ``BEGIN``:
     :data:`ENSURE_TENANT_ENQUEUE_WOKEN` (the tenant's row, the job and its wake-up), then its
     run's row. An error (a refused row, a key held by another job) is raised as it would be
     one statement at a time.
     """
-    request = _tenant_request(tenant, job_type, idempotency_key, started_by)
+    request = _tenant_request(tenant, job_type, idempotency_key, started_by, server)
     return _enqueue(conn, request, retry_terminal=retry_terminal)
 
 
@@ -314,16 +369,28 @@ async def ensure_tenant_job_async(
     *,
     retry_terminal: bool = False,
     started_by: str = "enqueue",
+    server: str | None = None,
 ) -> Enqueued:
     """:func:`ensure_tenant_job` for a psycopg ``AsyncConnection``: the same statements, in
     the same round trips, awaited."""
-    request = _tenant_request(tenant, job_type, idempotency_key, started_by)
+    request = _tenant_request(tenant, job_type, idempotency_key, started_by, server)
     return await _enqueue_async(conn, request, retry_terminal=retry_terminal)
 
 
 def _tenant_request(
-    tenant: TenantId, job_type: str, idempotency_key: str | None, started_by: str
+    tenant: TenantId,
+    job_type: str,
+    idempotency_key: str | None,
+    started_by: str,
+    server: str | None = None,
 ) -> _JobRequest:
     return _JobRequest(
-        job_type, tenant.value, None, idempotency_key, 5, started_by, tenant_schema=tenant.schema
+        job_type,
+        tenant.value,
+        None,
+        idempotency_key,
+        5,
+        started_by,
+        tenant_schema=tenant.schema,
+        server=server,
     )

@@ -96,6 +96,8 @@ class Tenant:
     previous_state: TenantState | None = None
     deleted_at: datetime | None = None
     updated_at: datetime | None = None
+    #: the tenant server it lives on (None: the control database)
+    server: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Tenant:
@@ -108,6 +110,7 @@ class Tenant:
             previous_state=_state_or_none(row.get("previous_state")),
             deleted_at=row.get("deleted_at"),
             updated_at=row.get("updated_at"),
+            server=row.get("server"),
         )
 
 

@@ -1,0 +1,46 @@
+"""Tenants on several PostgreSQL servers: the directory in ``control`` (:mod:`.directory`) and
+its export for PgBouncer (:mod:`.pgbouncer`), and whether the owner reaches each server
+(:mod:`.reach`). Placement itself is the control database's
+trigger, fired by the enqueue (control revision ``20261202_h29servers``)."""
+
+from provisioner.servers.directory import (
+    CONTROL,
+    Directory,
+    Location,
+    ServerLoad,
+    ServerStatus,
+    TenantServer,
+    add,
+    connection_reference,
+    directory,
+    get,
+    loads,
+    locate,
+    server_name,
+    servers_of,
+    set_status,
+)
+from provisioner.servers.pgbouncer import databases_section
+from provisioner.servers.reach import Reach, reach, reach_active
+
+__all__ = [
+    "CONTROL",
+    "Directory",
+    "Location",
+    "Reach",
+    "ServerLoad",
+    "ServerStatus",
+    "TenantServer",
+    "add",
+    "connection_reference",
+    "databases_section",
+    "directory",
+    "get",
+    "loads",
+    "locate",
+    "reach",
+    "reach_active",
+    "server_name",
+    "servers_of",
+    "set_status",
+]

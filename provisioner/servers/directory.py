@@ -1,0 +1,283 @@
+"""The directory of tenant servers in ``control`` (control revision ``20261202_h29servers``):
+which ordinary PostgreSQL servers hold tenants, whether each takes new ones, and where each
+tenant lives.
+
+A tenant whose row names no server lives on the control database itself, the implicit default:
+a deployment that never adds a server keeps every tenant there, as before. Placement (which
+server a new tenant gets) is the control database's own trigger on ``control.tenants``, so it
+happens in the enqueue's transaction, once; this module adds, lists and changes servers, and
+answers where a tenant lives (:func:`locate`).
+
+A server's connection reference holds no secret: a libpq service name (``shard1``, stored as
+``service=shard1``) or a conninfo without a password (``host=db2 port=5432 dbname=app``, or a
+``postgresql://`` URL without one). Passwords come from ``.pgpass``, ``PGPASSWORD`` or the
+service file of whoever connects, as for every other address of the tool.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+
+from provisioner.db.conninfo import libpq_address
+from provisioner.errors import InvalidInput, UnknownServer, UnknownTenant
+from provisioner.models import TenantId
+
+Conn = psycopg.Connection[Any]
+
+#: The name the control database goes by in the directory's views (no row holds it).
+CONTROL = "control"
+
+SERVER_NAME_RULE = (
+    "server names are 1-48 characters of lower-case ASCII letters, digits and '_', starting "
+    "with a letter ('control' is the control database's)"
+)
+_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
+_SERVICE_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+class ServerStatus(enum.StrEnum):
+    """Whether a server takes new tenants: only ``active`` does. ``draining`` is being emptied,
+    ``full`` is kept as it is, ``retired`` holds no tenant and is out of use."""
+
+    ACTIVE = "active"
+    DRAINING = "draining"
+    FULL = "full"
+    RETIRED = "retired"
+
+
+# A new server; an existing name inserts nothing and returns no row.
+ADD_SERVER = """
+INSERT INTO control.tenant_servers (name, conninfo, capacity, weight)
+VALUES (%(name)s, %(conninfo)s, %(capacity)s, %(weight)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING *
+"""
+
+# Every server, by name, and how many tenants live on the control database.
+LIST_SERVERS = "SELECT * FROM control.tenant_servers ORDER BY name"
+ON_CONTROL = """
+SELECT count(*) AS tenants FROM control.tenants WHERE server IS NULL AND state <> 'deleted'
+"""
+
+# A server's status changed; a server still holding tenants cannot be retired.
+SET_STATUS = """
+UPDATE control.tenant_servers SET status = %(status)s, updated_at = now()
+ WHERE name = %(name)s AND (%(status)s <> 'retired' OR placed = 0)
+RETURNING *
+"""
+
+GET_SERVER = "SELECT * FROM control.tenant_servers WHERE name = %(name)s"
+
+# Where a tenant lives: its server's name and connection reference (NULL: the control
+# database); no row: no such tenant. A function of the owner's, which the application role may
+# call (it reads no directory row itself).
+LOCATE = "SELECT server, conninfo FROM control.tenant_location(%(tenant_id)s)"
+
+# Each server's status and load, without its reference (what the application role may read).
+LOADS = "SELECT name, status, capacity, weight, placed FROM control.tenant_servers ORDER BY name"
+
+# The server of each tenant that lives on one (a list's or a report's column).
+SERVERS_OF = "SELECT tenant_id, server FROM control.tenants WHERE server IS NOT NULL"
+
+
+@dataclass(frozen=True)
+class TenantServer:
+    """A row of ``control.tenant_servers``."""
+
+    name: str
+    conninfo: str
+    status: ServerStatus
+    #: at most this many tenants (None: no limit)
+    capacity: int | None
+    #: its share of new tenants against the other active servers
+    weight: int
+    #: how many tenant rows name it
+    placed: int
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> TenantServer:
+        return cls(
+            name=row["name"],
+            conninfo=row["conninfo"],
+            status=ServerStatus(row["status"]),
+            capacity=row["capacity"],
+            weight=row["weight"],
+            placed=row["placed"],
+        )
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "conninfo": self.conninfo,
+            "status": self.status.value,
+            "capacity": self.capacity,
+            "weight": self.weight,
+            "tenants": self.placed,
+        }
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    """A server's status and how many tenants it holds, as ``health`` reports it."""
+
+    name: str
+    status: ServerStatus
+    capacity: int | None
+    placed: int
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "capacity": self.capacity,
+            "tenants": self.placed,
+        }
+
+
+@dataclass(frozen=True)
+class Directory:
+    """The tenant servers, and the tenants (not purged) left on the control database."""
+
+    servers: list[TenantServer]
+    on_control: int
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a tenant lives. ``conninfo`` None: on the control database (connect as usual)."""
+
+    tenant_id: str
+    #: the server's name; :data:`CONTROL` for the control database
+    server: str
+    conninfo: str | None
+
+    def view(self) -> dict[str, Any]:
+        return {"tenant_id": self.tenant_id, "server": self.server, "conninfo": self.conninfo}
+
+
+def server_name(raw: str) -> str:
+    """A valid server name, or InvalidInput (exit 2) naming the rule."""
+    if not isinstance(raw, str) or not _NAME_RE.fullmatch(raw) or raw == CONTROL:
+        shown = repr(str(raw)[:60])
+        raise InvalidInput(f"invalid server name {shown}: {SERVER_NAME_RULE}")
+    return raw
+
+
+def connection_reference(raw: str) -> str:
+    """The reference as stored: a bare word is a libpq service (``service=WORD``); a conninfo
+    or URL is kept as written once libpq parses it. Refused (InvalidInput): one that does not
+    parse, or that holds a password (never shown back)."""
+    text = raw.strip()
+    if _SERVICE_RE.fullmatch(text) and "=" not in text:
+        return f"service={text}"
+    try:
+        params = conninfo_to_dict(libpq_address(text))
+    except psycopg.ProgrammingError:
+        raise InvalidInput(
+            "the connection reference is neither a libpq service name nor a conninfo libpq "
+            "parses (host=... port=... dbname=..., or a postgresql:// URL)"
+        ) from None
+    if "password" in params:
+        raise InvalidInput(
+            "the connection reference holds a password: keep it out of the directory "
+            "(use ~/.pgpass, PGPASSWORD or a service file; the directory is readable by the "
+            "application role)"
+        )
+    if not params:
+        raise InvalidInput("the connection reference is empty")
+    return libpq_address(text)
+
+
+def _positive(value: int | None, what: str, *, zero: bool) -> None:
+    if value is not None and (value < (0 if zero else 1) or value > 1_000_000_000):
+        raise InvalidInput(f"{what} must be {'0' if zero else '1'} or more (got {value})")
+
+
+def add(
+    conn: Conn, name: str, reference: str, *, capacity: int | None = None, weight: int = 1
+) -> TenantServer:
+    """A new active server in the directory (InvalidInput if the name is taken)."""
+    _positive(capacity, "capacity", zero=True)
+    _positive(weight, "weight", zero=False)
+    if weight > 1_000_000:
+        raise InvalidInput(f"weight must be at most 1000000 (got {weight})")
+    params = {
+        "name": server_name(name),
+        "conninfo": connection_reference(reference),
+        "capacity": capacity,
+        "weight": weight,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(ADD_SERVER, params)
+        row = cur.fetchone()
+    if row is None:
+        raise InvalidInput(f"a tenant server named {name} is already in the directory")
+    return TenantServer.from_row(row)
+
+
+def directory(conn: Conn) -> Directory:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(LIST_SERVERS)
+        servers = [TenantServer.from_row(row) for row in cur.fetchall()]
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(ON_CONTROL)
+        counted = cur.fetchone()
+    return Directory(servers, int(counted["tenants"]) if counted else 0)
+
+
+def get(conn: Conn, name: str) -> TenantServer:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(GET_SERVER, {"name": server_name(name)})
+        row = cur.fetchone()
+    if row is None:
+        raise UnknownServer(f"no tenant server named {name} in the directory")
+    return TenantServer.from_row(row)
+
+
+def set_status(conn: Conn, name: str, status: ServerStatus) -> TenantServer:
+    """The server's new status. Retiring one that still holds tenants is refused
+    (InvalidInput): they would have nowhere to run."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(SET_STATUS, {"name": server_name(name), "status": status.value})
+        row = cur.fetchone()
+    if row is not None:
+        return TenantServer.from_row(row)
+    held = get(conn, name)  # UnknownServer when it is not there
+    raise InvalidInput(
+        f"tenant server {name} still holds {held.placed} tenant(s): drain it and move them "
+        "before retiring it"
+    )
+
+
+def locate(conn: Conn, tenant: TenantId) -> Location:
+    """Where ``tenant`` lives (UnknownTenant when it has no control row)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(LOCATE, {"tenant_id": tenant.value})
+        row = cur.fetchone()
+    if row is None:
+        raise UnknownTenant(f"unknown tenant {tenant}")
+    return Location(tenant.value, row["server"] or CONTROL, row["conninfo"])
+
+
+def loads(conn: Conn) -> list[ServerLoad]:
+    """Every server's status and load, by name (readable by the application role)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(LOADS)
+        return [
+            ServerLoad(r["name"], ServerStatus(r["status"]), r["capacity"], r["placed"])
+            for r in cur.fetchall()
+        ]
+
+
+def servers_of(conn: Conn) -> dict[str, str]:
+    """Each tenant's server, by tenant id, for the tenants not on the control database."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(SERVERS_OF)
+        return {str(row["tenant_id"]): str(row["server"]) for row in cur.fetchall()}

@@ -1,0 +1,512 @@
+"""The directory of tenant servers and placement (issue 29, steps 1-3), on the real control
+database: ``provisioner servers`` and ``locate`` as child processes, placement through the
+library's enqueue as the application role, capacities under concurrent enqueues from several
+real processes.
+
+Placement needs no tenant server to be reachable: it is a row in the directory and a column of
+the tenant's control row, chosen in the enqueue's transaction. The servers' references here
+name ports nothing listens on, on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import provisioner
+from provisioner import servers
+from provisioner.settings import Settings
+from tests.conftest import Database, run_cli, settings_env
+
+A = "host=127.0.0.1 port=1 dbname=tenants_a"
+B = "host=127.0.0.1 port=2 dbname=tenants_b"
+
+
+def add(database: Database, name: str, reference: str, **flags: int) -> None:
+    with database.owner() as conn:
+        servers.add(conn, name, reference, **flags)
+
+
+def placed(database: Database) -> dict[str | None, int]:
+    """Tenants not purged per server (None: the control database), and the directory's own
+    counts agree with them."""
+    with database.owner() as conn:
+        rows = conn.execute(
+            "SELECT server, count(*) FROM control.tenants WHERE state <> 'deleted' GROUP BY 1"
+        ).fetchall()
+        counted = dict(conn.execute("SELECT name, placed FROM control.tenant_servers").fetchall())
+    found = {server: n for server, n in rows}
+    assert counted == {name: found.get(name, 0) for name in counted}
+    return found
+
+
+def rows_of(database: Database, tenant: str) -> tuple[int, int]:
+    with database.owner() as conn:
+        tenants = conn.execute(
+            "SELECT count(*) FROM control.tenants WHERE tenant_id = %s", (tenant,)
+        ).fetchone()
+        jobs = conn.execute(
+            "SELECT count(*) FROM control.platform_jobs WHERE tenant_id = %s", (tenant,)
+        ).fetchone()
+    assert tenants is not None and jobs is not None
+    return tenants[0], jobs[0]
+
+
+def enqueue(database: Database, tenant: str, server: str | None = None) -> None:
+    """The library's enqueue as the application role, committed."""
+    with psycopg.connect(database.app_url) as conn:
+        provisioner.enqueue(conn, tenant, server=server)
+
+
+def test_with_no_server_every_tenant_stays_on_the_control_database(database: Database) -> None:
+    enqueue(database, "acme")
+    assert placed(database) == {None: 1}
+    with database.app() as conn:
+        found = provisioner.locate("acme", conn=conn)
+    assert (found.server, found.conninfo) == ("control", None)
+
+
+def test_servers_commands_add_list_drain_retire_with_json_and_exit_codes(
+    settings: Settings, database: Database
+) -> None:
+    out = run_cli(settings, "servers", "add", "east", A, "--capacity", "5", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "name": "east",
+        "conninfo": A,
+        "status": "active",
+        "capacity": 5,
+        "weight": 1,
+        "tenants": 0,
+    }
+    out = run_cli(settings, "servers", "add", "west", "shard_west", "--weight", "3")
+    assert out.returncode == 0, out.stderr
+    enqueue(database, "acme", server="east")
+    listed = run_cli(settings, "servers", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [
+        (s["name"], s["status"], s["tenants"], s["conninfo"]) for s in json.loads(listed.stdout)
+    ] == [
+        ("control", "default", 0, None),
+        ("east", "active", 1, A),
+        ("west", "active", 0, "service=shard_west"),
+    ]
+    text = run_cli(settings, "servers", "list")
+    assert text.returncode == 0 and "east" in text.stdout and "service=shard_west" in text.stdout
+
+    drained = run_cli(settings, "servers", "drain", "east", "--json")
+    assert drained.returncode == 0 and json.loads(drained.stdout)["status"] == "draining"
+    refused = run_cli(settings, "servers", "retire", "east")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        "error: tenant server east still holds 1 tenant(s): drain it and move them before "
+        "retiring it"
+    )
+    assert run_cli(settings, "servers", "retire", "west").returncode == 0
+    assert run_cli(settings, "servers", "activate", "east").returncode == 0
+    assert run_cli(settings, "servers", "full", "east").returncode == 0
+    with database.owner() as conn:
+        states = dict(conn.execute("SELECT name, status FROM control.tenant_servers").fetchall())
+    assert states == {"east": "full", "west": "retired"}
+
+    unknown = run_cli(settings, "servers", "drain", "north")
+    assert (unknown.returncode, unknown.stderr.strip()) == (
+        3,
+        "error: no tenant server named north in the directory",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("add", "East", A), "invalid server name 'East'"),
+        (("add", "control", A), "invalid server name 'control'"),
+        (("add", "east", "host=h password=hunter2 dbname=x"), "holds a password"),
+        (("add", "east", "postgresql://u:hunter2@h/x"), "holds a password"),
+        (("add", "east", "host='unterminated"), "neither a libpq service name nor a conninfo"),
+        (("add", "east", A, "--weight", "0"), "Invalid value for '--weight'"),
+        (("drain", "Bad Name"), "invalid server name"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_created(
+    settings: Settings, database: Database, args: tuple[str, ...], message: str
+) -> None:
+    out = run_cli(settings, "servers", *args)
+    assert out.returncode == 2, out
+    assert message in out.stderr and "hunter2" not in out.stderr + out.stdout
+    assert len([line for line in out.stderr.splitlines() if line.startswith("error")]) <= 1
+    with database.owner() as conn:
+        assert conn.execute("SELECT count(*) FROM control.tenant_servers").fetchone() == (0,)
+
+
+def test_a_duplicate_name_is_refused(settings: Settings, database: Database) -> None:
+    add(database, "east", A)
+    out = run_cli(settings, "servers", "add", "east", B)
+    assert (out.returncode, out.stderr.strip()) == (
+        2,
+        "error: a tenant server named east is already in the directory",
+    )
+    with database.owner() as conn:
+        assert conn.execute("SELECT conninfo FROM control.tenant_servers").fetchall() == [(A,)]
+
+
+def test_the_directory_refuses_a_password_even_written_directly(database: Database) -> None:
+    with database.owner() as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(
+            "INSERT INTO control.tenant_servers (name, conninfo) VALUES ('x', %s)",
+            ("host=h password=hunter2",),
+        )
+
+
+def test_two_thousand_tenants_are_placed_evenly_over_two_servers(database: Database) -> None:
+    add(database, "east", A)
+    add(database, "west", B)
+    with psycopg.connect(database.app_url) as conn:
+        for n in range(2000):
+            provisioner.enqueue(conn, f"t{n}")
+            conn.commit()
+    counts = placed(database)
+    assert set(counts) == {"east", "west"}
+    assert abs(counts["east"] - 1000) <= 10 and abs(counts["west"] - 1000) <= 10
+
+
+def test_weights_share_new_tenants(database: Database) -> None:
+    add(database, "small", A, weight=1)
+    add(database, "large", B, weight=3)
+    with psycopg.connect(database.app_url) as conn:
+        for n in range(400):
+            provisioner.enqueue(conn, f"t{n}")
+            conn.commit()
+    assert placed(database) == {"small": 100, "large": 300}
+
+
+def test_explicit_placement_goes_there_and_never_moves(
+    settings: Settings, database: Database
+) -> None:
+    add(database, "east", A)
+    add(database, "west", B)
+    out = run_cli(settings, "enqueue", "acme", "--server", "west", "--json")
+    assert out.returncode == 0, out.stderr
+    with database.app() as conn:
+        assert provisioner.locate("acme", conn=conn).server == "west"
+    # Asked again, for the server it lives on: the same job; for another: refused, nothing new.
+    again = run_cli(settings, "enqueue", "acme", "--server", "west", "--json")
+    assert (
+        again.returncode == 0
+        and json.loads(again.stdout)["job_id"] == json.loads(out.stdout)["job_id"]
+    )
+    elsewhere = run_cli(settings, "enqueue", "acme", "--server", "east")
+    assert (elsewhere.returncode, elsewhere.stderr.strip()) == (
+        2,
+        "error: tenant acme lives on west, not on east: a tenant is placed once (nothing was "
+        "queued)",
+    )
+    # Re-enqueued without a server (a retry): it stays where it is, even once west drains.
+    with database.owner() as conn:
+        servers.set_status(conn, "west", servers.ServerStatus.DRAINING)
+    assert run_cli(settings, "enqueue", "acme").returncode == 0
+    assert placed(database) == {"west": 1}
+    located = run_cli(settings, "locate", "acme", "--json")
+    assert json.loads(located.stdout) == {"tenant_id": "acme", "server": "west", "conninfo": B}
+    unknown = run_cli(settings, "locate", "nobody")
+    assert (unknown.returncode, unknown.stderr.strip()) == (3, "error: unknown tenant nobody")
+
+
+@pytest.mark.parametrize("status", ["draining", "full", "retired"])
+def test_only_active_servers_get_new_tenants(
+    settings: Settings, database: Database, status: str
+) -> None:
+    add(database, "east", A)
+    add(database, "west", B)
+    with database.owner() as conn:
+        servers.set_status(conn, "east", servers.ServerStatus(status))
+    for n in range(6):
+        enqueue(database, f"t{n}")
+    assert placed(database) == {"west": 6}
+    refused = run_cli(settings, "enqueue", "named", "--server", "east")
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.strip() == f"error: tenant server east is {status}: it takes no new tenants"
+    )
+    assert rows_of(database, "named") == (0, 0)
+
+
+def test_no_server_with_room_refuses_the_tenant_and_creates_nothing(
+    settings: Settings, database: Database
+) -> None:
+    add(database, "east", A, capacity=1)
+    add(database, "west", B)
+    with database.owner() as conn:
+        servers.set_status(conn, "west", servers.ServerStatus.DRAINING)
+    enqueue(database, "first")
+    full = run_cli(settings, "enqueue", "second")
+    assert (full.returncode, full.stderr.strip()) == (
+        2,
+        "error: no tenant server takes new tenants (each is draining, full, retired or at its "
+        "capacity)",
+    )
+    named = run_cli(settings, "enqueue", "third", "--server", "east")
+    assert named.stderr.strip() == "error: tenant server east is at its capacity"
+    nowhere = run_cli(settings, "enqueue", "fourth", "--server", "north")
+    assert (nowhere.returncode, nowhere.stderr.strip()) == (
+        2,
+        "error: no tenant server named north",
+    )
+    with psycopg.connect(database.app_url) as conn, pytest.raises(provisioner.ProvisionerError):
+        provisioner.enqueue(conn, "fifth")
+    for tenant in ("second", "third", "fourth", "fifth"):
+        assert rows_of(database, tenant) == (0, 0)
+    assert placed(database) == {"east": 1}
+    # Every server retired: the control database takes new tenants again, as with none.
+    with database.owner() as conn:
+        conn.execute("UPDATE control.tenant_servers SET status = 'retired' WHERE name = 'west'")
+        conn.execute("DELETE FROM control.tenants")
+        servers.set_status(conn, "east", servers.ServerStatus.RETIRED)
+    enqueue(database, "sixth")
+    assert placed(database) == {None: 1}
+
+
+def test_the_application_role_cannot_move_a_tenant_or_touch_the_directory(
+    database: Database,
+) -> None:
+    add(database, "east", A)
+    add(database, "west", B)
+    enqueue(database, "acme", server="east")
+    with database.app() as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE control.tenants SET server = 'west' WHERE tenant_id = 'acme'")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE control.tenant_servers SET capacity = 0")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO control.tenant_servers (name, conninfo) VALUES ('x', 'y')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM control.tenant_servers")
+        # ... but learns where a tenant lives, for routing (the documented query).
+        found = conn.execute("SELECT * FROM control.tenant_location('acme')").fetchall()
+        assert found == [("east", A)]
+        assert conn.execute("SELECT * FROM control.tenant_location('nobody')").fetchall() == []
+
+
+def test_the_count_follows_tenants_purged_deleted_and_moved(database: Database) -> None:
+    add(database, "east", A, capacity=3)
+    add(database, "west", B)
+    for tenant in ("a1", "a2", "a3"):
+        enqueue(database, tenant, server="east")
+    enqueue(database, "a4")
+    assert placed(database) == {"east": 3, "west": 1}  # a4: east is at its capacity
+    with database.owner() as conn:
+        conn.execute("UPDATE control.tenants SET server = 'west' WHERE tenant_id = 'a1'")
+        conn.execute("DELETE FROM control.tenants WHERE tenant_id = 'a2'")
+        conn.execute("UPDATE control.tenants SET state = 'deleted' WHERE tenant_id = 'a3'")
+    assert placed(database) == {"west": 2}
+    enqueue(database, "a5", server="east")  # the purged tenant's place is free again
+    with database.owner() as conn:
+        conn.execute("UPDATE control.tenants SET state = 'pending' WHERE tenant_id = 'a3'")
+    assert placed(database) == {"east": 2, "west": 2}
+
+
+CHILD = """
+import sys, time
+from pathlib import Path
+import psycopg
+import provisioner
+
+url, prefix, count, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+with psycopg.connect(url) as conn:
+    while not go.exists():
+        time.sleep(0.005)
+    refused = 0
+    for n in range(count):
+        try:
+            provisioner.enqueue(conn, f"{prefix}{n}")
+            conn.commit()
+        except provisioner.ConfigurationError:
+            conn.rollback()
+            refused += 1
+print(refused)
+"""
+
+
+def test_concurrent_enqueues_from_several_processes_never_exceed_a_capacity(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    add(database, "east", A, capacity=25)
+    add(database, "west", B, capacity=35)
+    go = tmp_path / "go"
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, database.app_url, f"p{i}_", "20", str(go)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=settings_env(settings),
+        )
+        for i in range(4)
+    ]
+    time.sleep(0.5)  # each child connected and waiting
+    go.touch()
+    refused = 0
+    for child in children:
+        out, _ = child.communicate(timeout=120)
+        assert child.returncode == 0
+        refused += int(out)
+    assert placed(database) == {"east": 25, "west": 35}
+    assert refused == 80 - 60
+
+
+def test_pgbouncer_databases_from_the_directory(settings: Settings, database: Database) -> None:
+    add(database, "east", A)
+    add(database, "west", "shard_west")
+    add(database, "old", B)
+    with database.owner() as conn:
+        servers.set_status(conn, "old", servers.ServerStatus.RETIRED)
+    out = run_cli(settings, "servers", "pgbouncer")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "[databases]" and lines[1].startswith("control = host=")
+    assert "password" not in out.stdout
+    assert lines[2:] == [
+        "east = host=127.0.0.1 port=1 dbname=tenants_a",
+        "; west: libpq service shard_west (PgBouncer reads no service file)",
+    ]
+
+
+def test_tenants_list_and_health_show_the_servers(settings: Settings, database: Database) -> None:
+    enqueue(database, "home")  # before any server: on the control database
+    add(database, "east", A, capacity=10)
+    enqueue(database, "acme")
+    listed = run_cli(settings, "tenants", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {t["tenant_id"]: t["server"] for t in json.loads(listed.stdout)} == {
+        "acme": "east",
+        "home": "control",
+    }
+    text = run_cli(settings, "tenants", "list")
+    assert "SERVER" in text.stdout.splitlines()[0]
+    assert [line.split()[-1] for line in text.stdout.splitlines()[1:3]] == ["east", "control"]
+    health = run_cli(settings, "health", "--json")
+    assert health.returncode == 1  # no worker runs: not ready, but the servers are shown
+    assert json.loads(health.stdout)["servers"] == [
+        {"name": "east", "status": "active", "capacity": 10, "tenants": 1}
+    ]
+    assert "tenant server east: active, 1 of 10 tenants" in run_cli(settings, "health").stdout
+
+
+def test_with_no_server_the_lists_are_as_they_were(settings: Settings, database: Database) -> None:
+    enqueue(database, "home")
+    listed = run_cli(settings, "tenants", "list", "--json")
+    assert "server" not in json.loads(listed.stdout)[0]
+    assert "SERVER" not in run_cli(settings, "tenants", "list").stdout
+    assert "servers" not in json.loads(run_cli(settings, "health", "--json").stdout)
+
+
+def schema_exists(database: Database, schema: str) -> bool:
+    with database.owner() as conn:
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+    return found is not None
+
+
+def test_a_tenant_on_a_tenant_server_is_never_built_on_the_control_database(
+    settings: Settings, database: Database
+) -> None:
+    """Until jobs run on the tenant's own server, its job fails at once, with a reason, and
+    nothing is created where it does not belong: by a one-off command and by a worker."""
+    add(database, "east", A)
+    out = run_cli(settings, "provision", "acme", "--json")
+    assert out.returncode == 1
+    job = json.loads(out.stdout)
+    assert (job["status"], job["steps_completed"], job["attempts"]) == ("failed", [], 1)
+    assert "tenant acme lives on tenant server east" in job["error_detail"]
+    enqueue(database, "beta")
+    assert run_cli(settings, "worker", "--once").returncode == 0
+    status = json.loads(run_cli(settings, "status", "beta", "--json").stdout)
+    assert (status["status"], status["attempts"]) == ("failed", 1)
+    assert "lives on tenant server east" in status["error_detail"]
+    assert not schema_exists(database, "tenant_acme") and not schema_exists(database, "tenant_beta")
+
+
+def test_servers_check_reaches_each_active_server_as_an_ordinary_owner(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    """The owner's password comes from libpq's own sources, never from the directory nor the
+    owner URL; a superuser and an unreachable server are reported (exit 1)."""
+    owner = psycopg.conninfo.conninfo_to_dict(database.owner_url)
+    admin = psycopg.conninfo.conninfo_to_dict(database.admin_url)
+    here = f"host={owner['host']} port={owner['port']} dbname={database.name}"
+    add(database, "good", here)
+    add(database, "root", f"{here} user={admin['user']}")
+    add(database, "down", "host=127.0.0.1 port=1 dbname=nothing")
+    add(database, "idle", "host=127.0.0.1 port=1 dbname=nothing")
+    with database.owner() as conn:
+        servers.set_status(conn, "idle", servers.ServerStatus.DRAINING)
+    passfile = tmp_path / "pgpass"
+    passfile.write_text("")
+    passfile.chmod(0o600)
+    out = run_cli(settings, "servers", "check", "--json", env={"PGPASSFILE": str(passfile)})
+    assert out.returncode == 1
+    found = {r["server"]: r for r in json.loads(out.stdout)}
+    assert sorted(found) == ["down", "good", "root"]  # a draining server takes no new work
+    assert not found["good"]["ok"] and "password" in found["good"]["problem"]
+    secrets = {str(owner.get("password")), str(admin.get("password"))} - {"None"}
+    assert not any(secret in out.stdout + out.stderr for secret in secrets)
+
+    passfile.write_text(
+        f"{owner['host']}:{owner['port']}:*:{owner['user']}:{owner.get('password', '')}\n"
+        f"{admin['host']}:{admin['port']}:*:{admin['user']}:{admin.get('password', '')}\n"
+    )
+    out = run_cli(settings, "servers", "check", "--json", env={"PGPASSFILE": str(passfile)})
+    assert out.returncode == 1
+    found = {r["server"]: r for r in json.loads(out.stdout)}
+    assert (found["good"]["ok"], found["good"]["role"]) == (True, owner["user"])
+    assert found["root"]["problem"] == (
+        f"role {admin['user']} is a superuser: the owner must be an ordinary role"
+    )
+    assert not found["down"]["ok"] and "database unavailable" in found["down"]["problem"]
+    assert not any(secret in out.stdout + out.stderr for secret in secrets)
+    with database.owner() as conn:
+        servers.set_status(conn, "root", servers.ServerStatus.FULL)
+        servers.set_status(conn, "down", servers.ServerStatus.DRAINING)
+    text = run_cli(settings, "servers", "check", env={"PGPASSFILE": str(passfile)})
+    assert (text.returncode, text.stdout) == (0, f"good: ok (as {owner['user']})\n")
+
+
+def test_placement_is_part_of_the_callers_transaction(database: Database) -> None:
+    """A rolled-back enqueue placed nothing: no tenant, no job, the server's count unchanged;
+    the async enqueue places as the sync one does."""
+    add(database, "east", A, capacity=1)
+    with psycopg.connect(database.app_url) as conn:
+        provisioner.enqueue(conn, "acme", server="east")
+        conn.rollback()
+    assert rows_of(database, "acme") == (0, 0) and placed(database) == {}
+
+    async def enqueue_async() -> None:
+        async with await psycopg.AsyncConnection.connect(database.app_url) as conn:
+            await provisioner.enqueue_async(conn, "acme", server="east")
+            await conn.commit()
+            with pytest.raises(provisioner.ConfigurationError, match="at its capacity"):
+                await provisioner.enqueue_async(conn, "beta", server="east")
+
+    asyncio.run(enqueue_async())
+    assert placed(database) == {"east": 1} and rows_of(database, "beta") == (0, 0)
+
+
+def test_tenants_list_by_server(settings: Settings, database: Database) -> None:
+    enqueue(database, "home")
+    add(database, "east", A)
+    add(database, "west", B)
+    enqueue(database, "acme", server="east")
+    enqueue(database, "beta", server="west")
+
+    def listed(server: str) -> list[str]:
+        out = run_cli(settings, "tenants", "list", "--server", server, "--json")
+        assert out.returncode == 0, out.stderr
+        return [t["tenant_id"] for t in json.loads(out.stdout)]
+
+    assert (listed("east"), listed("west"), listed("control")) == (["acme"], ["beta"], ["home"])
+    bad = run_cli(settings, "tenants", "list", "--server", "No Such")
+    assert bad.returncode == 2 and "invalid server name" in bad.stderr

@@ -21,6 +21,7 @@ from bench import (
     fleet,
     fleet_scale,
     pool,
+    pool_burst,
     provisioning,
     scale,
     tenant_fixture,
@@ -31,7 +32,17 @@ from bench.cluster import bench_cluster, say
 from bench.figures import Goal, Results
 from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
-SCENARIOS = ("provision", "pool", "burst", "worker", "wake", "claim", "fixture", "fleet")
+SCENARIOS = (
+    "provision",
+    "pool",
+    "burst",
+    "pool-burst",
+    "worker",
+    "wake",
+    "claim",
+    "fixture",
+    "fleet",
+)
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
 OPT_IN = ("fleet-scale", "bulk")
 
@@ -47,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-tenants", type=int, default=15)
     parser.add_argument("--burst-tenants", type=int, default=burst.TENANTS)
     parser.add_argument("--burst-runs", type=int, default=2)
+    parser.add_argument("--pool-burst-runs", type=int, default=2)
     parser.add_argument("--fleet-tenants", type=int, default=150)
     parser.add_argument("--fleet-runs", type=int, default=2)
     parser.add_argument(
@@ -94,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{args.burst_tenants} sign-ups at once: a worker at its defaults, 1 and "
                     f"{burst.cores()} children, raw SQL by 1 and {burst.cores()} sessions",
                     lambda: burst.run(cluster, results, args.burst_tenants, args.burst_runs),
+                ),
+                "pool-burst": (
+                    f"PROVISIONER_POOL_SIZE={pool_burst.POOL_SIZE}: a burst of as many sign-ups, "
+                    "the keeper's refill, sign-ups during a refill",
+                    lambda: pool_burst.run(cluster, results, args.pool_burst_runs),
                 ),
                 "worker": (
                     "drain with 1, 2 and 4 worker processes",
@@ -219,6 +236,7 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
             )
         )
     out += _burst_goals(results)
+    out += _pool_burst_goals(results)
     if "worker_2" in results.figures:
         goal = goal_ratio(
             results, "worker_2", 1.6, "2 workers >= 1.6x the throughput of 1", at_most=False
@@ -294,6 +312,31 @@ def _burst_goals(results: Results) -> list[Goal]:
         )
     )
     return out
+
+
+def _pool_burst_goals(results: Results) -> list[Goal]:
+    """Issue 30's second goal: a burst of N all served from N spares, a refill no slower than
+    the raw build, and sign-ups during a refill served as fast as without a pool."""
+    info = results.extra.get("pool_burst")
+    if info is None:
+        return []
+    size, served = info["size"], info["served_from_spares"]
+    all_served = all(int(n) == size for n in served)
+    return [
+        Goal(
+            f"a burst of {size} sign-ups with PROVISIONER_POOL_SIZE={size}: all from spares",
+            f"{size} of {size} in every run",
+            ", ".join(f"{int(n)} of {size}" for n in served),
+            all_served,
+        ),
+        goal_ratio(results, "poolb_refill", 1.0, "the keeper's refill <= 1x the raw build"),
+        goal_ratio(
+            results,
+            "poolb_during",
+            1.5,
+            "a sign-up during a refill <= 1.5x raw (no wait behind the keeper's build)",
+        ),
+    ]
 
 
 def _scale_from_file() -> Goal:

@@ -1,0 +1,190 @@
+"""A sign-up burst against the warm pool: ``PROVISIONER_POOL_SIZE=N``, N sign-ups enqueued in one
+transaction to a running worker at its defaults, then the keeper's refill, then sign-ups that
+arrive one by one while the keeper rebuilds; against the raw build measured in the same run.
+
+* **Burst:** every sign-up should be served from a spare (its ``create_schema`` step record says
+  ``taken from the warm pool``); the figure is each job's ``finished_at - created_at``.
+* **Refill:** from the burst's last finish to the pool being full again, per spare rebuilt,
+  against the raw serial build (the full end state in one transaction on an open connection).
+* **During a refill:** a second burst empties the pool; as soon as the keeper has started
+  rebuilding, sign-ups are enqueued one at a time (each after the previous one finished). None
+  should wait behind the keeper's build: a job's wait before its first step starts is
+  reported beside its latency.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+import provisioner
+from bench import burst, worker_process
+from bench.cluster import BenchCluster, BenchDatabase, say
+from bench.figures import Figure, Results
+from provisioner import service
+
+POOL_SIZE = 10
+DURING_REFILL = 5
+
+# Each sign-up of a group: latency, wait before its claim, and whether a spare served it.
+SIGNUPS = """
+SELECT extract(epoch FROM j.finished_at - j.created_at) * 1000,
+       extract(epoch FROM (SELECT min(s.started_at) FROM control.job_step_runs s
+                            WHERE s.job_id = j.id) - j.created_at) * 1000,
+       EXISTS (SELECT 1 FROM control.job_step_runs s
+                WHERE s.job_id = j.id AND s.step = 'create_schema'
+                  AND s.detail LIKE 'taken from the warm pool%%')
+  FROM control.platform_jobs j
+ WHERE j.tenant_id LIKE %(prefix)s AND j.status = 'succeeded'
+"""
+
+
+def _ready(database: BenchDatabase) -> int:
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute("SELECT count(*) FROM control.tenant_pool").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _building(database: BenchDatabase) -> bool:
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM control.tenant_pool_schemas s WHERE NOT EXISTS "
+            "(SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = s.schema_name)"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _wait(condition: object, what: str, worker: worker_process.WorkerProcess) -> None:
+    if not worker_process.wait_for(condition, 600, 0.01):
+        raise RuntimeError(f"{what} did not happen: {worker.log()[-2000:]}")
+
+
+def _signups(database: BenchDatabase, prefix: str) -> list[tuple[float, float, bool]]:
+    with psycopg.connect(database.owner_url) as conn:
+        rows = conn.execute(SIGNUPS, {"prefix": f"{prefix}%"}).fetchall()
+    return [(float(a), float(b), bool(c)) for a, b, c in rows]
+
+
+def _burst(app: psycopg.Connection, database: BenchDatabase, prefix: str, n: int) -> None:
+    for i in range(n):
+        provisioner.enqueue(app, f"{prefix}{i}")
+    app.commit()
+    deadline = time.monotonic() + 600
+    while len(_signups(database, prefix)) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the burst {prefix} did not finish")
+        time.sleep(0.01)
+
+
+def _one(app: psycopg.Connection, database: BenchDatabase, tenant: str) -> None:
+    provisioner.enqueue(app, tenant)
+    app.commit()
+    deadline = time.monotonic() + 600
+    while not _signups(database, tenant):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{tenant} did not finish")
+        time.sleep(0.005)
+
+
+def _round(cluster: BenchCluster, size: int, run_no: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {k: [] for k in ("burst", "served", "refill", "during", "wait")}
+    with cluster.database(f"poolburst{run_no}") as database:
+        env = {"PROVISIONER_POOL_SIZE": str(size)}
+        worker = worker_process.WorkerProcess(database, env=env)
+        app = psycopg.connect(database.app_url)
+        try:
+            _one(app, database, "warmup")  # the children and the reference
+            _wait(lambda: _ready(database) >= size, "the pool filling", worker)
+            time.sleep(1.0)
+            _burst(app, database, "burst_", size)
+            rows = _signups(database, "burst_")
+            out["burst"] = [r[0] for r in rows]
+            out["served"] = [float(sum(r[2] for r in rows))]
+            with psycopg.connect(database.owner_url) as conn:
+                row = conn.execute(
+                    "SELECT extract(epoch FROM clock_timestamp() - max(finished_at)) "
+                    "FROM control.platform_jobs"
+                ).fetchone()
+            assert row is not None
+            began = time.monotonic() - float(row[0])
+            _wait(lambda: _ready(database) >= size, "the refill", worker)
+            out["refill"] = [(time.monotonic() - began) * 1000 / size]
+            time.sleep(1.0)
+            _burst(app, database, "again_", size)
+            _wait(lambda: _building(database), "a rebuild starting", worker)
+            for i in range(DURING_REFILL):
+                _one(app, database, f"during_{i}")
+            rows = _signups(database, "during_")
+            out["during"] = [r[0] for r in rows]
+            out["wait"] = [r[1] for r in rows]
+            out["during_served"] = [float(sum(r[2] for r in rows))]
+        finally:
+            app.close()
+            worker.close()
+    return out
+
+
+def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZE) -> None:
+    if not worker_process.worker_available():
+        results.notes["pool-burst"] = "not measured: this tree has no `provisioner worker`"
+        return
+    samples: dict[str, list[float]] = {}
+    raw: list[float] = []
+    with cluster.database("poolburst_raw") as database:
+        service.provision(database.settings(), "shape")
+        for run_no in range(runs):
+            ms, _ = burst.raw(database, 1, 20, f"p{run_no}")
+            raw.append(ms)
+            for key, values in _round(cluster, size, run_no).items():
+                samples.setdefault(key, []).extend(values)
+            say(
+                f"  pool-burst: run {run_no + 1}: served {samples['served'][-1]:.0f}/{size}, "
+                f"refill {samples['refill'][-1]:.0f} ms/spare, raw {ms:.0f} ms/tenant"
+            )
+    results.add(Figure("poolb_raw", "raw SQL, 1 session (a build)", "ms", raw, note="baseline"))
+    results.add(
+        Figure(
+            "poolb_burst",
+            f"burst of {size} sign-ups, pool of {size}: enqueue -> succeeded",
+            "ms",
+            samples["burst"],
+            baseline="poolb_raw",
+            percentiles=True,
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_refill",
+            "  the keeper's refill after it, per spare",
+            "ms",
+            samples["refill"],
+            baseline="poolb_raw",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_during",
+            "  a sign-up while the keeper rebuilds: enqueue -> succeeded",
+            "ms",
+            samples["during"],
+            baseline="poolb_raw",
+            percentiles=True,
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_wait",
+            "  ... of which before its first step",
+            "ms",
+            samples["wait"],
+            baseline="poolb_raw",
+            percentiles=True,
+        )
+    )
+    results.extra["pool_burst"] = {
+        "size": size,
+        "served_from_spares": samples["served"],
+        "during_refill_served_from_spares": samples["during_served"],
+        "during_refill_signups": DURING_REFILL,
+    }

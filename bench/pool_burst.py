@@ -6,6 +6,8 @@ arrive one by one while the keeper rebuilds; against the raw build measured in t
   ``taken from the warm pool``); the figure is each job's ``finished_at - created_at``.
 * **Refill:** from the burst's last finish to the pool being full again, per spare rebuilt,
   against the raw serial build (the full end state in one transaction on an open connection).
+* **A spare's build alone**, interleaved with the raw build in one database: on a session that
+  waits for the disk at each commit and on one that does not (the keeper's).
 * **During a refill:** a second burst empties the pool; as soon as the keeper has started
   rebuilding, sign-ups are enqueued one at a time (each after the previous one finished). None
   should wait behind the keeper's build: a job's wait before its first step starts is
@@ -22,7 +24,7 @@ import provisioner
 from bench import burst, worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
-from provisioner import service
+from provisioner import db, pool, service
 
 POOL_SIZE = 10
 DURING_REFILL = 5
@@ -125,6 +127,33 @@ def _round(cluster: BenchCluster, size: int, run_no: int) -> dict[str, list[floa
     return out
 
 
+def _builds(database: BenchDatabase, rounds: int) -> dict[str, list[float]]:
+    """ms per spare built by :func:`provisioner.pool.build_spare` with and without
+    ``synchronous_commit = off``, and per raw build, interleaved."""
+    out: dict[str, list[float]] = {"sync": [], "async": [], "raw": []}
+    owner = database.owner_url
+    keepers = {
+        "sync": db.Database(owner, application_name="bench:sync"),
+        "async": db.Database(
+            owner, application_name="bench:async", settings={"synchronous_commit": "off"}
+        ),
+    }
+    try:
+        for i in range(rounds):
+            for key, database_ in keepers.items():
+                began = time.perf_counter()
+                with database_.session() as session, pool.builder_lock(session) as locked:
+                    assert locked
+                    pool.build_spare(session, "bench", "app_rw")
+                out[key].append((time.perf_counter() - began) * 1000)
+            ms, _ = burst.raw(database, 1, 1, f"b{i}")
+            out["raw"].append(ms)
+    finally:
+        for database_ in keepers.values():
+            database_.close()
+    return out
+
+
 def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZE) -> None:
     if not worker_process.worker_available():
         results.notes["pool-burst"] = "not measured: this tree has no `provisioner worker`"
@@ -133,16 +162,50 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
     raw: list[float] = []
     with cluster.database("poolburst_raw") as database:
         service.provision(database.settings(), "shape")
+        builds = _builds(database, 8 * runs)
         for run_no in range(runs):
             ms, _ = burst.raw(database, 1, 20, f"p{run_no}")
             raw.append(ms)
             for key, values in _round(cluster, size, run_no).items():
                 samples.setdefault(key, []).extend(values)
+            after, _ = burst.raw(database, 1, 20, f"q{run_no}")
+            raw.append(after)
             say(
                 f"  pool-burst: run {run_no + 1}: served {samples['served'][-1]:.0f}/{size}, "
                 f"refill {samples['refill'][-1]:.0f} ms/spare, raw {ms:.0f} ms/tenant"
             )
-    results.add(Figure("poolb_raw", "raw SQL, 1 session (a build)", "ms", raw, note="baseline"))
+    results.add(
+        Figure(
+            "poolb_build_raw", "raw SQL, 1 tx (interleaved)", "ms", builds["raw"], note="baseline"
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_build_sync",
+            "  a spare's build, each commit waiting for the disk",
+            "ms",
+            builds["sync"],
+            baseline="poolb_build_raw",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_build_async",
+            "  a spare's build as the keeper runs it (synchronous_commit off)",
+            "ms",
+            builds["async"],
+            baseline="poolb_build_raw",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_raw",
+            "raw SQL, 1 session, before and after each round",
+            "ms",
+            raw,
+            note="baseline",
+        )
+    )
     results.add(
         Figure(
             "poolb_burst",

@@ -560,3 +560,22 @@ def test_a_build_paused_past_its_limit_gives_up_and_drops_its_schema(
             )
     finally:
         keeper.stop()
+
+
+def test_the_keepers_sessions_commit_without_waiting_for_the_disk(
+    fast: Settings, database: Database
+) -> None:
+    """A spare's build does not wait for a flush per transaction (its sessions say so
+    themselves, whatever the server's default); other sessions keep the server's setting."""
+    keeper = pool.PoolKeeper(
+        fast.owner_url, 1, "test:pool", lambda: False, logging.getLogger("test")
+    )
+    read = "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'"
+    try:
+        with keeper._db.transaction() as tx:
+            assert tx.pg.execute(read).fetchone() == ("off", "client")
+    finally:
+        keeper._db.close()
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute(read).fetchone()
+    assert row is not None and row[1] != "client"

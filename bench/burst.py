@@ -180,9 +180,12 @@ def drain(
         return float(row[1]) * 1000 / tenants, breakdown
 
 
-def raw(database: BenchDatabase, sessions: int, tenants: int, tag: str) -> tuple[float, Breakdown]:
+def raw(
+    database: BenchDatabase, sessions: int, tenants: int, tag: str, *, counted: bool = True
+) -> tuple[float, Breakdown]:
     """(ms per tenant of the raw script run by ``sessions`` connections at once, breakdown);
-    ``tenants`` in all, split between the sessions."""
+    ``tenants`` in all, split between the sessions. ``counted`` false: no breakdown (other
+    sessions of the database stay open)."""
     template = Template.capture()
     with psycopg.connect(database.owner_url) as conn:
         tables, sequences = tenant_schema.relations(conn, "tenant_shape")
@@ -206,7 +209,7 @@ def raw(database: BenchDatabase, sessions: int, tenants: int, tag: str) -> tuple
             errors.append(exc)
 
     threads = [threading.Thread(target=stream, args=(k,)) for k in range(sessions)]
-    before = _settled_counters(database)
+    before = _settled_counters(database) if counted else ()
     for thread in threads:
         thread.start()
     ready.wait()
@@ -219,7 +222,7 @@ def raw(database: BenchDatabase, sessions: int, tenants: int, tag: str) -> tuple
     sampler.stop()
     if errors:
         raise errors[0]
-    after = _settled_counters(database)
+    after = _settled_counters(database) if counted else ()
     return elapsed * 1000 / (each * sessions), Breakdown(
         each * sessions, _delta(before, after), sampler.states
     )

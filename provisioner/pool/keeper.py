@@ -4,9 +4,10 @@ One builder at a time per database (worker replicas share the pool): the builder
 lock is tried, never waited for (:func:`builder_lock`). Under it the keeper drops the schemas
 of builds whose process died (:func:`drop_unfinished`), then builds one spare unless enough are
 ready (:func:`build_spare_if_short`); outside it, it drops one spare of another tree state at a
-time (:func:`drop_stale_spare`). After each spare it builds it tells the worker
-(``on_built``), which has its idle engine children warm their sessions: the build's schema
-reset every plan of every session (``tests/integration/test_pool.py::
+time (:func:`drop_stale_spare`). After the build that fills the pool it tells the worker
+(``on_built``), which has its idle engine children warm their sessions: the builds' schemas
+reset every plan of every session, and warming after each build of a refill only made the
+children reload their caches while the next build ran (and emptied them again) (``tests/integration/test_pool.py::
 test_a_spare_build_warms_the_idle_engine_sessions``).
 
 Spare builds yield to sign-ups. Invariant: a build makes no progress while the worker has a
@@ -238,7 +239,8 @@ class PoolKeeper(threading.Thread):
             if tended.built is None:
                 return bool(tended.dropped)
             event(self.log, "pool_spare_built", schema=tended.built, ready=found.ready + 1)
-            self.on_built()
+            if found.ready + 1 >= self.size:  # the next build would empty the caches again
+                self.on_built()
             return True
         except BuildStopped:
             return False

@@ -7,8 +7,8 @@ ready (:func:`build_spare_if_short`); outside it, it drops one spare of another 
 time (:func:`drop_stale_spare`). After the build that fills the pool it tells the worker
 (``on_built``), which has its idle engine children warm their sessions: the builds' schemas
 reset every plan of every session, and warming after each build of a refill only made the
-children reload their caches while the next build ran (and emptied them again) (``tests/integration/test_pool.py::
-test_a_spare_build_warms_the_idle_engine_sessions``).
+children reload their caches while the next build ran (and emptied them again)
+(``tests/integration/test_pool.py::test_a_spare_build_warms_the_idle_engine_sessions``).
 
 Spare builds yield to sign-ups. Invariant: a build makes no progress while the worker has a
 job running or waiting to be claimed; between two of its transactions it pauses (its schema

@@ -134,8 +134,8 @@ def warmed_sessions(database: Database) -> int:
 def test_a_spare_build_warms_the_idle_engine_sessions(
     fast: Settings, database: Database, workers: Workers
 ) -> None:
-    """After the build that fills the pool, the worker has its idle child reload its sessions' catalog
-    caches (both of them, once the child has run a job), not the next sign-up."""
+    """After the build that fills the pool, the worker has its idle child reload its sessions'
+    catalog caches (both of them, once the child has run a job), not the next sign-up."""
     worker = workers.start(env={**POOL, "PROVISIONER_POLL_SECONDS": "600"})
     wait_until(lambda: len(ready_spares(database)) == 2, 60, "two spares")
     enqueue_together(fast, ["w1"])  # the child's steps session opens with its first job

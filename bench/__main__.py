@@ -329,7 +329,9 @@ def _pool_burst_goals(results: Results) -> list[Goal]:
             ", ".join(f"{int(n)} of {size}" for n in served),
             all_served,
         ),
-        goal_ratio(results, "poolb_refill", 1.0, "the keeper's refill <= 1x the raw build"),
+        goal_ratio(
+            results, "poolb_refill", 1.0, "the keeper's refill <= 1x the raw build right after it"
+        ),
         goal_ratio(
             results,
             "poolb_during",

@@ -16,11 +16,13 @@ from pathlib import Path
 
 from bench import (
     bulk,
+    burst,
     claim,
     fleet,
     fleet_scale,
     placement,
     pool,
+    pool_burst,
     provisioning,
     scale,
     tenant_fixture,
@@ -31,7 +33,17 @@ from bench.cluster import bench_cluster, say
 from bench.figures import Goal, Results
 from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
-SCENARIOS = ("provision", "pool", "worker", "wake", "claim", "fixture", "fleet")
+SCENARIOS = (
+    "provision",
+    "pool",
+    "burst",
+    "pool-burst",
+    "worker",
+    "wake",
+    "claim",
+    "fixture",
+    "fleet",
+)
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
 OPT_IN = ("fleet-scale", "bulk", "placement")
 
@@ -45,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-tenants", type=int, default=40)
     parser.add_argument("--worker-runs", type=int, default=3)
     parser.add_argument("--pool-tenants", type=int, default=15)
+    parser.add_argument("--burst-tenants", type=int, default=burst.TENANTS)
+    parser.add_argument("--burst-runs", type=int, default=2)
+    parser.add_argument("--pool-burst-runs", type=int, default=2)
     parser.add_argument("--fleet-tenants", type=int, default=150)
     parser.add_argument("--fleet-runs", type=int, default=2)
     parser.add_argument(
@@ -87,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
                 "pool": (
                     "enqueue -> succeeded with and without the warm pool, 9 and 200 tables",
                     lambda: pool.run(cluster, results, args.pool_tenants),
+                ),
+                "burst": (
+                    f"{args.burst_tenants} sign-ups at once: a worker at its defaults, 1 and "
+                    f"{burst.cores()} children, raw SQL by 1 and {burst.cores()} sessions",
+                    lambda: burst.run(cluster, results, args.burst_tenants, args.burst_runs),
+                ),
+                "pool-burst": (
+                    f"PROVISIONER_POOL_SIZE={pool_burst.POOL_SIZE}: a burst of as many sign-ups, "
+                    "the keeper's refill, sign-ups during a refill",
+                    lambda: pool_burst.run(cluster, results, args.pool_burst_runs),
                 ),
                 "worker": (
                     "drain with 1, 2 and 4 worker processes",
@@ -215,6 +240,8 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
                 "" if median <= 15.0 else f"gap: {median - 15:.2f} ms",
             )
         )
+    out += _burst_goals(results)
+    out += _pool_burst_goals(results)
     if "worker_2" in results.figures:
         goal = goal_ratio(
             results, "worker_2", 1.6, "2 workers >= 1.6x the throughput of 1", at_most=False
@@ -262,6 +289,61 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
             )
         )
     return out
+
+
+def _burst_goals(results: Results) -> list[Goal]:
+    """Issue 30's first goal: a burst through one worker at its defaults near the raw serial
+    limit, and the speed-up of as many children as cores near raw SQL's own."""
+    if "burst_default" not in results.figures:
+        return []
+    out = [
+        goal_ratio(
+            results,
+            "burst_default",
+            1.5,
+            "a burst of sign-ups, one worker at its defaults <= 1.5x raw serial (per tenant)",
+        )
+    ]
+    speedups = burst.speedups(results)
+    ratio = speedups["worker_over_raw"]
+    out.append(
+        Goal(
+            f"{speedups['cores']} children's speed-up >= 0.9x raw SQL's with "
+            f"{speedups['cores']} sessions",
+            ">= 0.9x",
+            f"{ratio:.2f}x (children {speedups['worker']:.2f}x one, raw {speedups['raw']:.2f}x)",
+            ratio >= 0.9,
+            "" if ratio >= 0.9 else f"gap: {ratio - 0.9:+.2f}x",
+        )
+    )
+    return out
+
+
+def _pool_burst_goals(results: Results) -> list[Goal]:
+    """Issue 30's second goal: a burst of N all served from N spares, a refill no slower than
+    the raw build, and sign-ups during a refill served as fast as without a pool."""
+    info = results.extra.get("pool_burst")
+    if info is None:
+        return []
+    size, served = info["size"], info["served_from_spares"]
+    all_served = all(int(n) == size for n in served)
+    return [
+        Goal(
+            f"a burst of {size} sign-ups with PROVISIONER_POOL_SIZE={size}: all from spares",
+            f"{size} of {size} in every run",
+            ", ".join(f"{int(n)} of {size}" for n in served),
+            all_served,
+        ),
+        goal_ratio(
+            results, "poolb_refill", 1.0, "the keeper's refill <= 1x the raw build right after it"
+        ),
+        goal_ratio(
+            results,
+            "poolb_during",
+            1.5,
+            "a sign-up during a refill <= 1.5x raw (no wait behind the keeper's build)",
+        ),
+    ]
 
 
 def _scale_from_file() -> Goal:

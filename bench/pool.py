@@ -234,7 +234,8 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
             )
         )
     results.notes["pool"] = (
-        f"a running `provisioner worker` (1 child), PROVISIONER_POOL_SIZE={POOL_SIZE} or 0; "
+        "a running `provisioner worker` (its default children), "
+        f"PROVISIONER_POOL_SIZE={POOL_SIZE} or 0; "
         "latency is the job row's finished_at - created_at; the raw baseline is measured "
         "between the tenants provisioned without the pool only (its one-transaction DDL would "
         "reset every session's caches before the next take); each tenant is enqueued "

@@ -129,6 +129,13 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("pool_size", "PROVISIONER_POOL_SIZE", "0", "warm spare schemas kept", Kind.NUMBER),
     Key(
+        "worker_concurrency",
+        "PROVISIONER_WORKER_CONCURRENCY",
+        "(one per core, at most 8)",
+        "engine child processes per worker",
+        Kind.NUMBER,
+    ),
+    Key(
         "lock_timeout_seconds",
         "PROVISIONER_LOCK_TIMEOUT_SECONDS",
         "5",

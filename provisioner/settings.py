@@ -96,6 +96,8 @@ MAX_SECONDS = 7 * 24 * 3600.0
 MISSED_BEATS = 3
 #: The largest warm pool (PROVISIONER_POOL_SIZE): spares are whole schemas.
 MAX_POOL_SIZE = 10_000
+#: The most engine children one worker runs (PROVISIONER_WORKER_CONCURRENCY, --concurrency).
+MAX_CONCURRENCY = 64
 
 
 def seconds_problem(value: float) -> str | None:
@@ -195,6 +197,8 @@ class Settings:
     state_dir: Path = Path(".provisioner")
     #: spare schemas the worker keeps built at the template head (0: no warm pool)
     pool_size: int = 0
+    #: engine children per worker (0: the machine's, :mod:`provisioner.worker.concurrency`)
+    worker_concurrency: int = 0
     #: the project's seeds (PROVISIONER_SEEDS: folders of *.sql, .sql files, module:function);
     #: empty: the tenant tree's seeds/ folder (provisioner.templates.seeds)
     seeds: tuple[str, ...] = ()
@@ -228,6 +232,11 @@ class Settings:
         if not 0 <= self.pool_size <= MAX_POOL_SIZE:
             raise ConfigurationError(
                 f"PROVISIONER_POOL_SIZE must be between 0 and {MAX_POOL_SIZE}, got {self.pool_size}"
+            )
+        if not 0 <= self.worker_concurrency <= MAX_CONCURRENCY:
+            raise ConfigurationError(
+                f"PROVISIONER_WORKER_CONCURRENCY must be between 0 (one per core) and "
+                f"{MAX_CONCURRENCY}, got {self.worker_concurrency}"
             )
 
     def check_object_store_path(self) -> None:
@@ -284,6 +293,9 @@ class Settings:
             azure_credential=env.get(AZURE_CREDENTIAL_ENV) or None,
             state_dir=Path(env.get("PROVISIONER_STATE_DIR") or cls.state_dir),
             pool_size=_count(env, "PROVISIONER_POOL_SIZE", cls.pool_size),
+            worker_concurrency=_count(
+                env, "PROVISIONER_WORKER_CONCURRENCY", cls.worker_concurrency
+            ),
             seeds=parse_job_types(env.get("PROVISIONER_SEEDS") or ""),
             metrics_port=_port(env, "PROVISIONER_METRICS_PORT", None),
             metrics_host=env.get("PROVISIONER_METRICS_HOST") or cls.metrics_host,

@@ -217,6 +217,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         PROVISIONER_JOB_STALE_AFTER_SECONDS=str(settings.job_stale_after_seconds),
         PROVISIONER_HEARTBEAT_SECONDS=str(settings.heartbeat_seconds),
         PROVISIONER_POLL_SECONDS=str(settings.poll_interval_seconds),
+        # The tests were written against one engine child unless they say --concurrency; the
+        # machine's default (one per core) has its own test, which removes this variable.
+        PROVISIONER_WORKER_CONCURRENCY=str(settings.worker_concurrency or 1),
         PYTHONPATH=str(ROOT),
     )
     if settings.object_store_path:

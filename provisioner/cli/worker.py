@@ -11,7 +11,7 @@ import click
 from provisioner import logs, service
 from provisioner.cli.options import SECONDS, component_options, for_component, settings_of
 from provisioner.cli.render import emit_json, fail_cleanly
-from provisioner.settings import Settings
+from provisioner.settings import MAX_CONCURRENCY, Settings
 from provisioner.worker import WorkerOptions, run_worker
 
 
@@ -19,10 +19,10 @@ from provisioner.worker import WorkerOptions, run_worker
 @click.option("--once", is_flag=True, help="Drain every claimable job, then exit 0.")
 @click.option(
     "--concurrency",
-    type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
-    help="Jobs at once, each in its own child process.",
+    type=click.IntRange(1, MAX_CONCURRENCY),
+    default=None,
+    help="Jobs at once, each in its own child process "
+    "[default: PROVISIONER_WORKER_CONCURRENCY, else one per core, at most 8].",
 )
 @click.option(
     "--log-format",
@@ -77,7 +77,7 @@ from provisioner.worker import WorkerOptions, run_worker
 def worker(
     ctx: click.Context,
     once: bool,
-    concurrency: int,
+    concurrency: int | None,
     log_format: str,
     poll_interval: float | None,
     stale_after: float | None,
@@ -100,7 +100,9 @@ def worker(
         drain_timeout_seconds=drain_timeout or base.drain_timeout_seconds,
     )
     settings = for_component(settings, component, job_types)
-    options = WorkerOptions(once=once, concurrency=concurrency, allow_superuser=allow_superuser)
+    options = WorkerOptions(
+        once=once, concurrency=concurrency or 0, allow_superuser=allow_superuser
+    )
     sys.exit(run_worker(settings, options, logs.configure(log_format)))
 
 

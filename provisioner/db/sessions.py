@@ -278,10 +278,13 @@ class Database:
         *,
         application_name: str = "provisioner",
         idle_in_transaction_timeout_ms: int | None = None,
+        settings: dict[str, str] | None = None,
     ) -> None:
         # Generic plans: the statements planned ahead on an idle session (on_idle_session, the
         # warm-up after a spare build) are used as they are, not planned again for their values.
-        options: dict[str, Any] = dict(GENERIC_PLANS)
+        # ``settings``: more server settings for these sessions (the pool keeper's commits that
+        # do not wait for the disk).
+        options: dict[str, Any] = {**GENERIC_PLANS, **(settings or {})}
         if idle_in_transaction_timeout_ms:
             options["idle_in_transaction_session_timeout"] = idle_in_transaction_timeout_ms
         self.url = url

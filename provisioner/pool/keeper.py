@@ -4,16 +4,36 @@ One builder at a time per database (worker replicas share the pool): the builder
 lock is tried, never waited for (:func:`builder_lock`). Under it the keeper drops the schemas
 of builds whose process died (:func:`drop_unfinished`), then builds one spare unless enough are
 ready (:func:`build_spare_if_short`); outside it, it drops one spare of another tree state at a
-time (:func:`drop_stale_spare`). After each spare it builds it tells the worker
-(``on_built``), which has its idle engine children warm their sessions: the build's schema
-reset every plan of every session (``tests/integration/test_pool.py::
-test_a_spare_build_warms_the_idle_engine_sessions``).
+time (:func:`drop_stale_spare`). After the build that fills the pool it tells the worker
+(``on_built``), which has its idle engine children warm their sessions: the builds' schemas
+reset every plan of every session, and warming after each build of a refill only made the
+children reload their caches while the next build ran (and emptied them again)
+(``tests/integration/test_pool.py::test_a_spare_build_warms_the_idle_engine_sessions``).
+
+Spare builds yield to sign-ups. Invariant: a build makes no progress while the worker has a
+job running or waiting to be claimed; between two of its transactions it pauses (its schema
+unfinished, the builders' lock kept) and goes on, with the same schema, once the worker is idle
+again (:meth:`PoolKeeper.yield_to_jobs`). A sign-up that arrives during a build therefore waits
+behind at most one of the build's transactions (:data:`~provisioner.pool.spares.BATCH`
+statements), never a whole build, and the work already done is not thrown away. A pause longer
+than :data:`PAUSE_LIMIT_SECONDS` (a long fleet upgrade) stops the build and drops its schema, so
+that the builders' lock does not keep an idle replica from building
+(``tests/integration/test_pool.py::test_a_spare_build_pauses_while_the_worker_has_a_job``).
+
+The keeper's sessions commit without waiting for the disk (``synchronous_commit = off``): a
+build is a handful of transactions, and waiting for each flush made a refill cost about
+1.65x the raw build. Nothing is lost by it: a server crash can only undo a tail of the keeper's
+commits, which leaves a recorded schema with no ready row (dropped by the next builder) or no
+schema at all; and a take's own commit waits for the disk, which flushes the WAL before it,
+the record of the spare it took included (``tests/integration/test_pool.py::
+test_the_keepers_sessions_commit_without_waiting_for_the_disk``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -48,6 +68,11 @@ RELEASE_BUILD_LOCK = "SELECT pg_advisory_unlock(%(class)s, 0)"
 
 #: First key of the pool builders' advisory lock ('pool').
 POOL_LOCK_CLASS = 0x706F6F6C
+
+#: How often a paused build looks whether the worker is idle again.
+PAUSE_CHECK_SECONDS = 0.01
+#: The longest pause before a build gives up (its schema dropped, the builders' lock released).
+PAUSE_LIMIT_SECONDS = 30.0
 
 
 @contextmanager
@@ -130,8 +155,9 @@ def drop_stale_spare(tx: Transaction) -> str | None:
 class PoolKeeper(threading.Thread):
     """The worker's pool thread: keeps ``size`` spares ready while the worker is idle.
 
-    One spare at a time, then it asks again whether the worker is idle, so a job that arrives
-    waits for no more than the build under way. It runs Alembic only to compute a missing
+    One spare at a time, and between two of a build's transactions it asks again whether the
+    worker is idle, so a job that arrives waits for no more than one of the build's
+    transactions. It runs Alembic only to compute a missing
     reference, and it is the only thread of the worker's parent process that does.
     """
 
@@ -147,6 +173,7 @@ class PoolKeeper(threading.Thread):
         log: logging.Logger,
         app_role: str | None = None,
         on_built: Callable[[], None] = lambda: None,
+        pause_limit_seconds: float = PAUSE_LIMIT_SECONDS,
     ) -> None:
         super().__init__(name="pool-keeper", daemon=True)
         #: called in this thread after each spare is built (the worker warms its children)
@@ -159,11 +186,17 @@ class PoolKeeper(threading.Thread):
         self.app_role = app_role
         self.halt = threading.Event()
         self.wake = threading.Event()
-        self._db = db.Database(owner_url, application_name=holder)
+        # A build commits without waiting for the disk (see the module's docstring).
+        self._db = db.Database(
+            owner_url, application_name=holder, settings={"synchronous_commit": "off"}
+        )
         self._status: dict[str, Any] = {"size": size, "ready": None, "stale": None}
         self._problem: str | None = None
         #: ``pool_*`` schemas not the pool's that were reported (each is logged once)
         self._reported: set[str] = set()
+        #: builds paused for a job, then resumed (:meth:`yield_to_jobs`)
+        self.pauses = 0
+        self.pause_limit_seconds = pause_limit_seconds
 
     def status(self) -> dict[str, Any]:
         """The heartbeat's ``pool`` entry."""
@@ -199,14 +232,15 @@ class PoolKeeper(threading.Thread):
                 return False
             with self._db.session() as session:
                 tended = build_spare_if_short(
-                    session, self.size, self.holder, self.app_role, stop=self.halt.is_set
+                    session, self.size, self.holder, self.app_role, stop=self.yield_to_jobs
                 )
             for name in tended.dropped:
                 event(self.log, "pool_spare_dropped", schema=name, reason="unfinished build")
             if tended.built is None:
                 return bool(tended.dropped)
             event(self.log, "pool_spare_built", schema=tended.built, ready=found.ready + 1)
-            self.on_built()
+            if found.ready + 1 >= self.size:  # the next build would empty the caches again
+                self.on_built()
             return True
         except BuildStopped:
             return False
@@ -224,6 +258,22 @@ class PoolKeeper(threading.Thread):
             event(self.log, "pool_error", logging.WARNING, error=str(exc))
             self.halt.wait(2.0)
             return False
+
+    def yield_to_jobs(self) -> bool:
+        """Between two of a build's transactions: wait while the worker has a job (the build
+        goes on once it is idle again); True to stop the build: the worker is stopping, or the
+        pause outlasted its limit (:data:`PAUSE_LIMIT_SECONDS` by default)."""
+        deadline = time.monotonic() + self.pause_limit_seconds
+        paused = False
+        while not self.halt.is_set() and not self.is_idle():
+            if time.monotonic() >= deadline:
+                event(self.log, "pool_build_yielded", reason="the worker stayed busy")
+                return True
+            paused = True
+            self.halt.wait(PAUSE_CHECK_SECONDS)
+        if paused:
+            self.pauses += 1
+        return self.halt.is_set()
 
     def _report_foreign(self) -> None:
         """One WARNING per ``pool_*`` schema that is not the pool's, with its name and owner:

@@ -42,6 +42,7 @@ Where each part lives:
     state.py       the parent's fields and the heartbeat's snapshot
     orphans.py     jobs the parent settles itself (a dead child's, or one a child could not)
     options.py     WorkerOptions and the parent's fixed timings
+    concurrency.py how many engine children: the flag, the setting, else one per core
     processes.py   the engine processes (the child's loop) and the typed messages both ways
     heartbeat.py   the heartbeat thread and the one-line outage log
     metrics.py     the Prometheus metrics: counters kept here, gauges read at each scrape

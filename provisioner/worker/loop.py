@@ -13,12 +13,14 @@ import selectors
 import signal
 import time
 from contextlib import suppress
+from dataclasses import replace
 from typing import Any, assert_never
 
 from provisioner.errors import ConfigurationError, DatabaseUnavailable, ProvisionerError
 from provisioner.logs import event, job_fields
 from provisioner.settings import Settings
 from provisioner.version import __version__
+from provisioner.worker.concurrency import worker_concurrency
 from provisioner.worker.heartbeat import DB_ERRORS
 from provisioner.worker.options import (
     CHILD_START_TIMEOUT_SECONDS,
@@ -34,6 +36,7 @@ from provisioner.worker.supervisor import Supervisor
 def run_worker(settings: Settings, options: WorkerOptions, log: logging.Logger) -> int:
     """Check, start and run the worker until it is stopped (or, with ``once``, drained)."""
     check_configuration(settings)
+    options = replace(options, concurrency=worker_concurrency(options.concurrency, settings))
     delay = 0.5
     while True:
         try:

@@ -17,9 +17,11 @@ INTERRUPT_GRACE_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    """``--once`` (drain the queue, then exit), ``--concurrency`` (engine processes),
-    ``--allow-superuser`` (run although the owner URL connects as a superuser)."""
+    """``--once`` (drain the queue, then exit), ``--concurrency`` (engine processes; 0: the
+    setting's, else one per core, resolved by :func:`~provisioner.worker.run_worker` through
+    :mod:`provisioner.worker.concurrency`), ``--allow-superuser`` (run although the owner URL
+    connects as a superuser)."""
 
     once: bool = False
-    concurrency: int = 1
+    concurrency: int = 0
     allow_superuser: bool = False

@@ -101,7 +101,7 @@ class WorkerState:
         self._signals = 0
         self._deadline: float | None = None  # set when draining
         self._wake_r, self._wake_w = socket.socketpair()
-        #: the pool keeper's thread writes a byte here after each spare it builds
+        #: the pool keeper's thread writes a byte here after the spare that fills the pool
         self._built_r, self._built_w = socket.socketpair()
         self._heartbeat = Heartbeat(settings, self.instance_id, self.snapshot, self.outage)
         #: the Prometheus metrics (None unless PROVISIONER_METRICS_PORT is set)

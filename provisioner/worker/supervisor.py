@@ -135,6 +135,8 @@ class Supervisor(DatabaseWork):
         if isinstance(message, JobEnded) and message.claiming:
             # The child goes on to its next job unasked (its last step may have claimed it).
             child.asking, child.asked_at_claim = "drain", self._claims
+        elif isinstance(message, JobEnded) and self._pool is not None and self.idle():
+            self._pool.wake.set()  # the refill starts now, not at the keeper's next look
 
     def _on_job_ended(self, child: EngineProcess, job: Job, outcome: runner.Outcome) -> None:
         """The child's run ended: log it, or settle what the child could not."""

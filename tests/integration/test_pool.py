@@ -5,6 +5,8 @@ refilled; spares invisible to ``app_rw`` and to users; spares of an older head n
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -132,8 +134,8 @@ def warmed_sessions(database: Database) -> int:
 def test_a_spare_build_warms_the_idle_engine_sessions(
     fast: Settings, database: Database, workers: Workers
 ) -> None:
-    """After each spare it builds, the worker has its idle child reload its sessions' catalog
-    caches (both of them, once the child has run a job), not the next sign-up."""
+    """After the build that fills the pool, the worker has its idle child reload its sessions'
+    catalog caches (both of them, once the child has run a job), not the next sign-up."""
     worker = workers.start(env={**POOL, "PROVISIONER_POLL_SECONDS": "600"})
     wait_until(lambda: len(ready_spares(database)) == 2, 60, "two spares")
     enqueue_together(fast, ["w1"])  # the child's steps session opens with its first job
@@ -469,3 +471,111 @@ def test_a_spare_whose_grants_reach_the_schema_is_rejected(
         with pytest.raises(pool.SpareRejected, match="USAGE is held"):
             pool.check_spare_grants(conn, spare, fast.app_role)
         conn.rollback()
+
+
+def _unfinished(database: Database) -> list[str]:
+    with psycopg.connect(database.owner_url) as conn:
+        rows = conn.execute(
+            "SELECT s.schema_name FROM control.tenant_pool_schemas s WHERE NOT EXISTS "
+            "(SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = s.schema_name)"
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _relations_in(database: Database, schema: str) -> int:
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s",
+            (schema,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+class BusyAtTheFirstBatch:
+    """A worker's ``idle()`` for the keeper: idle when asked whether to build, then busy from
+    the first time a build asks between two of its transactions, until released."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.busy = threading.Event()
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        if self.calls == 2:  # the first call let the build start; this one is between batches
+            self.busy.set()
+        return not self.busy.is_set()
+
+
+def test_a_spare_build_pauses_while_the_worker_has_a_job(
+    fast: Settings, database: Database
+) -> None:
+    """A job arriving mid-build stops the build's progress at the next transaction boundary;
+    once the worker is idle again the same schema is finished and becomes the ready spare."""
+    idle = BusyAtTheFirstBatch()
+    keeper = pool.PoolKeeper(
+        fast.owner_url, 1, "test:pool", idle, logging.getLogger("test"), app_role=fast.app_role
+    )
+    keeper.start()
+    try:
+        wait_until(lambda: idle.busy.is_set(), 60, "the build to reach its first batch")
+        (paused,) = _unfinished(database)
+        asked = idle.calls
+        wait_until(lambda: idle.calls >= asked + 5, 30, "the paused build to ask again")
+        assert ready_spares(database) == [] and _unfinished(database) == [paused]
+        assert _relations_in(database, paused) == 0  # not one batch ran while busy
+
+        idle.busy.clear()
+        wait_until(lambda: ready_spares(database) == [paused], 60, "the build to go on")
+        assert _unfinished(database) == [] and keeper.pauses == 1
+        assert _relations_in(database, paused) > 0
+    finally:
+        keeper.stop()
+
+
+def test_a_build_paused_past_its_limit_gives_up_and_drops_its_schema(
+    fast: Settings, database: Database
+) -> None:
+    idle = BusyAtTheFirstBatch()
+    keeper = pool.PoolKeeper(
+        fast.owner_url,
+        1,
+        "test:pool",
+        idle,
+        logging.getLogger("test"),
+        app_role=fast.app_role,
+        pause_limit_seconds=0.2,
+    )
+    keeper.start()
+    try:
+        wait_until(lambda: idle.busy.is_set(), 60, "the build to reach its first batch")
+        (paused,) = _unfinished(database)
+        wait_until(lambda: _unfinished(database) == [], 30, "the build to give up")
+        assert ready_spares(database) == [] and keeper.pauses == 0
+        with psycopg.connect(database.owner_url) as conn:
+            assert (
+                conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (paused,)).fetchone()
+                is None
+            )
+    finally:
+        keeper.stop()
+
+
+def test_the_keepers_sessions_commit_without_waiting_for_the_disk(
+    fast: Settings, database: Database
+) -> None:
+    """A spare's build does not wait for a flush per transaction (its sessions say so
+    themselves, whatever the server's default); other sessions keep the server's setting."""
+    keeper = pool.PoolKeeper(
+        fast.owner_url, 1, "test:pool", lambda: False, logging.getLogger("test")
+    )
+    read = "SELECT setting, source FROM pg_settings WHERE name = 'synchronous_commit'"
+    try:
+        with keeper._db.transaction() as tx:
+            assert tx.pg.execute(read).fetchone() == ("off", "client")
+    finally:
+        keeper._db.close()
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute(read).fetchone()
+    assert row is not None and row[1] != "client"

@@ -4,6 +4,7 @@ polling backstop, heartbeats and ``health``, log lines, and the operator's view 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -160,6 +161,45 @@ def test_once_drains_the_queue_then_exits_and_says_stopped(
     health = run_cli(fast, "health", "--json")
     assert health.returncode == 1
     assert json.loads(health.stdout)["components"][0]["reason"] == "stopped cleanly"
+
+
+def test_a_worker_at_its_defaults_runs_one_child_per_core(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    """No flag, no setting: one engine child per usable core (at most 8), and they drain the
+    queue together."""
+    tenants = [f"core_{i}" for i in range(4)]
+    for tenant in tenants:
+        service.enqueue(fast, tenant)
+
+    worker = workers.start("--once", env={"PROVISIONER_WORKER_CONCURRENCY": ""})
+
+    assert worker.wait(120) == 0, worker.output()
+    cores = min(len(os.sched_getaffinity(0)), 8)
+    assert worker.wait_for("started")["concurrency"] == cores
+    assert len({e["holder"] for e in worker.events("child_started")}) == cores
+    assert sorted(e["tenant_id"] for e in worker.events("succeeded")) == tenants
+
+
+def test_the_concurrency_flag_beats_the_setting_and_a_bad_setting_is_refused(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    by_setting = workers.start("--once", env={"PROVISIONER_WORKER_CONCURRENCY": "3"})
+    assert by_setting.wait(120) == 0, by_setting.output()
+    assert by_setting.wait_for("started")["concurrency"] == 3
+    assert len({e["holder"] for e in by_setting.events("child_started")}) == 3
+
+    by_flag = workers.start(
+        "--once", "--concurrency", "2", env={"PROVISIONER_WORKER_CONCURRENCY": "3"}
+    )
+    assert by_flag.wait(120) == 0, by_flag.output()
+    assert by_flag.wait_for("started")["concurrency"] == 2
+
+    refused = run_cli(fast, "worker", "--once", env={"PROVISIONER_WORKER_CONCURRENCY": "65"})
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: PROVISIONER_WORKER_CONCURRENCY must be between 0 (one per core) and 64, got 65"
+    ]
 
 
 def test_idle_worker_wakes_on_notify_long_before_its_poll(

@@ -1,0 +1,270 @@
+"""A sign-up burst against the warm pool: ``PROVISIONER_POOL_SIZE=N``, N sign-ups enqueued in one
+transaction to a running worker at its defaults, then the keeper's refill, then sign-ups that
+arrive one by one while the keeper rebuilds; against the raw build measured in the same run.
+
+* **Burst:** every sign-up should be served from a spare (its ``create_schema`` step record says
+  ``taken from the warm pool``); the figure is each job's ``finished_at - created_at``.
+* **Refill:** from the burst's last finish to the pool being full again, per spare rebuilt,
+  against as many raw serial builds (the full end state in one transaction on an open
+  connection) made right after it, while the worker is idle.
+* **A spare's build alone**, interleaved with the raw build in one database: on a session that
+  waits for the disk at each commit and on one that does not (the keeper's).
+* **During a refill:** a second burst empties the pool; as soon as the keeper has started
+  rebuilding, sign-ups are enqueued one at a time (each after the previous one finished). None
+  should wait behind the keeper's build: a job's wait before its first step starts is
+  reported beside its latency.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+import provisioner
+from bench import burst, worker_process
+from bench.cluster import BenchCluster, BenchDatabase, say
+from bench.figures import Figure, Results
+from provisioner import db, pool, service
+
+POOL_SIZE = 10
+#: How often the bench looks at the database while it waits, on one open session (a new
+#: connection per look loaded the two cores the measured refill runs on).
+POLL_SECONDS = 0.02
+DURING_REFILL = 5
+
+# Each sign-up of a group: latency, wait before its claim, and whether a spare served it.
+SIGNUPS = """
+SELECT extract(epoch FROM j.finished_at - j.created_at) * 1000,
+       extract(epoch FROM (SELECT min(s.started_at) FROM control.job_step_runs s
+                            WHERE s.job_id = j.id) - j.created_at) * 1000,
+       EXISTS (SELECT 1 FROM control.job_step_runs s
+                WHERE s.job_id = j.id AND s.step = 'create_schema'
+                  AND s.detail LIKE 'taken from the warm pool%%')
+  FROM control.platform_jobs j
+ WHERE j.tenant_id LIKE %(prefix)s AND j.status = 'succeeded'
+"""
+
+
+def _ready(watch: psycopg.Connection) -> int:
+    row = watch.execute("SELECT count(*) FROM control.tenant_pool").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _building(watch: psycopg.Connection) -> bool:
+    row = watch.execute(
+        "SELECT count(*) FROM control.tenant_pool_schemas s WHERE NOT EXISTS "
+        "(SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = s.schema_name)"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _wait(condition: object, what: str, worker: worker_process.WorkerProcess) -> None:
+    if not worker_process.wait_for(condition, 600, POLL_SECONDS):
+        raise RuntimeError(f"{what} did not happen: {worker.log()[-2000:]}")
+
+
+def _signups(watch: psycopg.Connection, prefix: str) -> list[tuple[float, float, bool]]:
+    rows = watch.execute(SIGNUPS, {"prefix": f"{prefix}%"}).fetchall()
+    return [(float(a), float(b), bool(c)) for a, b, c in rows]
+
+
+def _burst(app: psycopg.Connection, watch: psycopg.Connection, prefix: str, n: int) -> None:
+    for i in range(n):
+        provisioner.enqueue(app, f"{prefix}{i}")
+    app.commit()
+    deadline = time.monotonic() + 600
+    while len(_signups(watch, prefix)) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the burst {prefix} did not finish")
+        time.sleep(POLL_SECONDS)
+
+
+def _one(app: psycopg.Connection, watch: psycopg.Connection, tenant: str) -> None:
+    provisioner.enqueue(app, tenant)
+    app.commit()
+    deadline = time.monotonic() + 600
+    while not _signups(watch, tenant):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{tenant} did not finish")
+        time.sleep(POLL_SECONDS)
+
+
+def _round(
+    cluster: BenchCluster, size: int, run_no: int, raw_database: BenchDatabase
+) -> dict[str, list[float]]:
+    """One round; ``raw_database`` holds the raw builds measured right after the refill (the
+    worker idle, its pool full), as many as the refill built."""
+    out: dict[str, list[float]] = {k: [] for k in ("burst", "served", "refill", "during", "wait")}
+    with cluster.database(f"poolburst{run_no}") as database:
+        env = {"PROVISIONER_POOL_SIZE": str(size)}
+        worker = worker_process.WorkerProcess(database, env=env)
+        app = psycopg.connect(database.app_url)
+        watch = psycopg.connect(database.owner_url, autocommit=True)
+        try:
+            _one(app, watch, "warmup")  # the children and the reference
+            _wait(lambda: _ready(watch) >= size, "the pool filling", worker)
+            time.sleep(1.0)
+            _burst(app, watch, "burst_", size)
+            rows = _signups(watch, "burst_")
+            out["burst"] = [r[0] for r in rows]
+            out["served"] = [float(sum(r[2] for r in rows))]
+            row = watch.execute(
+                "SELECT extract(epoch FROM clock_timestamp() - max(finished_at)) "
+                "FROM control.platform_jobs"
+            ).fetchone()
+            assert row is not None
+            began = time.monotonic() - float(row[0])
+            _wait(lambda: _ready(watch) >= size, "the refill", worker)
+            out["refill"] = [(time.monotonic() - began) * 1000 / size]
+            ms, _ = burst.raw(raw_database, 1, size, f"after{run_no}", counted=False)
+            out["refill_raw"] = [ms]
+            time.sleep(1.0)
+            _burst(app, watch, "again_", size)
+            _wait(lambda: _building(watch), "a rebuild starting", worker)
+            for i in range(DURING_REFILL):
+                _one(app, watch, f"during_{i}")
+            rows = _signups(watch, "during_")
+            out["during"] = [r[0] for r in rows]
+            out["wait"] = [r[1] for r in rows]
+            out["during_served"] = [float(sum(r[2] for r in rows))]
+        finally:
+            watch.close()
+            app.close()
+            worker.close()
+    return out
+
+
+def _builds(database: BenchDatabase, rounds: int) -> dict[str, list[float]]:
+    """ms per spare built by :func:`provisioner.pool.build_spare` with and without
+    ``synchronous_commit = off``, and per raw build, interleaved."""
+    out: dict[str, list[float]] = {"sync": [], "async": [], "raw": []}
+    owner = database.owner_url
+    keepers = {
+        "sync": db.Database(owner, application_name="bench:sync"),
+        "async": db.Database(
+            owner, application_name="bench:async", settings={"synchronous_commit": "off"}
+        ),
+    }
+    try:
+        for i in range(rounds):
+            for key, database_ in keepers.items():
+                began = time.perf_counter()
+                with database_.session() as session, pool.builder_lock(session) as locked:
+                    assert locked
+                    pool.build_spare(session, "bench", "app_rw")
+                out[key].append((time.perf_counter() - began) * 1000)
+            ms, _ = burst.raw(database, 1, 1, f"b{i}", counted=False)
+            out["raw"].append(ms)
+    finally:
+        for database_ in keepers.values():
+            database_.close()
+    return out
+
+
+def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZE) -> None:
+    if not worker_process.worker_available():
+        results.notes["pool-burst"] = "not measured: this tree has no `provisioner worker`"
+        return
+    samples: dict[str, list[float]] = {}
+    raw: list[float] = []
+    with cluster.database("poolburst_raw") as database:
+        service.provision(database.settings(), "shape")
+        builds = _builds(database, 8 * runs)
+        for run_no in range(runs):
+            ms, _ = burst.raw(database, 1, 20, f"p{run_no}")
+            raw.append(ms)
+            for key, values in _round(cluster, size, run_no, database).items():
+                samples.setdefault(key, []).extend(values)
+            after, _ = burst.raw(database, 1, 20, f"q{run_no}")
+            raw.append(after)
+            say(
+                f"  pool-burst: run {run_no + 1}: served {samples['served'][-1]:.0f}/{size}, "
+                f"refill {samples['refill'][-1]:.0f} ms/spare, raw {ms:.0f} ms/tenant"
+            )
+    results.add(
+        Figure(
+            "poolb_build_raw", "raw SQL, 1 tx (interleaved)", "ms", builds["raw"], note="baseline"
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_build_sync",
+            "  a spare's build, each commit waiting for the disk",
+            "ms",
+            builds["sync"],
+            baseline="poolb_build_raw",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_build_async",
+            "  a spare's build as the keeper runs it (synchronous_commit off)",
+            "ms",
+            builds["async"],
+            baseline="poolb_build_raw",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_raw",
+            "raw SQL, 1 session, before and after each round",
+            "ms",
+            raw,
+            note="baseline",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_burst",
+            f"burst of {size} sign-ups, pool of {size}: enqueue -> succeeded",
+            "ms",
+            samples["burst"],
+            baseline="poolb_raw",
+            percentiles=True,
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_refill_raw",
+            "raw SQL, 1 session, as many builds right after the refill",
+            "ms",
+            samples["refill_raw"],
+            note="baseline",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_refill",
+            "  the keeper's refill after the burst, per spare",
+            "ms",
+            samples["refill"],
+            baseline="poolb_refill_raw",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_during",
+            "  a sign-up while the keeper rebuilds: enqueue -> succeeded",
+            "ms",
+            samples["during"],
+            baseline="poolb_raw",
+            percentiles=True,
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_wait",
+            "  ... of which before its first step",
+            "ms",
+            samples["wait"],
+            baseline="poolb_raw",
+            percentiles=True,
+        )
+    )
+    results.extra["pool_burst"] = {
+        "size": size,
+        "served_from_spares": samples["served"],
+        "during_refill_served_from_spares": samples["during_served"],
+        "during_refill_signups": DURING_REFILL,
+    }

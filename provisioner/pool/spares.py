@@ -173,7 +173,7 @@ GRANTS_HELD = (
 SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
        has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
        ARRAY(SELECT r.relname FROM rels r
-              WHERE r.relkind IN ('r', 'p', 'S')
+              WHERE r.relkind IN ('r', 'p', 'v', 'm', 'S')
                 AND (CASE
                      WHEN r.relkind = 'S'
                      THEN NOT has_sequence_privilege(%(role)s, r.oid, 'USAGE, SELECT, UPDATE')

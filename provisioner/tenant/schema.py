@@ -58,10 +58,14 @@ WITH rels AS (
 )
 """
 
-# Tables and sequences of one schema, by name, for named grants and checks.
+# Tables (views and materialized views among them: the application reads through them, and a
+# view a later revision creates gets the same privileges from the schema's default privileges
+# on TABLES) and sequences of one schema, by name, for named grants and checks.
+TABLE_KINDS = ("r", "p", "v", "m")
 RELATIONS = (
     SCHEMA_RELATIONS_CTE
-    + "SELECT relname, relkind FROM rels WHERE relkind IN ('r', 'p', 'S') ORDER BY relname"
+    + "SELECT relname, relkind FROM rels WHERE relkind IN ('r', 'p', 'v', 'm', 'S') "
+    + "ORDER BY relname"
 )
 
 # How many objects of any kind (relations, types, functions...) live in the schema; no row
@@ -83,7 +87,7 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
        has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
        ARRAY(SELECT r.relname || ': ' || p.privilege
                FROM rels r CROSS JOIN unnest(%(privileges)s::text[]) AS p(privilege)
-              WHERE r.relkind IN ('r', 'p') AND r.relname <> %(version_table)s
+              WHERE r.relkind IN ('r', 'p', 'v', 'm') AND r.relname <> %(version_table)s
                 AND NOT has_table_privilege(%(role)s, r.oid, p.privilege)
              UNION ALL
              SELECT r.relname || ': ' || p.privilege
@@ -160,11 +164,11 @@ def schema_ready(conn: Conn, schema: str) -> bool:
 
 
 def relations(conn: Conn, schema: str) -> tuple[list[str], list[str]]:
-    """(tables, sequences) of the schema, by name."""
+    """(tables, views and materialized views; sequences) of the schema, by name."""
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(RELATIONS, {"schema": schema})
         rows = cur.fetchall()
-    tables = [name for name, kind in rows if kind in ("r", "p")]
+    tables = [name for name, kind in rows if kind in TABLE_KINDS]
     sequences = [name for name, kind in rows if kind == "S"]
     return tables, sequences
 

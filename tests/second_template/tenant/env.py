@@ -81,6 +81,9 @@ def run_offline(schema: str) -> None:
         url=DIALECT_URL,  # offline: the dialect only, never a connection
         target_metadata=None,
         literal_binds=True,
+        # As Alembic's own env.py template: psycopg's paramstyle (pyformat) would write every
+        # '%' of the SQL as '%%' (LIKE 'https://%' as 'https://%%'), which is another statement.
+        dialect_opts={"paramstyle": "named"},
         version_table_schema=schema,
     )
     with context.begin_transaction():

@@ -203,7 +203,12 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
                        AND d.defaclnamespace = n.oid AND d.defaclobjtype::text = t.kind
                        AND ARRAY(SELECT a.privilege_type FROM aclexplode(d.defaclacl) a, role
                                   WHERE a.grantee = role.oid) @> t.wanted)) AS lacking_defaults,
-       ARRAY(SELECT r.relname FROM rels r WHERE r.relkind = 'S' ORDER BY r.relname) AS sequences
+       ARRAY(SELECT r.relname FROM rels r WHERE r.relkind = 'S' ORDER BY r.relname) AS sequences,
+       EXISTS (SELECT 1 FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+                CROSS JOIN unnest(p.proconfig) AS c(setting)
+               WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid
+                 AND d.classid = 'pg_proc'::regclass
+                 AND starts_with(c.setting, 'search_path=')) AS pinned_functions
   FROM pg_namespace n WHERE n.nspname = %(schema)s
 """
 )
@@ -241,6 +246,9 @@ class GrantsHeld:
     lacking_defaults: list[str]
     #: every sequence of the schema, by name (the take grants them)
     sequences: list[str] = field(default_factory=list)
+    #: a function of the schema carries its own search_path (``SET search_path FROM
+    #: CURRENT`` names the spare): the take points it at the tenant's schema
+    pinned_functions: bool = False
 
     @property
     def all_but_usage(self) -> bool:
@@ -313,6 +321,11 @@ def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | Non
                 sql.Identifier(spare), sql.Identifier(tenant_schema_name)
             ),
             *_take_grants(tenant_schema_name, app_role, grants.sequences),
+            *(
+                [tenant_schema.repin_search_path(spare, tenant_schema_name)]
+                if grants.pinned_functions
+                else []
+            ),
         ]
         with keeping_prepared_statements(tx.pg):
             cur.execute(
@@ -392,6 +405,7 @@ def _held(row: dict[str, Any]) -> GrantsHeld:
         lacking=list(row["lacking"]),
         lacking_defaults=list(row["lacking_defaults"]),
         sequences=list(row["sequences"]),
+        pinned_functions=bool(row["pinned_functions"]),
     )
 
 

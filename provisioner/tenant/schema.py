@@ -355,6 +355,41 @@ def app_role_holdings(conn: Conn, schema: str, app_role: str) -> list[str]:
         return [str(row[0]) for row in cur.fetchall()]
 
 
+# Each function of the (renamed) schema whose own search_path names the schema by its former
+# name points at the new one instead; the other entries of its path are kept as they are. A
+# function created with ``SET search_path FROM CURRENT`` (as PostgreSQL's docs advise for code
+# that must not depend on its caller's path) stores the schema's name as text: a rename leaves
+# it naming a schema that no longer exists. ``{old}`` and ``{new}`` are literals.
+REPIN_SEARCH_PATH = """
+DO $repin$
+DECLARE f record;
+BEGIN
+  FOR f IN
+    SELECT p.oid::regprocedure AS fn,
+           array_to_string(ARRAY(
+             SELECT CASE WHEN btrim(btrim(e), '"') = {old} THEN quote_ident({new})
+                         ELSE btrim(e) END
+               FROM unnest(string_to_array(substr(c.setting, 13), ',')) AS e), ', ') AS path
+      FROM pg_namespace n
+      JOIN pg_depend d ON d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid
+                      AND d.classid = 'pg_proc'::regclass
+      JOIN pg_proc p ON p.oid = d.objid
+      CROSS JOIN unnest(p.proconfig) AS c(setting)
+     WHERE n.nspname = {new} AND starts_with(c.setting, 'search_path=')
+  LOOP
+    EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.fn, f.path);
+  END LOOP;
+END
+$repin$
+"""
+
+
+def repin_search_path(old: str, new: str) -> sql.Composed:
+    """The statement that points the functions of schema ``new`` (renamed from ``old``) whose
+    own ``search_path`` names ``old`` at ``new`` (:data:`REPIN_SEARCH_PATH`)."""
+    return sql.SQL(REPIN_SEARCH_PATH).format(old=sql.Literal(old), new=sql.Literal(new))
+
+
 def drop_schema(conn: Conn, schema: str, *, lock_timeout_ms: int | None = None) -> None:
     """``DROP SCHEMA ... CASCADE``: the tenant's tables and data are gone on commit. With
     ``lock_timeout_ms``, the drop waits at most that long for its locks (``lock_timeout`` set

@@ -212,3 +212,184 @@ def test_the_app_role_works_through_views_partitions_triggers_and_policies(
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("CREATE TABLE sneaky (id int)")
         conn.rollback()
+
+
+def test_check_finds_the_fleet_clean_and_repair_restores_a_dropped_policy(
+    fleet: list[str], module_database: Database, module_settings: Settings, project: Path
+) -> None:
+    clean = cli(module_settings, project, "check", "--all")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+    provision(module_settings, project, "delta")
+    with module_database.owner() as conn:
+        conn.execute("DROP POLICY comments_visible ON tenant_delta.ticket_comments")
+    drifted = cli(module_settings, project, "check", "delta")
+    assert drifted.returncode == 1, drifted.stdout + drifted.stderr
+    assert "comments_visible" in drifted.stdout
+    repaired = cli(module_settings, project, "repair", "delta")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    again = cli(module_settings, project, "check", "delta")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_suspend_restore_and_purge(
+    fleet: list[str], module_database: Database, module_settings: Settings, project: Path
+) -> None:
+    database, settings = module_database, module_settings
+    provision(settings, project, "gamma")
+
+    suspended = cli(settings, project, "suspend", "gamma")
+    assert suspended.returncode == 0, suspended.stdout + suspended.stderr
+    with app_session(database, "public") as conn:
+        for relation in ("tickets", "open_tickets", "events"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                with conn.transaction():
+                    conn.execute(f"SELECT 1 FROM tenant_gamma.{relation}")
+    assert cli(settings, project, "check", "gamma").returncode == 0  # as a suspension leaves it
+
+    restored = cli(settings, project, "restore", "gamma")
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    with app_session(database, "tenant_gamma") as conn:
+        assert conn.execute("SELECT count(*) FROM open_tickets").fetchone() == (1,)
+        conn.execute("INSERT INTO events (occurred_at, kind) VALUES ('2026-05-05', 'restored')")
+        conn.commit()
+    assert cli(settings, project, "check", "gamma").returncode == 0
+
+    purged = cli(settings, project, "deprovision", "gamma", "--purge", "--yes")
+    assert purged.returncode == 0, purged.stdout + purged.stderr
+    assert tables(database, "tenant_gamma") == []
+    status = json.loads(cli(settings, project, "status", "gamma", "--json").stdout)
+    assert status["tenant_id"] == "gamma"
+    with database.owner() as conn:
+        # What the tenants share is not the tenant's: the extension stays, the others work.
+        assert conn.execute(
+            "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'citext'"
+        ).fetchone() == ("public",)
+        assert conn.execute("SELECT count(*) FROM tenant_alpha.accounts").fetchone() == (1,)
+    assert cli(settings, project, "check", "--all").returncode == 0
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=10.0)
+
+
+@pytest.fixture
+def own_project(tmp_path: Path) -> Path:
+    return copy_project(tmp_path / "project")
+
+
+def succeeded_detail(database: Database, tenant: str, step: str) -> str:
+    (detail,) = [
+        r["detail"]
+        for r in step_runs(database, tenant)
+        if r["step"] == step and r["outcome"] == "succeeded"
+    ][-1:]
+    return str(detail)
+
+
+def test_a_fleet_upgrade_to_a_second_revision(
+    fast: Settings, database: Database, own_project: Path, workers: Workers
+) -> None:
+    for tenant in ("u1", "u2"):
+        provision(fast, own_project, tenant)
+    add_upgrade(own_project)
+
+    dry = cli(fast, own_project, "upgrade", "--all", "--dry-run")
+    assert dry.returncode == 0 and "2" in dry.stdout, dry.stdout + dry.stderr
+    queued = cli(fast, own_project, "upgrade", "--all")
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    worker = workers.start("--once", env=project_env(own_project), cwd=own_project)
+    assert worker.wait(180) == 0, worker.output()[-3000:]
+
+    with database.owner() as conn:
+        for tenant in ("u1", "u2"):
+            assert conn.execute(f"SELECT version_num FROM tenant_{tenant}.alembic_version").fetchall() == [
+                ("s002",)
+            ]
+    for tenant in ("u1", "u2"):
+        assert job_row(database, tenant)["status"] == "succeeded"
+        assert "head=s002" in succeeded_detail(database, tenant, "run_tenant_migrations")
+    provision(fast, own_project, "u3")  # built at the new head directly
+    checked = cli(fast, own_project, "check", "--all")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    with app_session(database, "tenant_u1") as conn:
+        conn.execute("UPDATE tickets SET due_on = '2026-12-24'")
+        conn.execute(
+            "INSERT INTO ticket_watchers SELECT t.id, m.team_id, m.account_id "
+            "FROM tickets t, team_members m"
+        )
+        assert conn.execute("SELECT due_on::text FROM open_tickets").fetchone() == ("2026-12-24",)
+        conn.commit()
+
+
+def test_the_warm_pool_hands_out_a_spare_of_the_second_template(
+    fast: Settings, database: Database, own_project: Path, workers: Workers
+) -> None:
+    env = {**project_env(own_project), "PROVISIONER_POOL_SIZE": "1"}
+    worker = workers.start(env=env, cwd=own_project)
+
+    def ready() -> bool:
+        with database.owner() as conn:
+            row = conn.execute(  # a spare's row is written with its last batch: ready
+                "SELECT count(*) FROM control.tenant_pool p JOIN pg_namespace n "
+                "ON n.nspname = p.schema_name"
+            ).fetchone()
+        return bool(row and row[0])
+
+    wait_until(ready, 120, "a ready spare")
+    enqueued = cli(fast, own_project, "enqueue", "pooled")
+    assert enqueued.returncode == 0, enqueued.stdout + enqueued.stderr
+    worker.wait_for("succeeded", 120, tenant_id="pooled")
+    assert "warm pool" in succeeded_detail(database, "pooled", "create_schema")
+    with database.owner() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM tenant_pooled.audit_log WHERE action = 'INSERT'"
+        ).fetchone() == (1,)
+    checked = cli(fast, own_project, "check", "pooled")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    with app_session(database, "public") as conn:
+        conn.execute("UPDATE tenant_pooled.tickets SET status = 'solved'")
+        conn.commit()
+    assert worker.stop() == 0
+
+
+
+
+def test_the_projects_own_tests_use_the_plugin_with_its_template(
+    pg_server: Server, own_project: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PROVISIONER_"))}
+    env.pop("DATABASE_URL", None)
+    env.update(project_env(own_project), **{SERVER_URL_ENV: pg_server.admin_url})
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "app_tests"],
+        cwd=own_project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout, result.stdout
+
+
+def test_the_tree_is_wired_as_init_scaffolds_it() -> None:
+    """The project's env.py, ini and script template are the ones ``provisioner init`` copies."""
+    from provisioner.templates import migrations, scaffold
+
+    for name in scaffold.TREE_FILES:
+        shipped = (migrations.packaged_tenant_tree() / name).read_text()
+        assert (PROJECT / "tenant" / name).read_text() == shipped, name
+
+
+def test_the_offline_sql_keeps_each_percent_sign() -> None:
+    """What the pool and the upgrade replay run is Alembic's offline SQL: a LIKE pattern in it
+    was written 'https://%%' (psycopg's paramstyle), so every spare failed its verification
+    and the pool was disabled."""
+    from provisioner.templates import migrations
+
+    statements = migrations.tenant_offline_sql("tenant_x", tree=PROJECT / "tenant")
+    (check,) = [s for s in statements if "CREATE TABLE webhooks" in s]
+    assert "LIKE 'https://%')" in check, check

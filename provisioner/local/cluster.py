@@ -433,6 +433,29 @@ def bootstrap_database(superuser_url: str, database: str) -> None:
             set_role_passwords(conn, conn.info.password)
 
 
+def add_app_roles(conn: psycopg.Connection[Any], names: tuple[str, ...]) -> None:
+    """Create each of ``names`` that does not exist, as the bootstrap creates ``app_rw``
+    (LOGIN, NOINHERIT, nothing else), and let it connect to the connected database: a project
+    that configures more application roles (``app_roles``) gets them in a cluster of the tool's
+    own (the test harness). A role that exists is left as it is: it is not ours."""
+    for name in names:
+        role = sql.Identifier(name)
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            conn.execute(
+                sql.SQL(
+                    "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+                    "NOBYPASSRLS NOINHERIT"
+                ).format(role)
+            )
+            if conn.info.password:
+                _set_password(conn, name, role_password(conn.info.password, name))
+        conn.execute(
+            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                sql.Identifier(conn.info.dbname), role
+            )
+        )
+
+
 @dataclass(frozen=True)
 class EmbeddedUrls:
     owner: str

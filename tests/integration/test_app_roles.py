@@ -25,6 +25,7 @@ from provisioner.tenant import schema as tenant_schema
 from provisioner.testing.server import BOOTSTRAP_LOCK_KEY
 from tests.conftest import Database, Server, build_spare, run_cli
 from tests.integration.test_pool import step_detail
+from tests.integration.test_user_project import run_pytest
 
 RW = AppRole("app_rw", Privileges.READWRITE)
 RO = AppRole("app_ro", Privileges.READONLY)
@@ -319,3 +320,36 @@ def test_the_single_role_default_grants_exactly_as_before(
             "SELECT relacl::text FROM pg_class WHERE oid = 'tenant_solo.members'::regclass"
         ).fetchone()
     assert acl is not None and "app_rw=arwd/" in acl[0], acl
+
+
+# -- the pytest plugin -----------------------------------------------------------------------------
+
+PLUGIN_TEST = """
+import psycopg
+
+
+def test_every_configured_role_holds_its_set(tenant):
+    table = tenant.schema + ".role_profiles"
+    with psycopg.connect(tenant.owner_url) as conn:
+        held = conn.execute(
+            "SELECT has_table_privilege('app_rw', %(t)s, 'INSERT'),"
+            " has_table_privilege('app_ro', %(t)s, 'SELECT'),"
+            " has_table_privilege('app_ro', %(t)s, 'INSERT')",
+            {"t": table},
+        ).fetchone()
+    assert held == (True, True, False)
+"""
+
+
+def test_the_plugin_grants_every_configured_role(pg_server: Server, tmp_path: Path) -> None:
+    """A project whose file declares two roles: the plugin's tenants grant both, each its set
+    (the plugin creates a missing role in its cluster)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "provisioner.toml").write_text(
+        'object_store_provider = "none"\n\n[app_roles]\napp_rw = "readwrite"\napp_ro = "readonly"\n'
+    )
+    (project / "test_roles.py").write_text(PLUGIN_TEST)
+    result = run_pytest(project, pg_server)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout, result.stdout

@@ -10,11 +10,11 @@ from alembic import command
 
 from provisioner import db, service
 from provisioner.models import JobStatus
+from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.templates.replay import TemplateCache
 from provisioner.tenant import schema as tenant_schema
-from provisioner.roles import DEFAULT_APP_ROLES
 from tests.conftest import Database
 
 HEAD = ",".join(sorted(migrations.tenant_heads()))
@@ -237,7 +237,9 @@ def test_indexed_catalog_lookups_see_what_a_plain_scan_sees(
         missing = tenant_schema.missing_app_grants(conn, "tenant_shape", DEFAULT_APP_ROLES)
         assert "later: DELETE" not in missing  # default privileges covered it at creation
         conn.execute("REVOKE DELETE ON tenant_shape.later FROM app_rw")
-        assert tenant_schema.missing_app_grants(conn, "tenant_shape", DEFAULT_APP_ROLES) == ["later: DELETE"]
+        assert tenant_schema.missing_app_grants(conn, "tenant_shape", DEFAULT_APP_ROLES) == [
+            "later: DELETE"
+        ]
 
 
 def test_grants_fail_loudly_when_a_table_is_not_granted(database: Database) -> None:
@@ -248,4 +250,6 @@ def test_grants_fail_loudly_when_a_table_is_not_granted(database: Database) -> N
         tenant_schema.grant_app_roles(conn, "tenant_g", DEFAULT_APP_ROLES)
         assert tenant_schema.missing_app_grants(conn, "tenant_g", DEFAULT_APP_ROLES) == []
         conn.execute("REVOKE UPDATE ON tenant_g.a FROM app_rw")
-        assert tenant_schema.missing_app_grants(conn, "tenant_g", DEFAULT_APP_ROLES) == ["a: UPDATE"]
+        assert tenant_schema.missing_app_grants(conn, "tenant_g", DEFAULT_APP_ROLES) == [
+            "a: UPDATE"
+        ]

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from provisioner.settings import Settings
 from provisioner import roles
+from provisioner.settings import Settings
 from tests.static.lint_tools import REPO_ROOT, package_env_names
 
 DOC = REPO_ROOT / "docs" / "deploying.md"

@@ -69,7 +69,8 @@ def resolve(
     if not settings.embedded:
         return settings
     state_dir = local_pg.locate_state_dir(settings.state_dir)
-    urls = local_pg.ensure_embedded(state_dir, notify or (lambda message: None))
+    names = tuple(role.name for role in settings.app_roles)
+    urls = local_pg.ensure_embedded(state_dir, notify or (lambda message: None), names)
     resolved = replace(
         settings,
         state_dir=state_dir,

@@ -24,6 +24,7 @@ from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
 from provisioner.testing.server import BOOTSTRAP_LOCK_KEY
 from tests.conftest import Database, Server, build_spare, run_cli
+from tests.integration.test_embedded import embedded_env, state_dir  # noqa: F401 -- a fixture
 from tests.integration.test_pool import step_detail
 from tests.integration.test_user_project import run_pytest
 
@@ -353,3 +354,22 @@ def test_the_plugin_grants_every_configured_role(pg_server: Server, tmp_path: Pa
     result = run_pytest(project, pg_server)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout, result.stdout
+
+
+def test_the_embedded_default_creates_and_grants_the_configured_roles(
+    state_dir: Path,  # noqa: F811 -- the fixture of test_embedded
+) -> None:
+    """No database URL: the embedded cluster gets the project's second role, and a one-off
+    provisioning grants it its set."""
+    env = embedded_env(state_dir)
+    env["PROVISIONER_APP_ROLES"] = "app_rw=readwrite,app_ro=readonly"
+    result = run_cli(None, "provision", "local", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    urls = local_pg.embedded_urls(state_dir)
+    with psycopg.connect(urls.owner) as conn:
+        held = conn.execute(
+            "SELECT has_table_privilege('app_ro', 'tenant_local.members', 'SELECT'),"
+            " has_table_privilege('app_ro', 'tenant_local.members', 'INSERT'),"
+            " has_table_privilege('app_rw', 'tenant_local.members', 'INSERT')"
+        ).fetchone()
+    assert held == (True, False, True)

@@ -7,9 +7,12 @@ an environment variable, and the environment wins over the file (CLI flags win o
     # provisioner.toml
     tenant_tree = "db/tenant"            # paths are relative to this file
     seeds = ["db/seeds", "myapp.seeds:plans"]
-    app_role = "app_rw"
     object_store_provider = "none"
     pool_size = 4
+
+    [app_roles]                          # each application role and its privilege set
+    app_rw = "readwrite"
+    app_ro = "readonly"
 
 The file holds no secrets: database URLs and cloud credentials come from the environment (a
 URL in the file is refused). :func:`effective` merges file and environment and says where each
@@ -26,6 +29,7 @@ from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 
+from provisioner import roles
 from provisioner.errors import ConfigurationError
 
 __all__ = [
@@ -51,6 +55,7 @@ class Kind(StrEnum):
     PATH = "path"  # relative to the file's folder
     LIST = "list"  # a TOML array of strings, or one string; paths in it relative to the file
     NUMBER = "number"
+    TABLE = "table"  # a TOML table of role name -> privilege set (provisioner.roles)
 
 
 class Source(StrEnum):
@@ -107,7 +112,14 @@ KEYS: tuple[Key, ...] = (
         "seed folders of *.sql, .sql files, module:function callables",
         Kind.LIST,
     ),
-    Key("app_role", "PROVISIONER_APP_ROLE", "app_rw", "the role granted DML in each tenant"),
+    Key(
+        "app_roles",
+        "PROVISIONER_APP_ROLES",
+        "app_rw=readwrite",
+        "the application roles granted in each tenant, each with its privilege set",
+        Kind.TABLE,
+    ),
+    Key("app_role", "PROVISIONER_APP_ROLE", "", "one readwrite role (older form of app_roles)"),
     Key(
         "object_store_provider",
         "OBJECT_STORE_PROVIDER",
@@ -232,6 +244,13 @@ def _table(path: Path) -> dict[str, object] | None:
 def _as_env(path: Path, key: Key, value: object) -> str:
     """A file value as the environment variable would hold it."""
     where = f"{path}: {key.name}"
+    if key.kind is Kind.TABLE:
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                f"{where} must be a table of role = privilege set, e.g. [{key.name}] "
+                'app_rw = "readwrite"'
+            )
+        return roles.render(roles.from_mapping(value, where))
     if key.kind is Kind.LIST:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):

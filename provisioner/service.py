@@ -46,6 +46,7 @@ from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.local import cluster as local_pg
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.queue import journal
+from provisioner.roles import AppRoles
 from provisioner.templates import migrations
 from provisioner.tenant import app_role
 from provisioner.tenant import row as tenants
@@ -68,7 +69,8 @@ def resolve(
     if not settings.embedded:
         return settings
     state_dir = local_pg.locate_state_dir(settings.state_dir)
-    urls = local_pg.ensure_embedded(state_dir, notify or (lambda message: None))
+    names = tuple(role.name for role in settings.app_roles)
+    urls = local_pg.ensure_embedded(state_dir, notify or (lambda message: None), names)
     resolved = replace(
         settings,
         state_dir=state_dir,
@@ -80,13 +82,13 @@ def resolve(
         with closing(db.connect(urls.owner)) as conn, db.translated():
             at_head = migrations.control_at_head(conn)
         if not at_head:  # one query when it is, instead of an Alembic run
-            migrations.upgrade_control(urls.owner, resolved.app_role)
+            migrations.upgrade_control(urls.owner, resolved.control_role)
     return resolved
 
 
 def migrate(settings: Settings) -> tuple[str | None, str | None]:
     """Control schema to head with the owner URL; (revision before, revision after)."""
-    return migrations.upgrade_control(settings.owner_url, settings.app_role)
+    return migrations.upgrade_control(settings.owner_url, settings.control_role)
 
 
 def _refuse_unready(
@@ -95,7 +97,7 @@ def _refuse_unready(
     command: str,
     *,
     reuse_deleted: bool,
-    role: str,
+    roles: AppRoles,
 ) -> None:
     """:func:`require_control_at_head`, :func:`app_role.check` and :func:`refuse_inactive` in
     one round trip (a one-off provisioning's first): the control schema's revisions, the
@@ -104,13 +106,13 @@ def _refuse_unready(
     row read back costs a second round trip), which rolls it back when a check refuses."""
     with control_ready(), db.translated(), db.pipeline(conn):
         versions = migrations.read_control_versions(conn)
-        standing = app_role.send_check(conn, role)
+        standing = app_role.send_check(conn, roles)
         if reuse_deleted:
             tenants.reuse_deleted(conn, tenant)
         state = tenants.state_of(conn, tenant)
         if frozenset(versions) != migrations.control_heads():
             raise ConfigurationError(NOT_AT_HEAD)
-        app_role.finish_check(standing, role)
+        app_role.finish_check(standing)
     _refuse_state(tenant, state, command)
 
 
@@ -181,7 +183,7 @@ def provision(
             conn = engine.control
             with db.translated(), conn.transaction():
                 _refuse_unready(
-                    conn, tenant, "provision", reuse_deleted=reuse_deleted, role=settings.app_role
+                    conn, tenant, "provision", reuse_deleted=reuse_deleted, roles=settings.app_roles
                 )
                 job = ensure_provision_job(
                     conn, tenant, retry_terminal=True, started_by=started_by
@@ -242,7 +244,7 @@ def change_lifecycle(
         conn = engine.control
         require_control_at_head(conn)
         with db.translated():
-            app_role.check(conn, settings.app_role)  # one a revoke cuts off, or refused
+            app_role.check(conn, settings.app_roles)  # ones a revoke cuts off, or refused
             found = tenants.get_tenant(conn, tenant)
             job = queue.latest_for_tenant(conn, tenant, job_type)
         if found is None:

@@ -15,9 +15,10 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from provisioner import project
+from provisioner import project, roles
 from provisioner.errors import ConfigurationError
 from provisioner.redact import redact
+from provisioner.roles import DEFAULT_APP_ROLES, AppRoles
 
 DEFAULT_COMPONENT = "provisioner-worker"
 #: What a worker drains without PROVISIONER_WORKER_JOB_TYPES when no kind module is named: the
@@ -165,7 +166,9 @@ class Settings:
 
     migrations_database_url: str | None = field(default=None, repr=False)
     app_database_url: str | None = field(default=None, repr=False)
-    app_role: str = "app_rw"
+    #: the application roles granted in each tenant, each with its privilege set
+    #: (PROVISIONER_APP_ROLES, or the older PROVISIONER_APP_ROLE: one readwrite role)
+    app_roles: AppRoles = DEFAULT_APP_ROLES
     worker_component: str = DEFAULT_COMPONENT
     #: the job types a worker drains; empty: the registry's default kinds, resolved where the
     #: registry is built (:func:`provisioner.kinds.worker_job_types`), as ``from_env`` leaves
@@ -252,7 +255,7 @@ class Settings:
         return cls(
             migrations_database_url=env.get("MIGRATIONS_DATABASE_URL") or None,
             app_database_url=env.get("APP_DATABASE_URL") or None,
-            app_role=env.get("PROVISIONER_APP_ROLE") or cls.app_role,
+            app_roles=roles.from_env(env),
             worker_component=env.get("PROVISIONER_WORKER_COMPONENT") or DEFAULT_COMPONENT,
             worker_job_types=parse_job_types(env.get("PROVISIONER_WORKER_JOB_TYPES") or "")
             or (() if kind_modules else DEFAULT_JOB_TYPES),
@@ -305,6 +308,12 @@ class Settings:
         return min(MISSED_BEATS * self.heartbeat_seconds, MAX_SECONDS)
 
     @property
+    def control_role(self) -> str:
+        """The application role ``APP_DATABASE_URL`` connects as, which the control revisions
+        grant the queue's privileges to (:func:`provisioner.roles.control_role`)."""
+        return roles.control_role(self.app_roles).name
+
+    @property
     def embedded(self) -> bool:
         """True when no database URL is set: one-off commands use the local PostgreSQL."""
         return not self.migrations_database_url and not self.app_database_url
@@ -332,6 +341,7 @@ class Settings:
                 out[f.name] = redact(value) if value else None
             else:
                 out[f.name] = str(value) if isinstance(value, Path) else value
+        out["app_roles"] = roles.render(self.app_roles)
         return out
 
 

@@ -293,6 +293,6 @@ def build_spare(settings: Settings) -> str:
     try:
         with owner.session() as session, pool.builder_lock(session) as locked:
             assert locked, "another builder holds the pool's lock"
-            return pool.build_spare(session, "test", settings.app_role)
+            return pool.build_spare(session, "test", settings.app_roles)
     finally:
         owner.close()

@@ -39,6 +39,7 @@ from provisioner.pool.spares import (
     drop_schema,
     foreign_schemas,
 )
+from provisioner.roles import AppRoles
 from provisioner.templates import migrations
 
 # One builder at a time per database (worker replicas share the pool): try, never wait. Held
@@ -95,7 +96,7 @@ def build_spare_if_short(
     session: db.Session,
     size: int,
     created_by: str,
-    app_role: str | None = None,
+    app_roles: AppRoles | None = None,
     *,
     stop: Callable[[], bool] = lambda: False,
 ) -> Tended:
@@ -110,7 +111,7 @@ def build_spare_if_short(
             ready = counts(tx.pg).ready
         if ready >= size:
             return Tended(None, dropped)
-        return Tended(build_spare(session, created_by, app_role, stop=stop), dropped)
+        return Tended(build_spare(session, created_by, app_roles, stop=stop), dropped)
 
 
 def drop_stale_spare(tx: Transaction) -> str | None:
@@ -145,7 +146,7 @@ class PoolKeeper(threading.Thread):
         holder: str,
         is_idle: Callable[[], bool],
         log: logging.Logger,
-        app_role: str | None = None,
+        app_roles: AppRoles | None = None,
         on_built: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(name="pool-keeper", daemon=True)
@@ -156,7 +157,7 @@ class PoolKeeper(threading.Thread):
         self.is_idle = is_idle
         self.log = log
         #: the role spares are built with grants for (None: no grants, as before)
-        self.app_role = app_role
+        self.app_roles = app_roles
         self.halt = threading.Event()
         self.wake = threading.Event()
         self._db = db.Database(owner_url, application_name=holder)
@@ -199,7 +200,7 @@ class PoolKeeper(threading.Thread):
                 return False
             with self._db.session() as session:
                 tended = build_spare_if_short(
-                    session, self.size, self.holder, self.app_role, stop=self.halt.is_set
+                    session, self.size, self.holder, self.app_roles, stop=self.halt.is_set
                 )
             for name in tended.dropped:
                 event(self.log, "pool_spare_dropped", schema=name, reason="unfinished build")

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from provisioner.errors import PermanentError
+from provisioner.roles import AppRoles
 from provisioner.templates import migrations
 from provisioner.tenant import catalog
 from provisioner.tenant import schema as tenant_schema
@@ -35,8 +36,10 @@ def scratch_name() -> str:
     return f"{SCRATCH_PREFIX}{secrets.token_hex(6)}"
 
 
-def build(pg: psycopg.Connection[Any], conn: sa.Connection, app_role: str) -> catalog.Inventory:
-    """The inventory of a schema freshly built at head and granted to ``app_role``, read under
+def build(
+    pg: psycopg.Connection[Any], conn: sa.Connection, app_roles: AppRoles
+) -> catalog.Inventory:
+    """The inventory of a schema freshly built at head and granted to ``app_roles``, read under
     the session's default ``search_path`` (as tenants are read), in the caller's transaction;
     the savepoint leaves it exactly as it was."""
     scratch = scratch_name()
@@ -51,7 +54,7 @@ def build(pg: psycopg.Connection[Any], conn: sa.Connection, app_role: str) -> ca
                 )
             )
             migrations.upgrade_tenant(conn, scratch)
-            tenant_schema.grant_app_role(pg, scratch, app_role)
+            tenant_schema.grant_app_roles(pg, scratch, app_roles)
             # Alembic left search_path on the scratch schema, which changes how the catalog
             # prints names: read it as the tenants are read.
             cur.execute("SET LOCAL search_path TO DEFAULT")

@@ -47,8 +47,12 @@ CONFIG = """\
 # belong in the environment, never here.
 tenant_tree = "{tree}"
 seeds = ["{tree}/seeds"]
-app_role = "app_rw"
 object_store_provider = "none"
+
+# The roles tenant schemas are granted to, each with its privilege set: readwrite (rows read
+# and written) or readonly (SELECT only).
+[app_roles]
+app_rw = "readwrite"
 """
 
 SEED = """\

@@ -32,6 +32,8 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.string import TextLoader
 
+from provisioner.roles import AppRoles
+
 Conn = psycopg.Connection[Any]
 
 #: What stands for the schema's own name in every name and definition.
@@ -285,13 +287,14 @@ def _parsed(text: str, schema: str) -> list[list[Any]]:
     return list(abstract(json.loads(text)))
 
 
-def without_access_of(inventory: Inventory, role: str) -> Inventory:
-    """What ``inventory`` looks like once ``role`` lost every privilege in the schema: a
+def without_access_of(inventory: Inventory, roles: AppRoles) -> Inventory:
+    """What ``inventory`` looks like once ``roles`` lost every privilege in the schema: a
     suspended or archived tenant's expected shape (the lifecycle steps revoke them by design)."""
+    names = {role.name for role in roles}
     return {
         key: attrs
         for key, attrs in inventory.items()
-        if not (key[0] in PRIVILEGE_KINDS and attrs.get("grantee") == role)
+        if not (key[0] in PRIVILEGE_KINDS and attrs.get("grantee") in names)
     }
 
 

@@ -21,6 +21,7 @@ from provisioner import db, queue, service
 from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.kinds.provision import provision_key
 from provisioner.models import TenantId
+from provisioner.roles import AppRoles
 from provisioner.settings import Settings
 from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateUnusable, describe_difference
@@ -159,9 +160,11 @@ class TenantFactory:
     def _copy_model(self, spare: TenantId) -> None:
         """Build ``spare`` as a verified copy of the model, in one transaction (see module)."""
         with self._owner() as conn:
-            self._build_copy(conn, spare, self.database.settings.app_role)
+            self._build_copy(conn, spare, self.database.settings.app_roles)
 
-    def _build_copy(self, conn: psycopg.Connection[Any], tenant: TenantId, app_role: str) -> None:
+    def _build_copy(
+        self, conn: psycopg.Connection[Any], tenant: TenantId, app_roles: AppRoles
+    ) -> None:
         """In ``conn``'s transaction: the tenant's schema built as the model's copy (template
         DDL, grants, seeds), raising when its catalog fingerprint differs from the model's."""
         assert self.model is not None and self._template is not None
@@ -174,7 +177,7 @@ class TenantFactory:
             + "\nSET LOCAL search_path TO DEFAULT;"
         )
         conn.execute(ddl.encode())
-        tenant_schema.grant_app_role(conn, tenant.schema, app_role)
+        tenant_schema.grant_app_roles(conn, tenant.schema, app_roles)
         declared = seeds.declared(self.database.settings.seeds, migrations.tenant_tree())
         seeds.apply(conn, tenant, declared)
         got = tenant_schema.fingerprint(conn, tenant.schema)
@@ -213,7 +216,7 @@ class TenantFactory:
                     continue
                 spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
                 with conn.transaction():
-                    self._build_copy(conn, spare, self.database.settings.app_role)
+                    self._build_copy(conn, spare, self.database.settings.app_roles)
                 with self._ready:
                     self.spares.append(spare)
                     self.built += 1
@@ -329,7 +332,7 @@ class TenantFactory:
                     psycopg.connect(settings.owner_url, options=ASYNC_COMMIT) as conn,
                     psycopg.ClientCursor(conn) as cur,
                 ):
-                    self._build_copy(conn, tenant, settings.app_role)
+                    self._build_copy(conn, tenant, settings.app_roles)
                     cur.execute(queue.COPY_MODEL_ROWS, self._control_params(tenant))
                 return Tenant(tenant.value, tenant.schema, settings.app_url, settings.owner_url)
             except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):

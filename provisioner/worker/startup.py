@@ -89,10 +89,10 @@ def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Lo
     with closing(owner), db.translated():
         at_head = migrations.control_at_head(owner)
         superuser = heartbeats.connected_as_superuser(owner)
-        app_role.check(owner, settings.app_role)
+        app_role.check(owner, settings.app_roles)
     app = connect_for_start("APP_DATABASE_URL", settings.app_url)
     with closing(app), db.translated():
-        app_role.check_reached(app, settings.app_role, "APP_DATABASE_URL")
+        app_role.check_reached(app, settings.control_role, "APP_DATABASE_URL")
     if db.transaction_pooled(settings.owner_url, application_name="provisioner-worker"):
         raise ConfigurationError(TRANSACTION_POOLED)
     if not at_head:

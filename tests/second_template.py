@@ -11,13 +11,32 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import psycopg
+
+from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
-from tests.conftest import ROOT, Database, run_cli
+from provisioner.testing import BOOTSTRAP_LOCK_KEY
+from tests.conftest import ROOT, Database, Server, run_cli
 
 PROJECT = ROOT / "tests" / "second_template"
 #: The revision a fleet upgrade adds to the tree (kept outside the tree until then).
 UPGRADE = PROJECT / "upgrade" / "s002_due_dates.py"
 HEAD = "s001"
+
+
+#: The project's second application role (readonly), beside the bootstrap's app_rw.
+READONLY_ROLE = "app_ro"
+
+
+def add_readonly_role(server: Server, database: Database) -> str:
+    """Create the project's readonly role in the cluster (if missing) and let it connect to
+    ``database``, as an operator's bootstrap would; its URL there."""
+    with psycopg.connect(server.admin_url, autocommit=True) as lock:
+        # Roles are the cluster's: one process at a time creates them (as the bootstrap does).
+        lock.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_KEY,))
+        with psycopg.connect(database.admin_url, autocommit=True) as conn:
+            local_pg.add_app_roles(conn, (READONLY_ROLE,))
+    return server.url(READONLY_ROLE, database.name)
 
 
 def copy_project(target: Path) -> Path:

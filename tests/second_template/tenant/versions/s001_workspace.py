@@ -351,7 +351,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     # Everything this revision made but the shared extension, dependants first.
     op.execute(
-        "DROP VIEW open_tickets; DROP FUNCTION ticket_age(tickets); DROP TABLE events, holidays, business_hours, settings, "
+        "DROP VIEW open_tickets; DROP FUNCTION ticket_age(tickets); "
+        "DROP TABLE events, holidays, business_hours, settings, "
         "audit_log, webhook_deliveries, webhooks, notifications, saved_views, macros, "
         "article_tags, knowledge_articles, payments, invoices, order_lines, orders, products, "
         "customer_contacts, customers, ticket_sla, sla_policies, attachments, ticket_labels, "

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from provisioner.settings import Settings
+from provisioner.tenant import catalog
 from provisioner.testing import SERVER_URL_ENV
 from tests.conftest import Database, Server, create_database, drop_database
 from tests.second_template import (
@@ -162,6 +163,17 @@ def test_provisioning_builds_every_kind_of_object_and_applies_both_kinds_of_seed
             "JOIN tenant_beta.accounts a ON a.id = t.requester_id "
             "JOIN tenant_beta.audit_log l ON l.row_id = t.id AND l.table_name = 'tickets'"
         ).fetchall() == [("owner@beta.example", "INSERT")]
+        # The drift inventory names objects in full (names were cut at 63 bytes, and two grants
+        # on one function became one) and reads the pinned path as the tenant's own schema.
+        inventory = catalog.read(conn, "tenant_alpha")
+    assert inventory is not None
+    for grantee in ("PUBLIC", "provisioner_owner"):
+        assert (
+            "privilege",
+            f"EXECUTE ON FUNCTION ticket_age(t <tenant>.tickets) TO {grantee}",
+        ) in (inventory)
+    audit = inventory[("function", "audit_ticket_change()")]["definition"]
+    assert "SET search_path TO '<tenant>'" in audit
 
 
 def test_the_readonly_role_reads_everything_and_writes_nothing(

@@ -11,6 +11,11 @@ def test_a_tenant_of_the_project_template(tenant):
             "Welcome to your help desk",
         )
         conn.execute("INSERT INTO labels (name) VALUES ('urgent')")
+        # The audit trigger's function keeps the tenant's schema, whatever the session's path.
+        conn.execute("SET search_path TO public")
+        conn.execute("UPDATE " + tenant.schema + ".tickets SET status = 'open'")
+        actions = conn.execute("SELECT action FROM " + tenant.schema + ".audit_log ORDER BY id")
+        assert actions.fetchall() == [("INSERT",), ("UPDATE",)]
 
 
 def test_each_test_gets_a_fresh_one(tenant_factory):
@@ -19,3 +24,4 @@ def test_each_test_gets_a_fresh_one(tenant_factory):
         with psycopg.connect(made.app_url) as conn:
             conn.execute("SET search_path TO " + made.schema + ", public")
             assert conn.execute("SELECT count(*) FROM labels").fetchone() == (3,)
+            assert conn.execute("SELECT count(*) FROM audit_log").fetchone() == (1,)

@@ -401,7 +401,8 @@ BEGIN
       CROSS JOIN unnest(p.proconfig) AS c(setting)
      WHERE n.nspname = {new} AND starts_with(c.setting, 'search_path=')
   LOOP
-    EXECUTE format('ALTER FUNCTION %s SET search_path = %s', f.fn, f.path);
+    -- No percent sign in this text: it joins statements sent with client-side parameters.
+    EXECUTE 'ALTER FUNCTION ' || f.fn::text || ' SET search_path = ' || f.path;
   END LOOP;
 END
 $repin$

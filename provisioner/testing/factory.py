@@ -34,8 +34,10 @@ SPARE_PREFIX = "zzspare_"
 # The factory's sessions commit asynchronously: a test database need not survive a server crash.
 ASYNC_COMMIT = "-c synchronous_commit=off"
 
-# A handed-out spare: its schema renamed, and the model's control rows written for the new id.
-HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema};" + queue.COPY_MODEL_ROWS
+# A handed-out spare: its schema renamed, its functions that pin their search_path to the
+# spare's name pointed at the new one ({repin}: tenant_schema.repin_search_path), and the
+# model's control rows written for the new id.
+HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema}; {repin};" + queue.COPY_MODEL_ROWS
 
 RETIRED_PREFIX = "zzretired_"
 
@@ -303,7 +305,9 @@ class TenantFactory:
             return self.create_in(settings, tenant)
         spare = self._take_spare()
         statement = sql.SQL(HAND_OUT).format(
-            spare_schema=sql.Identifier(spare.schema), schema=sql.Identifier(tenant.schema)
+            spare_schema=sql.Identifier(spare.schema),
+            schema=sql.Identifier(tenant.schema),
+            repin=tenant_schema.repin_search_path(spare.schema, tenant.schema),
         )
         params = self._control_params(tenant)
         with self._owner() as conn, psycopg.ClientCursor(conn) as cur:

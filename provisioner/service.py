@@ -16,6 +16,7 @@ import psycopg
 
 from provisioner import db, fleet, kinds, queue
 from provisioner.control import heartbeats
+from provisioner.control import naming as control_naming
 from provisioner.control.schema import (
     NOT_AT_HEAD,
     app_connection,
@@ -54,7 +55,7 @@ from provisioner.tenant.state import INACTIVE, TenantState
 __all__ = ["TenantId", "local_pg"]
 from provisioner import storage
 from provisioner.kinds.provision import ensure_provision_job
-from provisioner.settings import Settings
+from provisioner.settings import Settings, tenant_naming
 
 
 def resolve(
@@ -81,12 +82,26 @@ def resolve(
             at_head = migrations.control_at_head(conn)
         if not at_head:  # one query when it is, instead of an Alembic run
             migrations.upgrade_control(urls.owner, resolved.app_role)
+            record_naming(urls.owner)
     return resolved
 
 
 def migrate(settings: Settings) -> tuple[str | None, str | None]:
-    """Control schema to head with the owner URL; (revision before, revision after)."""
-    return migrations.upgrade_control(settings.owner_url, settings.app_role)
+    """Control schema to head with the owner URL, and the project's tenant naming recorded
+    (:func:`record_naming`); (revision before, revision after)."""
+    revisions = migrations.upgrade_control(settings.owner_url, settings.app_role)
+    record_naming(settings.owner_url)
+    return revisions
+
+
+def record_naming(owner_url: str) -> bool:
+    """Record the project's tenant naming in the control database (True: it changed), which
+    holds the application role's registrations to it; refused (ConfigurationError, nothing
+    written) under tenants the new rule would not name (:mod:`provisioner.control.naming`)."""
+    with closing(db.connect(owner_url)) as conn, db.translated():
+        changed = control_naming.record(conn, tenant_naming())
+        conn.commit()
+    return changed
 
 
 def _refuse_unready(

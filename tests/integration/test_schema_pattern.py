@@ -22,8 +22,9 @@ from provisioner.naming import RESERVED, TenantNaming
 from provisioner.settings import Settings, tenant_naming
 from provisioner.templates import expected, migrations
 from provisioner.testing.factory import own_id
-from tests.conftest import Database, run_cli
+from tests.conftest import Database, Server, run_cli
 from tests.integration.test_fleet_upgrade import make_tree
+from tests.integration.test_user_project import run_pytest
 from tests.workers import Workers, job_row, step_runs, wait_until
 
 RULE = {
@@ -295,3 +296,56 @@ def test_the_pytest_factory_names_its_own_tenants_under_the_rule(named: dict[str
         assert all(c.isalpha() for c in own_id("t").value)
     with pytest.raises(ConfigurationError):
         TenantNaming("acct_{id}_data", max_length=60)
+
+
+PLUGIN_PROJECT_TESTS = """
+import psycopg
+
+import provisioner
+
+
+def test_tenants_live_in_the_projects_schemas(tenant, tenant_factory):
+    assert tenant.schema == f"acct_{tenant.id}_data"
+    other = tenant_factory("northwind")
+    assert other.schema == "acct_northwind_data"
+    with other.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM role_profiles").fetchone()[0] > 0
+
+
+def test_the_apps_own_sign_up_is_provisioned_and_swept(provisioner_settings, provisioner_worker):
+    with psycopg.connect(provisioner_settings.app_url) as conn:
+        provisioner.enqueue(conn, "signedup")
+    (job,) = provisioner_worker.drain()
+    assert job.status is provisioner.JobStatus.SUCCEEDED
+    with psycopg.connect(provisioner_settings.owner_url) as conn:
+        found = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = 'acct_signedup_data'"
+        ).fetchone()
+    assert found is not None
+
+
+def test_an_id_outside_the_rule_is_refused(tenant_factory):
+    try:
+        tenant_factory("not_allowed")
+    except provisioner.InvalidInput as exc:
+        assert "[a-z][a-z0-9]{2,15}" in str(exc)
+    else:
+        raise AssertionError("refused")
+"""
+
+
+def test_the_pytest_plugin_hands_out_tenants_under_the_projects_naming(
+    pg_server: Server, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    (project / "tests").mkdir(parents=True)
+    (project / "provisioner.toml").write_text(
+        'schema_pattern = "acct_{id}_data"\n'
+        'tenant_id_pattern = "[a-z][a-z0-9]{2,15}"\n'
+        "tenant_id_max_length = 16\n"
+        'object_store_provider = "none"\n'
+    )
+    (project / "tests" / "test_app.py").write_text(PLUGIN_PROJECT_TESTS)
+    result = run_pytest(project, pg_server, "-p", "no:xdist")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 passed" in result.stdout, result.stdout

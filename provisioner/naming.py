@@ -45,6 +45,7 @@ MAX_IDENTIFIER_BYTES = 63
 #: What an unquoted, lower-case PostgreSQL identifier may be (``$`` left out: not standard SQL).
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 _PATTERN_TEXT = re.compile(r"[a-z0-9_]*")
+_ID_TEXT = re.compile(r"[a-z0-9_]+")
 
 #: Warm spares (:mod:`provisioner.pool.spares`): ``pool_`` and 16 hex digits.
 SPARE_PREFIX = "pool_"
@@ -135,7 +136,7 @@ class TenantNaming:
                 f"expression: {exc}"
             ) from None
 
-    @property
+    @cached_property
     def parts(self) -> tuple[str, str]:
         """What comes before and after ``{id}``."""
         prefix, _, suffix = self.schema_pattern.partition("{id}")
@@ -163,7 +164,7 @@ class TenantNaming:
         """Why ``value`` is not a tenant id under this rule (None: it is one)."""
         if not isinstance(value, str) or not 1 <= len(value) <= self.max_length:
             return self.rule
-        if not self._id_re.fullmatch(value) or not re.fullmatch(r"[a-z0-9_]+", value):
+        if not self._id_re.fullmatch(value) or not _ID_TEXT.fullmatch(value):
             return self.rule
         schema = self.schema(value)
         if (

@@ -363,7 +363,18 @@ def tenant_naming(env: Mapping[str, str] | None = None) -> TenantNaming:
     rule that cannot work is one line (:class:`ConfigurationError`)."""
     if env is None:
         values = project.project_values()
-        env = {name: os.environ.get(name) or values.get(name, "") for name in NAMING_ENV}
+        environ = os.environ
+        return _naming(
+            environ.get("PROVISIONER_SCHEMA_PATTERN")
+            or values.get("PROVISIONER_SCHEMA_PATTERN")
+            or DEFAULT_SCHEMA_PATTERN,
+            environ.get("PROVISIONER_TENANT_ID_PATTERN")
+            or values.get("PROVISIONER_TENANT_ID_PATTERN")
+            or DEFAULT_ID_PATTERN,
+            environ.get("PROVISIONER_TENANT_ID_MAX_LENGTH")
+            or values.get("PROVISIONER_TENANT_ID_MAX_LENGTH")
+            or "",
+        )
     return _naming(
         env.get("PROVISIONER_SCHEMA_PATTERN") or DEFAULT_SCHEMA_PATTERN,
         env.get("PROVISIONER_TENANT_ID_PATTERN") or DEFAULT_ID_PATTERN,

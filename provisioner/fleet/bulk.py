@@ -64,16 +64,17 @@ class BatchReport:
 def parse_ids(raw: list[str]) -> list[TenantId]:
     """Every id validated; InvalidInput naming all the bad ones (one line)."""
     bad, good = [], []
+    naming = tenant_naming()  # once: each TenantId below is checked against it
     for text in raw:
         try:
-            good.append(TenantId(text))
+            good.append(TenantId(text, naming))
         except InvalidInput:
             bad.append(text if len(text) <= 60 else text[:57] + "...")
     if bad:
         raise InvalidInput(
             f"invalid tenant id(s) {', '.join(repr(b) for b in bad[:10])}"
             + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
-            + f" ({tenant_naming().rule}): nothing was queued"
+            + f" ({naming.rule}): nothing was queued"
         )
     return list(dict.fromkeys(good))
 

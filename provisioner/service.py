@@ -112,20 +112,23 @@ def _refuse_unready(
     reuse_deleted: bool,
     role: str,
 ) -> None:
-    """:func:`require_control_at_head`, :func:`app_role.check` and :func:`refuse_inactive` in
-    one round trip (a one-off provisioning's first): the control schema's revisions, the
-    application role's standing and the tenant's state read in one pipeline. With
+    """:func:`require_control_at_head`, :func:`app_role.check`, the recorded tenant naming
+    (:func:`provisioner.control.naming.check`) and :func:`refuse_inactive` in one round trip (a
+    one-off provisioning's first): the control schema's revisions, the application role's
+    standing, the naming and the tenant's state read in one pipeline. With
     ``reuse_deleted`` a deleted tenant is made pending first, in the caller's transaction (its
     row read back costs a second round trip), which rolls it back when a check refuses."""
     with control_ready(), db.translated(), db.pipeline(conn):
         versions = migrations.read_control_versions(conn)
         standing = app_role.send_check(conn, role)
+        naming = control_naming.send_read(conn)
         if reuse_deleted:
             tenants.reuse_deleted(conn, tenant)
         state = tenants.state_of(conn, tenant)
         if frozenset(versions) != migrations.control_heads():
             raise ConfigurationError(NOT_AT_HEAD)
         app_role.finish_check(standing, role)
+        control_naming.finish_check(naming, tenant.naming)
     _refuse_state(tenant, state, command)
 
 

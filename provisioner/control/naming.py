@@ -69,9 +69,26 @@ def record(conn: psycopg.Connection[Any], naming: TenantNaming) -> bool:
     return True
 
 
+def send_read(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """The recorded naming's statement sent (for a pipeline); :func:`finish_check` reads it."""
+    cur = conn.cursor(row_factory=tuple_row)
+    cur.execute(RECORDED)
+    return cur
+
+
+def finish_check(cur: psycopg.Cursor[Any], naming: TenantNaming) -> None:
+    """:func:`check` on the row :func:`send_read` asked for."""
+    with cur:
+        row = cur.fetchone()
+    _refuse_other(TenantNaming(row[0], row[1], int(row[2])) if row else TenantNaming(), naming)
+
+
 def check(conn: psycopg.Connection[Any], naming: TenantNaming) -> None:
     """Refuse a process whose naming differs from the one the control database records."""
-    found = recorded(conn)
+    _refuse_other(recorded(conn), naming)
+
+
+def _refuse_other(found: TenantNaming, naming: TenantNaming) -> None:
     if found != naming:
         raise ConfigurationError(
             f"the control database names tenant schemas {found.schema_pattern!r} (ids "

@@ -181,13 +181,18 @@ def test_the_pool_hands_a_spare_out_under_the_pattern(
     assert worker.stop() == 0, worker.output()
 
 
-def test_a_worker_refuses_a_naming_the_control_database_does_not_record(
+def test_a_worker_or_provision_refuses_a_naming_the_control_database_does_not_record(
     settings: Settings, database: Database, named: dict[str, str]
 ) -> None:
     refused = run_cli(settings, "worker", "--once", env=named)  # recorded: the default
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert "acct_{id}_data" in lines[0] and "provisioner migrate" in lines[0]
+    provisioned = run_cli(settings, "provision", "yankee", env=named)  # nor provisions under it
+    lines = provisioned.stderr.strip().splitlines()
+    assert provisioned.returncode == 2 and len(lines) == 1, provisioned.stderr
+    assert "acct_{id}_data" in lines[0]
+    assert schemas(database) == [] and control_rows(database) == []
     # Under tenants of the default naming, the rule cannot change: nothing is recorded.
     assert run_cli(settings, "provision", "zulu", env={}).returncode == 0
     changed = run_cli(settings, "migrate", env=named)

@@ -7,6 +7,7 @@ an environment variable, and the environment wins over the file (CLI flags win o
     # provisioner.toml
     tenant_tree = "db/tenant"            # paths are relative to this file
     seeds = ["db/seeds", "myapp.seeds:plans"]
+    schema_pattern = "acct_{id}"         # the default is tenant_{id}
     object_store_provider = "none"
     pool_size = 4
 
@@ -22,6 +23,7 @@ defaults (docs/configuration.md is generated from the same names and a test comp
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ __all__ = [
     "find",
     "load",
     "project_tenant_tree",
+    "project_values",
 ]
 
 FILE_NAME = "provisioner.toml"
@@ -120,6 +123,25 @@ KEYS: tuple[Key, ...] = (
         Kind.TABLE,
     ),
     Key("app_role", "PROVISIONER_APP_ROLE", "", "one readwrite role (older form of app_roles)"),
+    Key(
+        "schema_pattern",
+        "PROVISIONER_SCHEMA_PATTERN",
+        "tenant_{id}",
+        "a tenant's schema name: '{id}' once, lower-case letters, digits, '_' around it",
+    ),
+    Key(
+        "tenant_id_pattern",
+        "PROVISIONER_TENANT_ID_PATTERN",
+        "[a-z][a-z0-9_]*",
+        "the regular expression a whole tenant id matches",
+    ),
+    Key(
+        "tenant_id_max_length",
+        "PROVISIONER_TENANT_ID_MAX_LENGTH",
+        "48",
+        "the longest tenant id (schema names are at most 63 bytes)",
+        Kind.NUMBER,
+    ),
     Key(
         "object_store_provider",
         "OBJECT_STORE_PROVIDER",
@@ -325,15 +347,19 @@ def effective(env: Mapping[str, str], start: Path | None = None) -> Effective:
 
 
 @lru_cache(maxsize=8)
-def _tree_from_file(cwd: str) -> Path | None:
+def _values_in(cwd: str) -> Mapping[str, str]:
     path = find(Path(cwd))
-    if path is None:
-        return None
-    value = load(path).values.get("PROVISIONER_TENANT_TREE")
-    return Path(value) if value else None
+    return load(path).values if path is not None else {}
+
+
+def project_values() -> Mapping[str, str]:
+    """The project file's values (as environment variables) for the working directory, read
+    once per working directory: a worker's children, started in the same folder, find it too.
+    For the settings read at each use (the tenant tree, the tenant naming)."""
+    return _values_in(os.getcwd())  # absolute; costs a fraction of Path.cwd() (every TenantId)
 
 
 def project_tenant_tree() -> Path | None:
-    """The tenant tree the project file in the working directory names (None: none), read
-    once per working directory: a worker's children, started in the same folder, find it too."""
-    return _tree_from_file(str(Path.cwd().absolute()))
+    """The tenant tree the project file in the working directory names (None: none)."""
+    value = project_values().get("PROVISIONER_TENANT_TREE")
+    return Path(value) if value else None

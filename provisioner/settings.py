@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from pathlib import Path
 
 import psycopg
@@ -17,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from provisioner import project, roles
 from provisioner.errors import ConfigurationError
+from provisioner.naming import DEFAULT_ID_PATTERN, DEFAULT_SCHEMA_PATTERN, TenantNaming
 from provisioner.redact import redact
 from provisioner.roles import DEFAULT_APP_ROLES, AppRoles
 
@@ -360,3 +362,50 @@ def tenant_tree_override(env: Mapping[str, str] | None = None) -> Path | None:
     if raw:
         return Path(raw)
     return project.project_tenant_tree() if env is None else None
+
+
+def tenant_naming(env: Mapping[str, str] | None = None) -> TenantNaming:
+    """The project's tenant-id rule and schema-name pattern (PROVISIONER_SCHEMA_PATTERN,
+    PROVISIONER_TENANT_ID_PATTERN, PROVISIONER_TENANT_ID_MAX_LENGTH; ``env`` None: the process
+    environment over the project file). Read at each use, as the tenant tree is, because
+    every :class:`provisioner.models.TenantId` is checked against it: the worker's children,
+    the library's callers and the pytest plugin all find the same rule from the same place. A
+    rule that cannot work is one line (:class:`ConfigurationError`)."""
+    if env is None:
+        values = project.project_values()
+        environ = os.environ
+        return _naming(
+            environ.get("PROVISIONER_SCHEMA_PATTERN")
+            or values.get("PROVISIONER_SCHEMA_PATTERN")
+            or DEFAULT_SCHEMA_PATTERN,
+            environ.get("PROVISIONER_TENANT_ID_PATTERN")
+            or values.get("PROVISIONER_TENANT_ID_PATTERN")
+            or DEFAULT_ID_PATTERN,
+            environ.get("PROVISIONER_TENANT_ID_MAX_LENGTH")
+            or values.get("PROVISIONER_TENANT_ID_MAX_LENGTH")
+            or "",
+        )
+    return _naming(
+        env.get("PROVISIONER_SCHEMA_PATTERN") or DEFAULT_SCHEMA_PATTERN,
+        env.get("PROVISIONER_TENANT_ID_PATTERN") or DEFAULT_ID_PATTERN,
+        env.get("PROVISIONER_TENANT_ID_MAX_LENGTH") or "",
+    )
+
+
+#: The variables of the tenant naming (:func:`tenant_naming`).
+NAMING_ENV = (
+    "PROVISIONER_SCHEMA_PATTERN",
+    "PROVISIONER_TENANT_ID_PATTERN",
+    "PROVISIONER_TENANT_ID_MAX_LENGTH",
+)
+
+
+@lru_cache(maxsize=16)
+def _naming(schema_pattern: str, id_pattern: str, max_length: str) -> TenantNaming:
+    if not max_length:
+        return TenantNaming(schema_pattern, id_pattern)
+    if not max_length.strip().isdigit():
+        raise ConfigurationError(
+            f"PROVISIONER_TENANT_ID_MAX_LENGTH must be a whole number, got {max_length[:40]!r}"
+        )
+    return TenantNaming(schema_pattern, id_pattern, int(max_length))

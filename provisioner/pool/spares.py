@@ -52,7 +52,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from provisioner import db
+from provisioner import db, naming
 from provisioner.db import DatabaseError, Transaction
 from provisioner.db.plans import PlanAhead, keeping_prepared_statements, prepare_ahead
 from provisioner.errors import BuildStopped, PermanentError, ProvisionerError, SpareRejected
@@ -62,8 +62,8 @@ from provisioner.templates import reference as template_reference
 from provisioner.templates.replay import mismatch
 from provisioner.tenant import schema as tenant_schema
 
-#: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
-SPARE_PREFIX = "pool_"
+#: Spare schemas are ``pool_`` and 16 hex digits: never a tenant's, under any naming rule.
+SPARE_PREFIX = naming.SPARE_PREFIX
 #: Names a build tries before it gives up (a name is skipped when a schema holds it already).
 NAME_ATTEMPTS = 5
 

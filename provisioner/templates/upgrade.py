@@ -37,7 +37,6 @@ propagates and the queue retries the tenant later with backoff.
 from __future__ import annotations
 
 import re
-import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
+from provisioner import naming
 from provisioner.db import Transaction, translated
 from provisioner.errors import NotReplayable
 from provisioner.roles import AppRoles
@@ -257,7 +257,7 @@ def _compute_reference(
     """Alembic builds a scratch schema at ``start``, it is granted like a tenant, Alembic
     upgrades it to the head (recorded: :mod:`provisioner.templates.recording`), and its
     fingerprint is taken; the savepoint rolls all of it back."""
-    scratch = f"tenant_zz_upgrade_{secrets.token_hex(6)}"
+    scratch = naming.scratch_name("upgrade")
     savepoint = sql.Identifier(SCRATCH_SAVEPOINT)
     with tx.pg.cursor() as cur:
         cur.execute(sql.SQL("SAVEPOINT {}").format(savepoint))

@@ -17,19 +17,19 @@ import sqlalchemy as sa
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from provisioner import db, queue, service
+from provisioner import db, naming, queue, service
 from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.kinds.provision import provision_key
 from provisioner.models import TenantId
 from provisioner.roles import AppRoles
-from provisioner.settings import Settings
+from provisioner.settings import Settings, tenant_naming
 from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateUnusable, describe_difference
 from provisioner.tenant import schema as tenant_schema
 from provisioner.testing.server import ProvisionerDatabase
 from provisioner.testing.signups import Sweep
 
-SPARE_PREFIX = "zzspare_"
+SPARE_PREFIX = "zzspare"
 
 # The factory's sessions commit asynchronously: a test database need not survive a server crash.
 ASYNC_COMMIT = "-c synchronous_commit=off"
@@ -39,7 +39,6 @@ ASYNC_COMMIT = "-c synchronous_commit=off"
 # model's control rows written for the new id.
 HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema}; {repin};" + queue.COPY_MODEL_ROWS
 
-RETIRED_PREFIX = "zzretired_"
 
 # A tenant's control rows (its jobs and their step runs go with the tenant row).
 DELETE_TENANT = "DELETE FROM control.tenants WHERE tenant_id = %(id)s"
@@ -116,7 +115,7 @@ class TenantFactory:
         """The model: provisioned through the engine once, its fingerprint and control rows kept
         (and those rows deleted: see the module), the template captured."""
         if self.model is None:
-            model = TenantId(f"{SPARE_PREFIX}model_{uuid.uuid4().hex[:8]}")
+            model = own_id(f"{SPARE_PREFIX}m")
             service.provision(self.database.settings, model.value, holder="pytest-spares")
             with self._owner() as conn:
                 self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
@@ -145,7 +144,7 @@ class TenantFactory:
         settings = self.database.settings
         self._provision_model()
         for _ in range(self.batch):
-            spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
+            spare = own_id(SPARE_PREFIX)
             if self.copy_off is None:
                 try:
                     self._copy_model(spare)
@@ -216,7 +215,7 @@ class TenantFactory:
                         conn.execute(_drop_schemas(retired))
                 if not build:
                     continue
-                spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
+                spare = own_id(SPARE_PREFIX)
                 with conn.transaction():
                     self._build_copy(conn, spare, self.database.settings.app_roles)
                 with self._ready:
@@ -298,7 +297,7 @@ class TenantFactory:
     def create(self, tenant_id: str | None = None, *, settings: Settings | None = None) -> Tenant:
         """A freshly provisioned tenant called ``tenant_id`` (a unique id when None), in the
         factory's database, or in the database ``settings`` name (see :meth:`create_in`)."""
-        tenant = TenantId(tenant_id or f"t{uuid.uuid4().hex[:12]}")
+        tenant = TenantId(tenant_id) if tenant_id else own_id("t")
         if tenant.value.startswith(SPARE_PREFIX):
             raise InvalidInput(f"tenant ids starting with {SPARE_PREFIX} are the factory's own")
         if settings is not None and settings.owner_url != self.database.owner_url:
@@ -364,7 +363,7 @@ class TenantFactory:
         if isinstance(tenant, Tenant) and tenant.owner_url != self.database.owner_url:
             self._drop_elsewhere(tenant_id, tenant.owner_url)
             return
-        retired = f"{RETIRED_PREFIX}{uuid.uuid4().hex[:16]}"
+        retired = naming.scratch_name("retired")  # never a tenant's name
         with self._owner() as conn:
             conn.execute(DELETE_TENANT, {"id": tenant_id.value})
             if conn.execute(SCHEMA_EXISTS, {"schema": tenant_id.schema}).fetchone():
@@ -433,6 +432,25 @@ class TenantFactory:
         self.reclaim()
         if self._conn is not None:
             self._conn.close()
+
+
+def own_id(prefix: str) -> TenantId:
+    """A fresh id starting with ``prefix`` that the project's tenant-id rule accepts (the
+    factory's spares and model, and a test's unnamed tenant): ``prefix`` and hex digits, or
+    letters only for a rule without digits, cut to the rule's length."""
+    rule = tenant_naming()
+    token = uuid.uuid4().hex
+    for tail in (token[:16], token[:16].translate(_LETTERS)):
+        candidate = (prefix + tail)[: rule.max_length]
+        if rule.problem(candidate) is None:
+            return TenantId(candidate, rule)
+    raise InvalidInput(
+        f"the pytest plugin names its tenants {prefix}<hex>: the project's rule refuses it "
+        f"({rule.rule})"
+    )
+
+
+_LETTERS = str.maketrans("0123456789", "ghijklmnop")
 
 
 def _drop_schemas(names: list[str]) -> sql.Composed:

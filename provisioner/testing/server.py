@@ -24,7 +24,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from provisioner import db
+from provisioner import db, service
 from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -173,6 +173,7 @@ class ProvisionerDatabase:
             state_dir=work_dir / "state",
         )
         migrations.upgrade_control(owner_url, settings.control_role)
+        service.record_naming(owner_url)  # the app's own sign-ups register under it
         return cls(name, _admin_url_for(server.admin_url, name), owner_url, app_url, settings)
 
     def drop(self, server: PgServer) -> None:

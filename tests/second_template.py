@@ -56,6 +56,13 @@ def cli(settings: Settings, project: Path, *args: str) -> subprocess.CompletedPr
     return run_cli(settings, *args, env=project_env(project), cwd=project)
 
 
+def record_naming(settings: Settings, project: Path) -> None:
+    """``provisioner migrate`` in the project's folder: its naming (``helpdesk_{id}``) recorded
+    in the control database, as a team does before its first tenant."""
+    result = cli(settings, project, "migrate")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def provision(settings: Settings, project: Path, tenant: str) -> None:
     result = cli(settings, project, "provision", tenant)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -18,7 +18,13 @@ from provisioner.kinds.provision import STEPS
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from tests.conftest import Database, Server, create_database, drop_database
-from tests.second_template import add_readonly_role, copy_project, project_env, provision
+from tests.second_template import (
+    add_readonly_role,
+    copy_project,
+    project_env,
+    provision,
+    record_naming,
+)
 from tests.workers import job_row, kill_frozen, step_runs
 
 CHILD = Path(__file__).with_name("provision_child.py")
@@ -52,9 +58,10 @@ def crash_settings(crash_database: Database, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="module")
 def clean(crash_settings: Settings, crash_database: Database, project: Path) -> catalog.Inventory:
+    record_naming(crash_settings, project)
     provision(crash_settings, project, "clean")
     with crash_database.owner() as conn:
-        found = catalog.read(conn, "tenant_clean")
+        found = catalog.read(conn, "helpdesk_clean")
     assert found is not None
     return found
 
@@ -93,9 +100,9 @@ def test_sigkill_at_each_step_resumes_to_the_clean_tenant(
         assert (row["status"], row["attempts"]) == ("succeeded", 2)
         assert resumed == [(s, "succeeded") for s in STEPS[len(committed) :]]
     with crash_database.owner() as conn:
-        assert catalog.read(conn, f"tenant_{tenant}") == clean
+        assert catalog.read(conn, f"helpdesk_{tenant}") == clean
         # The seeds' rows are there once, whatever was killed and run again.
-        assert conn.execute(f"SELECT count(*) FROM tenant_{tenant}.tickets").fetchone() == (1,)
+        assert conn.execute(f"SELECT count(*) FROM helpdesk_{tenant}.tickets").fetchone() == (1,)
         assert conn.execute(
             "SELECT count(*) FROM control.tenant_seeds WHERE tenant_id = %s", (tenant,)
         ).fetchone() == (3,)

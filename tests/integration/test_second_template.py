@@ -34,6 +34,7 @@ from tests.second_template import (
     copy_project,
     project_env,
     provision,
+    record_naming,
     tables,
 )
 from tests.workers import Workers, job_row, step_runs, wait_until
@@ -79,6 +80,7 @@ def module_settings(
 @pytest.fixture(scope="module")
 def fleet(module_settings: Settings, project: Path) -> list[str]:
     """Two tenants provisioned from the second template (read, never changed, by the tests)."""
+    record_naming(module_settings, project)
     for tenant in ("alpha", "beta"):
         provision(module_settings, project, tenant)
     return ["alpha", "beta"]
@@ -129,8 +131,8 @@ def test_provisioning_builds_every_kind_of_object_and_applies_both_kinds_of_seed
     fleet: list[str], module_database: Database, module_settings: Settings, project: Path
 ) -> None:
     database = module_database
-    assert len(tables(database, "tenant_alpha")) >= 34  # 33 of the template's, and its version
-    assert objects(database, "tenant_alpha") == {
+    assert len(tables(database, "helpdesk_alpha")) >= 34  # 33 of the template's, and its version
+    assert objects(database, "helpdesk_alpha") == {
         "enums": 3,
         "domains": 1,
         "views": 1,
@@ -155,17 +157,17 @@ def test_provisioning_builds_every_kind_of_object_and_applies_both_kinds_of_seed
         ]
         # SQL seeds with the tenant's id; the Python seed's ticket audited by its trigger.
         assert conn.execute(
-            "SELECT value->>'tenant' FROM tenant_beta.settings WHERE key = 'workspace'"
+            "SELECT value->>'tenant' FROM helpdesk_beta.settings WHERE key = 'workspace'"
         ).fetchone() == ("beta",)
-        assert conn.execute("SELECT count(*) FROM tenant_beta.business_hours").fetchone() == (5,)
+        assert conn.execute("SELECT count(*) FROM helpdesk_beta.business_hours").fetchone() == (5,)
         assert conn.execute(
-            "SELECT a.email::text, l.action FROM tenant_beta.tickets t "
-            "JOIN tenant_beta.accounts a ON a.id = t.requester_id "
-            "JOIN tenant_beta.audit_log l ON l.row_id = t.id AND l.table_name = 'tickets'"
+            "SELECT a.email::text, l.action FROM helpdesk_beta.tickets t "
+            "JOIN helpdesk_beta.accounts a ON a.id = t.requester_id "
+            "JOIN helpdesk_beta.audit_log l ON l.row_id = t.id AND l.table_name = 'tickets'"
         ).fetchall() == [("owner@beta.example", "INSERT")]
         # The drift inventory names objects in full (names were cut at 63 bytes, and two grants
         # on one function became one) and reads the pinned path as the tenant's own schema.
-        inventory = catalog.read(conn, "tenant_alpha")
+        inventory = catalog.read(conn, "helpdesk_alpha")
     assert inventory is not None
     for grantee in ("PUBLIC", "provisioner_owner"):
         assert (
@@ -180,7 +182,7 @@ def test_the_readonly_role_reads_everything_and_writes_nothing(
     fleet: list[str], readonly_url: str
 ) -> None:
     with psycopg.connect(readonly_url) as conn:
-        conn.execute('SET search_path TO "tenant_beta", public')
+        conn.execute('SET search_path TO "helpdesk_beta", public')
         assert conn.execute("SELECT count(*) FROM open_tickets").fetchone() == (1,)
         assert conn.execute("SELECT count(*) FROM events").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM holidays").fetchone() == (2,)
@@ -199,7 +201,7 @@ def test_the_readonly_role_reads_everything_and_writes_nothing(
 def test_the_app_role_works_through_views_partitions_triggers_and_policies(
     fleet: list[str], module_database: Database
 ) -> None:
-    with app_session(module_database, "tenant_alpha") as conn:
+    with app_session(module_database, "helpdesk_alpha") as conn:
         # citext: the owner's address, whatever its case; the view reads through the join.
         (owner,) = conn.execute(
             "SELECT id FROM accounts WHERE email = 'OWNER@Alpha.Example'"
@@ -231,12 +233,10 @@ def test_the_app_role_works_through_views_partitions_triggers_and_policies(
         ).fetchall() == [("events_2026h1", "a"), ("events_2026h2", "b"), ("events_default", "c")]
         # Triggers: the pinned audit function writes its row whatever the session's path.
         conn.execute("SET search_path TO public")
-        conn.execute("UPDATE tenant_alpha.tickets SET status = 'open'")
-        assert conn.execute("SELECT action FROM tenant_alpha.audit_log ORDER BY id").fetchall() == [
-            ("INSERT",),
-            ("UPDATE",),
-        ]
-        conn.execute('SET search_path TO "tenant_alpha", public')
+        conn.execute("UPDATE helpdesk_alpha.tickets SET status = 'open'")
+        actions = conn.execute("SELECT action FROM helpdesk_alpha.audit_log ORDER BY id")
+        assert actions.fetchall() == [("INSERT",), ("UPDATE",)]
+        conn.execute('SET search_path TO "helpdesk_alpha", public')
         # Row-level security: an internal comment is seen only by a session of an agent.
         conn.execute(
             "INSERT INTO ticket_comments (ticket_id, author_id, body, internal) "
@@ -257,7 +257,7 @@ def test_check_finds_a_dropped_policy_and_repair_restores_it(
 ) -> None:
     provision(module_settings, project, "delta")
     with module_database.owner() as conn:
-        conn.execute("DROP POLICY comments_visible ON tenant_delta.ticket_comments")
+        conn.execute("DROP POLICY comments_visible ON helpdesk_delta.ticket_comments")
     drifted = cli(module_settings, project, "check", "--all")
     assert drifted.returncode == 1, drifted.stdout + drifted.stderr
     assert "delta: drifted" in drifted.stdout and "comments_visible" in drifted.stdout
@@ -279,20 +279,20 @@ def test_suspend_restore_and_purge(
     with app_session(database, "public") as conn:
         for relation in ("tickets", "open_tickets", "events"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
-                conn.execute(f"SELECT 1 FROM tenant_gamma.{relation}")  # type: ignore[arg-type]
+                conn.execute(f"SELECT 1 FROM helpdesk_gamma.{relation}")  # type: ignore[arg-type]
     checked = cli(settings, project, "check", "gamma")  # as a suspension leaves it
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
     restored = cli(settings, project, "restore", "gamma")
     assert restored.returncode == 0, restored.stdout + restored.stderr
-    with app_session(database, "tenant_gamma") as conn:
+    with app_session(database, "helpdesk_gamma") as conn:
         assert conn.execute("SELECT count(*) FROM open_tickets").fetchone() == (1,)
         conn.execute("INSERT INTO events (occurred_at, kind) VALUES ('2026-05-05', 'restored')")
         conn.commit()
 
     purged = cli(settings, project, "deprovision", "gamma", "--purge", "--yes")
     assert purged.returncode == 0, purged.stdout + purged.stderr
-    assert tables(database, "tenant_gamma") == []
+    assert tables(database, "helpdesk_gamma") == []
     with database.owner() as conn:
         assert conn.execute(
             "SELECT state FROM control.tenants WHERE tenant_id = 'gamma'"
@@ -302,7 +302,7 @@ def test_suspend_restore_and_purge(
             "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'citext'"
         ).fetchone() == ("public",)
         assert conn.execute(
-            "SELECT count(*) FROM tenant_alpha.accounts WHERE email = 'OWNER@alpha.example'"
+            "SELECT count(*) FROM helpdesk_alpha.accounts WHERE email = 'OWNER@alpha.example'"
         ).fetchone() == (1,)
 
 
@@ -336,6 +336,7 @@ def test_a_fleet_upgrade_to_a_second_revision(
     fast: Settings, second_database: Database, own_project: Path, workers: Workers
 ) -> None:
     database = second_database
+    record_naming(fast, own_project)
     for tenant in ("u1", "u2"):
         provision(fast, own_project, tenant)
     add_upgrade(own_project)
@@ -348,14 +349,14 @@ def test_a_fleet_upgrade_to_a_second_revision(
     with database.owner() as conn:
         for tenant in ("u1", "u2"):
             assert conn.execute(
-                f"SELECT version_num FROM tenant_{tenant}.alembic_version"
+                f"SELECT version_num FROM helpdesk_{tenant}.alembic_version"
             ).fetchall() == [("s002",)]
     for tenant in ("u1", "u2"):
         assert job_row(database, tenant)["status"] == "succeeded"
         assert "head=s002" in succeeded_detail(database, tenant, "run_tenant_migrations")
     checked = cli(fast, own_project, "check", "--all")
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    with app_session(database, "tenant_u1") as conn:
+    with app_session(database, "helpdesk_u1") as conn:
         conn.execute("UPDATE tickets SET due_on = '2026-12-24'")
         conn.execute(
             "INSERT INTO ticket_watchers SELECT t.id, m.team_id, m.account_id "
@@ -369,6 +370,7 @@ def test_the_warm_pool_hands_out_a_spare_of_the_second_template(
     fast: Settings, second_database: Database, own_project: Path, workers: Workers
 ) -> None:
     database = second_database
+    record_naming(fast, own_project)
     env = {**project_env(own_project), "PROVISIONER_POOL_SIZE": "1"}
     worker = workers.start(env=env, cwd=own_project)
 
@@ -387,12 +389,12 @@ def test_the_warm_pool_hands_out_a_spare_of_the_second_template(
     assert "warm pool" in succeeded_detail(database, "pooled", "create_schema")
     with database.owner() as conn:
         assert conn.execute(
-            "SELECT count(*) FROM tenant_pooled.audit_log WHERE action = 'INSERT'"
+            "SELECT count(*) FROM helpdesk_pooled.audit_log WHERE action = 'INSERT'"
         ).fetchone() == (1,)
     checked = cli(fast, own_project, "check", "pooled")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     with app_session(database, "public") as conn:
-        conn.execute("UPDATE tenant_pooled.tickets SET status = 'solved'")
+        conn.execute("UPDATE helpdesk_pooled.tickets SET status = 'solved'")
         conn.commit()
     assert worker.stop() == 0
 

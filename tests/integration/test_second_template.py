@@ -353,7 +353,9 @@ def test_a_fleet_upgrade_to_a_second_revision(
             ).fetchall() == [("s002",)]
     for tenant in ("u1", "u2"):
         assert job_row(database, tenant)["status"] == "succeeded"
-        assert "head=s002" in succeeded_detail(database, tenant, "run_tenant_migrations")
+        detail = succeeded_detail(database, tenant, "run_tenant_migrations")
+        print(f"{tenant}: {detail}")  # which path ran, in -s output
+        assert "head=s002" in detail
     checked = cli(fast, own_project, "check", "--all")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     with app_session(database, "helpdesk_u1") as conn:

@@ -20,6 +20,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from provisioner import db, fleet
+from provisioner.roles import AppRole
 from provisioner.tenant import schema as tenant_schema
 
 FINGERPRINT_QUERIES = (
@@ -75,7 +76,7 @@ def grant_app_role(conn: psycopg.Connection[Any], schema: str, role: str) -> Non
     tables = [name for name, kind in rows if kind in ("r", "p")]
     sequences = [name for name, kind in rows if kind == "S"]
     # The statements themselves are unchanged; how they are sent (one trip each) is the former way.
-    statements = tenant_schema.grant_statements(schema, role, tables, sequences)
+    statements = tenant_schema.grant_statements(schema, AppRole(role), tables, sequences)
     for statement in statements:
         conn.execute(statement)
     params = {

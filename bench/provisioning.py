@@ -41,6 +41,7 @@ from provisioner.engine import Engine
 from provisioner.kinds.provision import STEPS, ensure_provision_job
 from provisioner.local import cluster as local_pg
 from provisioner.models import JobStatus, TenantId
+from provisioner.roles import AppRole
 from provisioner.storage import store_from_settings
 from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateCache
@@ -65,7 +66,7 @@ def raw_script(
     ]
     if not ddl_only:
         parts += [
-            *tenant_schema.grant_statements(schema, local_pg.APP_ROLE, tables, sequences),
+            *tenant_schema.grant_statements(schema, AppRole(local_pg.APP_ROLE), tables, sequences),
             *(  # the shipped seeds, under the search_path set above
                 sql.SQL(seed.sql.strip().rstrip(";"))  # type: ignore[arg-type]
                 for seed in seeds.declared((), migrations.tenant_tree())
@@ -100,7 +101,7 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
     long_lived = Engine(
         database.owner_url,
         holder="bench-engine",
-        app_role=local_pg.APP_ROLE,
+        app_roles=(AppRole(local_pg.APP_ROLE),),
         store=store_from_settings(settings),
     )
     fingerprint_conn = psycopg.connect(database.owner_url)
@@ -196,7 +197,7 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
         raw_conn.execute(raw_script(raw_conn, schema, template, [], [], ddl_only=True))
         raw_conn.commit()
         pair = [
-            ("grants_now", tenant_schema.grant_app_role),
+            ("grants_now", lambda c, s, r: tenant_schema.grant_app_roles(c, s, (AppRole(r),))),
             ("grants_before", before.grant_app_role),
         ]
         for key, grant in pair if i % 2 else reversed(pair):

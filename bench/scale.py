@@ -26,6 +26,7 @@ from bench.figures import Figure, Results
 from bench.provisioning import raw_script
 from provisioner import service
 from provisioner.models import JobStatus
+from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.templates.replay import Template
 from provisioner.tenant import schema as tenant_schema
 
@@ -57,7 +58,7 @@ def _probes(database: BenchDatabase, schema: str) -> dict[str, float]:
             "fingerprint_ms": _probe_ms(conn, lambda: tenant_schema.fingerprint(conn, schema)),
             "plain_fingerprint_ms": _probe_ms(conn, lambda: before.fingerprint(conn, schema)),
             "grant_check_ms": _probe_ms(
-                conn, lambda: tenant_schema.missing_app_grants(conn, schema, "app_rw")
+                conn, lambda: tenant_schema.missing_app_grants(conn, schema, DEFAULT_APP_ROLES)
             ),
             "named_grant_ms": _probe_ms(conn, lambda: conn.execute(named)),
             "grant_on_all_ms": _probe_ms(conn, lambda: conn.execute(on_all)),
@@ -72,7 +73,16 @@ def seq_scans(database: BenchDatabase, schema: str) -> str:
         "fingerprint": (tenant_schema.FINGERPRINT, {"schema": schema}),
         "grant check": (
             tenant_schema.APP_ROLE_PRIVILEGES,
-            {"schema": schema, "role": "app_rw", "privileges": ["SELECT"]},
+            {
+                "schema": schema,
+                "role": "app_rw",
+                "privileges": ["SELECT"],
+                "sequence_privileges": ["SELECT"],
+                "table_forbidden": [],
+                "sequence_forbidden": [],
+                "version_table": "alembic_version",
+                "version_writes": ["INSERT"],
+            },
         ),
         "relations": (tenant_schema.RELATIONS, {"schema": schema}),
         "object count": (tenant_schema.SCHEMA_OBJECT_COUNT, {"schema": schema}),

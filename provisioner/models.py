@@ -3,63 +3,35 @@
 from __future__ import annotations
 
 import enum
-import keyword
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from provisioner.errors import InvalidInput
+from provisioner.naming import DEFAULT_RULE, TenantNaming
+from provisioner.settings import tenant_naming
 
-TENANT_ID_RULE = (
-    "tenant ids are 1-48 characters of lower-case ASCII letters, digits and '_', "
-    "starting with a letter, and not a reserved word"
-)
-_TENANT_ID_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
-# Names that would read as something else in logs, URLs or SQL, even though the schema name
-# ``tenant_<id>`` itself would be legal.
-_RESERVED = frozenset(
-    {
-        "admin",
-        "all",
-        "control",
-        "default",
-        "information_schema",
-        "none",
-        "null",
-        "pg_catalog",
-        "pg_toast",
-        "public",
-        "root",
-        "select",
-        "system",
-        "table",
-        "template",
-        "user",
-    }
-) | frozenset(keyword.kwlist)
+#: The default rule in words (a project may set its own: :mod:`provisioner.naming`).
+TENANT_ID_RULE = DEFAULT_RULE
 
 
 @dataclass(frozen=True)
 class TenantId:
-    """A validated tenant id; ``schema`` is the PostgreSQL schema it maps to."""
+    """A validated tenant id; ``schema`` is the PostgreSQL schema it maps to.
+
+    ``naming`` is the project's rule and pattern: by default the configured one
+    (:func:`provisioner.settings.tenant_naming`), so every id built anywhere is held to the
+    same rule and maps to its schema the same way."""
 
     value: str
+    naming: TenantNaming = field(default_factory=tenant_naming, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        value = self.value
-        # A hostile id can be any size: echo at most its head.
-        text = value if isinstance(value, str) else repr(value)
-        shown = repr(text[:60]) + (f" ({len(text)} characters)" if len(text) > 60 else "")
-        if not isinstance(value, str) or not _TENANT_ID_RE.fullmatch(value):
-            raise InvalidInput(f"invalid tenant id {shown}: {TENANT_ID_RULE}")
-        if value in _RESERVED or value.startswith("pg_"):
-            raise InvalidInput(f"invalid tenant id {shown}: reserved name; {TENANT_ID_RULE}")
+        self.naming.check(self.value)
 
     @property
     def schema(self) -> str:
-        return f"tenant_{self.value}"
+        return self.naming.schema(self.value)
 
     def __str__(self) -> str:
         return self.value

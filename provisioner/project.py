@@ -7,9 +7,13 @@ an environment variable, and the environment wins over the file (CLI flags win o
     # provisioner.toml
     tenant_tree = "db/tenant"            # paths are relative to this file
     seeds = ["db/seeds", "myapp.seeds:plans"]
-    app_role = "app_rw"
+    schema_pattern = "acct_{id}"         # the default is tenant_{id}
     object_store_provider = "none"
     pool_size = 4
+
+    [app_roles]                          # each application role and its privilege set
+    app_rw = "readwrite"
+    app_ro = "readonly"
 
 The file holds no secrets: database URLs and cloud credentials come from the environment (a
 URL in the file is refused). :func:`effective` merges file and environment and says where each
@@ -19,6 +23,7 @@ defaults (docs/configuration.md is generated from the same names and a test comp
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +31,7 @@ from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 
+from provisioner import roles
 from provisioner.errors import ConfigurationError
 
 __all__ = [
@@ -38,6 +44,7 @@ __all__ = [
     "find",
     "load",
     "project_tenant_tree",
+    "project_values",
 ]
 
 FILE_NAME = "provisioner.toml"
@@ -51,6 +58,7 @@ class Kind(StrEnum):
     PATH = "path"  # relative to the file's folder
     LIST = "list"  # a TOML array of strings, or one string; paths in it relative to the file
     NUMBER = "number"
+    TABLE = "table"  # a TOML table of role name -> privilege set (provisioner.roles)
 
 
 class Source(StrEnum):
@@ -107,7 +115,33 @@ KEYS: tuple[Key, ...] = (
         "seed folders of *.sql, .sql files, module:function callables",
         Kind.LIST,
     ),
-    Key("app_role", "PROVISIONER_APP_ROLE", "app_rw", "the role granted DML in each tenant"),
+    Key(
+        "app_roles",
+        "PROVISIONER_APP_ROLES",
+        "app_rw=readwrite",
+        "the application roles granted in each tenant, each with its privilege set",
+        Kind.TABLE,
+    ),
+    Key("app_role", "PROVISIONER_APP_ROLE", "", "one readwrite role (older form of app_roles)"),
+    Key(
+        "schema_pattern",
+        "PROVISIONER_SCHEMA_PATTERN",
+        "tenant_{id}",
+        "a tenant's schema name: '{id}' once, lower-case letters, digits, '_' around it",
+    ),
+    Key(
+        "tenant_id_pattern",
+        "PROVISIONER_TENANT_ID_PATTERN",
+        "[a-z][a-z0-9_]*",
+        "the regular expression a whole tenant id matches",
+    ),
+    Key(
+        "tenant_id_max_length",
+        "PROVISIONER_TENANT_ID_MAX_LENGTH",
+        "48",
+        "the longest tenant id (schema names are at most 63 bytes)",
+        Kind.NUMBER,
+    ),
     Key(
         "object_store_provider",
         "OBJECT_STORE_PROVIDER",
@@ -239,6 +273,13 @@ def _table(path: Path) -> dict[str, object] | None:
 def _as_env(path: Path, key: Key, value: object) -> str:
     """A file value as the environment variable would hold it."""
     where = f"{path}: {key.name}"
+    if key.kind is Kind.TABLE:
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                f"{where} must be a table of role = privilege set, e.g. [{key.name}] "
+                'app_rw = "readwrite"'
+            )
+        return roles.render(roles.from_mapping(value, where))
     if key.kind is Kind.LIST:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
@@ -313,15 +354,19 @@ def effective(env: Mapping[str, str], start: Path | None = None) -> Effective:
 
 
 @lru_cache(maxsize=8)
-def _tree_from_file(cwd: str) -> Path | None:
+def _values_in(cwd: str) -> Mapping[str, str]:
     path = find(Path(cwd))
-    if path is None:
-        return None
-    value = load(path).values.get("PROVISIONER_TENANT_TREE")
-    return Path(value) if value else None
+    return load(path).values if path is not None else {}
+
+
+def project_values() -> Mapping[str, str]:
+    """The project file's values (as environment variables) for the working directory, read
+    once per working directory: a worker's children, started in the same folder, find it too.
+    For the settings read at each use (the tenant tree, the tenant naming)."""
+    return _values_in(os.getcwd())  # absolute; costs a fraction of Path.cwd() (every TenantId)
 
 
 def project_tenant_tree() -> Path | None:
-    """The tenant tree the project file in the working directory names (None: none), read
-    once per working directory: a worker's children, started in the same folder, find it too."""
-    return _tree_from_file(str(Path.cwd().absolute()))
+    """The tenant tree the project file in the working directory names (None: none)."""
+    value = project_values().get("PROVISIONER_TENANT_TREE")
+    return Path(value) if value else None

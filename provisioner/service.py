@@ -16,6 +16,7 @@ import psycopg
 
 from provisioner import db, fleet, kinds, queue, servers
 from provisioner.control import heartbeats
+from provisioner.control import naming as control_naming
 from provisioner.control.schema import (
     NOT_AT_HEAD,
     app_connection,
@@ -46,6 +47,7 @@ from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.local import cluster as local_pg
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.queue import journal
+from provisioner.roles import AppRoles
 from provisioner.templates import migrations
 from provisioner.tenant import app_role
 from provisioner.tenant import row as tenants
@@ -54,7 +56,7 @@ from provisioner.tenant.state import INACTIVE, TenantState
 __all__ = ["TenantId", "local_pg"]
 from provisioner import storage
 from provisioner.kinds.provision import ensure_provision_job
-from provisioner.settings import Settings
+from provisioner.settings import Settings, tenant_naming
 
 
 def resolve(
@@ -68,7 +70,8 @@ def resolve(
     if not settings.embedded:
         return settings
     state_dir = local_pg.locate_state_dir(settings.state_dir)
-    urls = local_pg.ensure_embedded(state_dir, notify or (lambda message: None))
+    names = tuple(role.name for role in settings.app_roles)
+    urls = local_pg.ensure_embedded(state_dir, notify or (lambda message: None), names)
     resolved = replace(
         settings,
         state_dir=state_dir,
@@ -80,13 +83,27 @@ def resolve(
         with closing(db.connect(urls.owner)) as conn, db.translated():
             at_head = migrations.control_at_head(conn)
         if not at_head:  # one query when it is, instead of an Alembic run
-            migrations.upgrade_control(urls.owner, resolved.app_role)
+            migrations.upgrade_control(urls.owner, resolved.control_role)
+            record_naming(urls.owner)
     return resolved
 
 
 def migrate(settings: Settings) -> tuple[str | None, str | None]:
-    """Control schema to head with the owner URL; (revision before, revision after)."""
-    return migrations.upgrade_control(settings.owner_url, settings.app_role)
+    """Control schema to head with the owner URL, and the project's tenant naming recorded
+    (:func:`record_naming`); (revision before, revision after)."""
+    revisions = migrations.upgrade_control(settings.owner_url, settings.control_role)
+    record_naming(settings.owner_url)
+    return revisions
+
+
+def record_naming(owner_url: str) -> bool:
+    """Record the project's tenant naming in the control database (True: it changed), which
+    holds the application role's registrations to it; refused (ConfigurationError, nothing
+    written) under tenants the new rule would not name (:mod:`provisioner.control.naming`)."""
+    with closing(db.connect(owner_url)) as conn, db.translated():
+        changed = control_naming.record(conn, tenant_naming())
+        conn.commit()
+    return changed
 
 
 def _refuse_unready(
@@ -95,22 +112,25 @@ def _refuse_unready(
     command: str,
     *,
     reuse_deleted: bool,
-    role: str,
+    roles: AppRoles,
 ) -> None:
-    """:func:`require_control_at_head`, :func:`app_role.check` and :func:`refuse_inactive` in
-    one round trip (a one-off provisioning's first): the control schema's revisions, the
-    application role's standing and the tenant's state read in one pipeline. With
+    """:func:`require_control_at_head`, :func:`app_role.check`, the recorded tenant naming
+    (:func:`provisioner.control.naming.check`) and :func:`refuse_inactive` in one round trip (a
+    one-off provisioning's first): the control schema's revisions, the application role's
+    standing, the naming and the tenant's state read in one pipeline. With
     ``reuse_deleted`` a deleted tenant is made pending first, in the caller's transaction (its
     row read back costs a second round trip), which rolls it back when a check refuses."""
     with control_ready(), db.translated(), db.pipeline(conn):
         versions = migrations.read_control_versions(conn)
-        standing = app_role.send_check(conn, role)
+        standing = app_role.send_check(conn, roles)
+        naming = control_naming.send_read(conn)
         if reuse_deleted:
             tenants.reuse_deleted(conn, tenant)
         state = tenants.state_of(conn, tenant)
         if frozenset(versions) != migrations.control_heads():
             raise ConfigurationError(NOT_AT_HEAD)
-        app_role.finish_check(standing, role)
+        app_role.finish_check(standing)
+        control_naming.finish_check(naming, tenant.naming)
     _refuse_state(tenant, state, command)
 
 
@@ -183,7 +203,7 @@ def provision(
             conn = engine.control
             with db.translated(), conn.transaction():
                 _refuse_unready(
-                    conn, tenant, "provision", reuse_deleted=reuse_deleted, role=settings.app_role
+                    conn, tenant, "provision", reuse_deleted=reuse_deleted, roles=settings.app_roles
                 )
                 job = ensure_provision_job(
                     conn, tenant, retry_terminal=True, started_by=started_by
@@ -244,7 +264,7 @@ def change_lifecycle(
         conn = engine.control
         require_control_at_head(conn)
         with db.translated():
-            app_role.check(conn, settings.app_role)  # one a revoke cuts off, or refused
+            app_role.check(conn, settings.app_roles)  # ones a revoke cuts off, or refused
             found = tenants.get_tenant(conn, tenant)
             job = queue.latest_for_tenant(conn, tenant, job_type)
         if found is None:

@@ -10,14 +10,17 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from provisioner import project
+from provisioner import project, roles
 from provisioner.errors import ConfigurationError
+from provisioner.naming import DEFAULT_ID_PATTERN, DEFAULT_SCHEMA_PATTERN, TenantNaming
 from provisioner.redact import redact
+from provisioner.roles import DEFAULT_APP_ROLES, AppRoles
 
 DEFAULT_COMPONENT = "provisioner-worker"
 #: What a worker drains without PROVISIONER_WORKER_JOB_TYPES when no kind module is named: the
@@ -167,7 +170,9 @@ class Settings:
 
     migrations_database_url: str | None = field(default=None, repr=False)
     app_database_url: str | None = field(default=None, repr=False)
-    app_role: str = "app_rw"
+    #: the application roles granted in each tenant, each with its privilege set
+    #: (PROVISIONER_APP_ROLES, or the older PROVISIONER_APP_ROLE: one readwrite role)
+    app_roles: AppRoles = DEFAULT_APP_ROLES
     worker_component: str = DEFAULT_COMPONENT
     #: the job types a worker drains; empty: the registry's default kinds, resolved where the
     #: registry is built (:func:`provisioner.kinds.worker_job_types`), as ``from_env`` leaves
@@ -261,7 +266,7 @@ class Settings:
         return cls(
             migrations_database_url=env.get("MIGRATIONS_DATABASE_URL") or None,
             app_database_url=env.get("APP_DATABASE_URL") or None,
-            app_role=env.get("PROVISIONER_APP_ROLE") or cls.app_role,
+            app_roles=roles.from_env(env),
             worker_component=env.get("PROVISIONER_WORKER_COMPONENT") or DEFAULT_COMPONENT,
             worker_job_types=parse_job_types(env.get("PROVISIONER_WORKER_JOB_TYPES") or "")
             or (() if kind_modules else DEFAULT_JOB_TYPES),
@@ -317,6 +322,12 @@ class Settings:
         return min(MISSED_BEATS * self.heartbeat_seconds, MAX_SECONDS)
 
     @property
+    def control_role(self) -> str:
+        """The application role ``APP_DATABASE_URL`` connects as, which the control revisions
+        grant the queue's privileges to (:func:`provisioner.roles.control_role`)."""
+        return roles.control_role(self.app_roles).name
+
+    @property
     def embedded(self) -> bool:
         """True when no database URL is set: one-off commands use the local PostgreSQL."""
         return not self.migrations_database_url and not self.app_database_url
@@ -344,6 +355,7 @@ class Settings:
                 out[f.name] = redact(value) if value else None
             else:
                 out[f.name] = str(value) if isinstance(value, Path) else value
+        out["app_roles"] = roles.render(self.app_roles)
         return out
 
 
@@ -362,3 +374,50 @@ def tenant_tree_override(env: Mapping[str, str] | None = None) -> Path | None:
     if raw:
         return Path(raw)
     return project.project_tenant_tree() if env is None else None
+
+
+def tenant_naming(env: Mapping[str, str] | None = None) -> TenantNaming:
+    """The project's tenant-id rule and schema-name pattern (PROVISIONER_SCHEMA_PATTERN,
+    PROVISIONER_TENANT_ID_PATTERN, PROVISIONER_TENANT_ID_MAX_LENGTH; ``env`` None: the process
+    environment over the project file). Read at each use, as the tenant tree is, because
+    every :class:`provisioner.models.TenantId` is checked against it: the worker's children,
+    the library's callers and the pytest plugin all find the same rule from the same place. A
+    rule that cannot work is one line (:class:`ConfigurationError`)."""
+    if env is None:
+        values = project.project_values()
+        environ = os.environ
+        return _naming(
+            environ.get("PROVISIONER_SCHEMA_PATTERN")
+            or values.get("PROVISIONER_SCHEMA_PATTERN")
+            or DEFAULT_SCHEMA_PATTERN,
+            environ.get("PROVISIONER_TENANT_ID_PATTERN")
+            or values.get("PROVISIONER_TENANT_ID_PATTERN")
+            or DEFAULT_ID_PATTERN,
+            environ.get("PROVISIONER_TENANT_ID_MAX_LENGTH")
+            or values.get("PROVISIONER_TENANT_ID_MAX_LENGTH")
+            or "",
+        )
+    return _naming(
+        env.get("PROVISIONER_SCHEMA_PATTERN") or DEFAULT_SCHEMA_PATTERN,
+        env.get("PROVISIONER_TENANT_ID_PATTERN") or DEFAULT_ID_PATTERN,
+        env.get("PROVISIONER_TENANT_ID_MAX_LENGTH") or "",
+    )
+
+
+#: The variables of the tenant naming (:func:`tenant_naming`).
+NAMING_ENV = (
+    "PROVISIONER_SCHEMA_PATTERN",
+    "PROVISIONER_TENANT_ID_PATTERN",
+    "PROVISIONER_TENANT_ID_MAX_LENGTH",
+)
+
+
+@lru_cache(maxsize=16)
+def _naming(schema_pattern: str, id_pattern: str, max_length: str) -> TenantNaming:
+    if not max_length:
+        return TenantNaming(schema_pattern, id_pattern)
+    if not max_length.strip().isdigit():
+        raise ConfigurationError(
+            f"PROVISIONER_TENANT_ID_MAX_LENGTH must be a whole number, got {max_length[:40]!r}"
+        )
+    return TenantNaming(schema_pattern, id_pattern, int(max_length))

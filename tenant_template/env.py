@@ -5,7 +5,10 @@ the revisions use schema-less names and the transaction's ``search_path`` is the
 alone (no ``public`` fallback), so an unqualified name can never resolve elsewhere.
 
 The schema comes from ``config.attributes["tenant_schema"]`` when called from code, or
-``-x tenant_schema=NAME`` by hand. The connection comes from ``config.attributes["connection"]``
+``-x tenant_schema=NAME`` by hand. It must be a tenant's schema under the project's naming rule
+(``config.attributes["tenant_naming"]``, which the tool passes; by hand, the project's
+``schema_pattern`` and tenant-id rule from provisioner.toml or the environment), or one of the
+tool's own scratch schemas. The connection comes from ``config.attributes["connection"]``
 (a Connection, or an Engine as pytest-alembic passes it)
 or from ``MIGRATIONS_DATABASE_URL`` / ``-x url=...``. ``upgrade head --sql`` prints the SQL.
 """
@@ -13,15 +16,14 @@ or from ``MIGRATIONS_DATABASE_URL`` / ``-x url=...``. ``upgrade head --sql`` pri
 from __future__ import annotations
 
 import os
-import re
 
 import sqlalchemy as sa
 from alembic import context
 
 from provisioner.db import SA_CONNECT_ARGS, engine
 from provisioner.db.conninfo import DIALECT_URL
+from provisioner.settings import tenant_naming
 
-SCHEMA_RULE = re.compile(r"tenant_[a-z][a-z0-9_]{0,47}")
 # A migration waits at most this long for a table lock, instead of queueing every query behind it.
 # Overridden by config.attributes["lock_timeout"] or -x lock_timeout=...; online, a lock_timeout
 # the caller's transaction already set (the provisioner's PROVISIONER_LOCK_TIMEOUT_SECONDS) wins.
@@ -33,10 +35,12 @@ x_args = context.get_x_argument(as_dictionary=True)
 
 def tenant_schema() -> str:
     schema = config.attributes.get("tenant_schema") or x_args.get("tenant_schema")
+    naming = config.attributes.get("tenant_naming") or tenant_naming()
+    expected = naming.schema_pattern.replace("{id}", "<id>")
     if not schema:
-        raise SystemExit("tenant_template needs a schema: pass -x tenant_schema=tenant_<id>")
-    if not SCHEMA_RULE.fullmatch(schema):
-        raise SystemExit(f"invalid tenant schema {schema!r}: expected tenant_<id>")
+        raise SystemExit(f"the tenant tree needs a schema: pass -x tenant_schema={expected}")
+    if not naming.accepts(schema):
+        raise SystemExit(f"invalid tenant schema {str(schema)[:80]!r}: expected {expected}")
     return str(schema)
 
 
@@ -81,6 +85,9 @@ def run_offline(schema: str) -> None:
         url=DIALECT_URL,  # offline: the dialect only, never a connection
         target_metadata=None,
         literal_binds=True,
+        # As Alembic's own env.py template: psycopg's paramstyle (pyformat) would write every
+        # '%' of the SQL as '%%' (LIKE 'https://%' as 'https://%%'), which is another statement.
+        dialect_opts={"paramstyle": "named"},
         version_table_schema=schema,
     )
     with context.begin_transaction():

@@ -54,7 +54,7 @@ pytest_plugins = [
 
 # A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest
 # subprocess of its own (its tests are not this suite's).
-collect_ignore = ["user_project"]
+collect_ignore = ["user_project", "second_template"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOTSTRAP_SQL = ROOT / "infra" / "postgres" / "bootstrap.sql"
@@ -296,6 +296,6 @@ def build_spare(settings: Settings) -> str:
     try:
         with owner.session() as session, pool.builder_lock(session) as locked:
             assert locked, "another builder holds the pool's lock"
-            return pool.build_spare(session, "test", settings.app_role)
+            return pool.build_spare(session, "test", settings.app_roles)
     finally:
         owner.close()

@@ -129,7 +129,9 @@ class Workers:
         env: dict[str, str] | None = None,
         settings: Settings | None = None,
         log_format: str = "json",
+        cwd: Path | None = None,
     ) -> WorkerProcess:
+        """A worker process (in ``cwd``: a project's folder, whose configuration it finds)."""
         name = f"w{len(self.started) + 1}"
         log_path = self.log_dir / f"worker-{name}.log"
         child_env = settings_env(settings or self.settings)
@@ -142,6 +144,7 @@ class Workers:
                 stderr=subprocess.STDOUT,
                 env=child_env,
                 start_new_session=True,
+                cwd=cwd,
             )
         worker = WorkerProcess(proc, log_path, name)
         self.started.append(worker)
@@ -167,16 +170,24 @@ def running_workers(settings: Settings, log_dir: Path) -> Iterator[Workers]:
         workers.cleanup()
 
 
-def kill_frozen(settings: Settings, child: Path, *args: str) -> None:
-    """Run a crash-test child script (``child args...``) until it prints that it froze at its
-    (step, outcome), the last two of ``args``, then SIGKILL it."""
+def kill_frozen(
+    settings: Settings,
+    child: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> None:
+    """Run a crash-test child script (``child args...``, in ``cwd`` with ``env`` over the
+    settings' environment) until it prints that it froze at its (step, outcome), the last two
+    of ``args``, then SIGKILL it."""
     step, outcome = args[-2:]
     with subprocess.Popen(
         [sys.executable, str(child), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=settings_env(settings),
+        env={**settings_env(settings), **(env or {})},
+        cwd=cwd,
     ) as proc:
         assert proc.stdout is not None
         line = proc.stdout.readline()

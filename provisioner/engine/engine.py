@@ -68,6 +68,7 @@ from provisioner.errors import (
 )
 from provisioner.kinds import JobKind, KindRegistry, Scope, Step, StepContext
 from provisioner.models import Job, JobStatus, Lease, TenantId
+from provisioner.roles import DEFAULT_APP_ROLES, AppRoles
 from provisioner.settings import Settings
 from provisioner.storage import ObjectStore, store_from_settings
 from provisioner.templates import migrations
@@ -173,7 +174,7 @@ class Engine:
         owner_url: str,
         *,
         holder: str,
-        app_role: str,
+        app_roles: AppRoles = DEFAULT_APP_ROLES,
         store: ObjectStore,
         stale_after_seconds: float = 900.0,
         job_kinds: KindRegistry = kinds.BUILTIN,
@@ -184,7 +185,8 @@ class Engine:
         #: the project's declared seeds (PROVISIONER_SEEDS), resolved by the seed step
         self.seeds = seeds
         self.lock_timeout_ms = max(1, int(lock_timeout_seconds * 1000))
-        self.app_role = app_role
+        #: the application roles granted in each tenant (each with its privilege set)
+        self.app_roles = app_roles
         self.store = store
         self.kinds = job_kinds
         #: the verified template replay's references, read once per engine (see the module)
@@ -205,7 +207,7 @@ class Engine:
         return cls(
             settings.owner_url,
             holder=holder,
-            app_role=settings.app_role,
+            app_roles=settings.app_roles,
             store=store_from_settings(settings),
             stale_after_seconds=settings.job_stale_after_seconds,
             job_kinds=kinds.for_settings(settings),
@@ -406,7 +408,7 @@ class Engine:
     def _context(self, tenant: TenantId, kind: JobKind) -> StepContext:
         return StepContext(
             tenant=tenant,
-            app_role=self.app_role,
+            app_roles=self.app_roles,
             store=self.store,
             templates=self.templates,
             upgrades=self.upgrades,

@@ -22,8 +22,8 @@ from provisioner.engine import Engine, ignore_progress, never_stop, runner
 from provisioner.engine.holder import holder_id
 from provisioner.errors import InvalidInput, ProvisionerError, UnknownTenant, WrongState
 from provisioner.kinds import lifecycle
-from provisioner.models import TENANT_ID_RULE, Job, JobStatus, TenantId
-from provisioner.settings import Settings
+from provisioner.models import Job, JobStatus, TenantId
+from provisioner.settings import Settings, tenant_naming
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import TenantState
 
@@ -64,16 +64,17 @@ class BatchReport:
 def parse_ids(raw: list[str]) -> list[TenantId]:
     """Every id validated; InvalidInput naming all the bad ones (one line)."""
     bad, good = [], []
+    naming = tenant_naming()  # once: each TenantId below is checked against it
     for text in raw:
         try:
-            good.append(TenantId(text))
+            good.append(TenantId(text, naming))
         except InvalidInput:
             bad.append(text if len(text) <= 60 else text[:57] + "...")
     if bad:
         raise InvalidInput(
             f"invalid tenant id(s) {', '.join(repr(b) for b in bad[:10])}"
             + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
-            + f" ({TENANT_ID_RULE}): nothing was queued"
+            + f" ({naming.rule}): nothing was queued"
         )
     return list(dict.fromkeys(good))
 

@@ -39,6 +39,7 @@ from provisioner.errors import UnknownTenant
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.kinds.repair import expected_for
 from provisioner.models import Job, JobStatus, TenantId
+from provisioner.roles import AppRoles
 from provisioner.settings import Settings
 from provisioner.templates import expected, migrations
 from provisioner.tenant import catalog, checks, repairs
@@ -112,7 +113,7 @@ def expected_inventory(settings: Settings) -> catalog.Inventory:
             transaction = connection.begin()
             try:
                 pg = connection.connection.driver_connection
-                return expected.build(pg, connection, settings.app_role)  # type: ignore[arg-type]
+                return expected.build(pg, connection, settings.app_roles)  # type: ignore[arg-type]
             finally:
                 transaction.rollback()
     finally:
@@ -144,7 +145,7 @@ def check(
                 TenantId(tenant_id),
                 heads,
                 head,
-                settings.app_role,
+                settings.app_roles,
                 job=jobs.get(tenant_id),
                 lifecycle=states.get(tenant_id),
             )
@@ -179,7 +180,7 @@ def check_tenant(
     tenant: TenantId,
     heads: frozenset[str],
     head: catalog.Inventory,
-    app_role: str,
+    app_roles: AppRoles,
     *,
     job: Job | None,
     lifecycle: TenantState | None,
@@ -201,7 +202,7 @@ def check_tenant(
         versions = _versions(conn, tenant.schema)
         if versions and versions != heads:
             return TenantDrift(name, TenantCheck.BEHIND, lifecycle, versions=versions)
-    differences = catalog.compare(expected_for(head, lifecycle, app_role), found)
+    differences = catalog.compare(expected_for(head, lifecycle, app_roles), found)
     if ("table", "alembic_version") in found and not versions:
         empty = Difference(MISSING, "version", "alembic_version", {"revision": "?"}, None)
         differences.insert(0, empty)

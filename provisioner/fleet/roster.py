@@ -21,7 +21,7 @@ from provisioner.fleet import drift
 from provisioner.fleet.versions import read_versions
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import JobStatus, TenantId
-from provisioner.settings import Settings
+from provisioner.settings import Settings, tenant_naming
 from provisioner.templates import migrations
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import TenantState
@@ -63,12 +63,13 @@ def list_tenants(
     with closing(owner) as conn, db.translated():
         require_control_at_head(conn)
         found = tenants.select_tenants(conn, None, wanted)
-        ids = [TenantId(t.tenant_id) for t in found]
+        naming = tenant_naming()  # once: each TenantId below is checked against it
+        ids = [TenantId(t.tenant_id, naming) for t in found]
         jobs = {str(j.tenant_id): j for j in queue.latest_jobs(conn, PROVISION_JOB_TYPE, ids)}
     versions = read_versions(settings.owner_url, [t.schema for t in ids]) if ids else {}
     entries = []
     for tenant in found:
-        recorded = versions.get(TenantId(tenant.tenant_id).schema)
+        recorded = versions.get(naming.schema(tenant.tenant_id))  # checked above
         job = jobs.get(tenant.tenant_id)
         entries.append(
             TenantEntry(

@@ -24,7 +24,7 @@ from provisioner.fleet import rollout
 from provisioner.fleet.versions import UPGRADE_SETTINGS, read_versions, schema_versions
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
-from provisioner.settings import Settings
+from provisioner.settings import Settings, tenant_naming
 from provisioner.templates import migrations
 from provisioner.tenant.state import INACTIVE, TenantState
 
@@ -92,7 +92,8 @@ def upgrade(
     for name, value in (("canary", canary), ("max_failures", max_failures)):
         if value is not None and value < 1:
             raise InvalidInput(f"{name.replace('_', '-')} must be at least 1, got {value}")
-    wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
+    naming = tenant_naming()  # once: each TenantId below is checked against it
+    wanted = None if tenant_ids is None else [TenantId(t, naming) for t in tenant_ids]
     heads = migrations.tenant_heads()
     owner = db.connect(settings.owner_url, application_name="upgrade", autocommit=True)
     # A fleet-wide upgrade reads every tenant schema's version while this thread reads and
@@ -127,12 +128,12 @@ def upgrade(
             versions = early.result()
         else:
             versions = read_versions(
-                settings.owner_url, [TenantId(str(j.tenant_id)).schema for j in finished]
+                settings.owner_url, [TenantId(str(j.tenant_id), naming).schema for j in finished]
             )
         behind = [
-            (job, versions.get(TenantId(str(job.tenant_id)).schema, frozenset()))
+            (job, versions.get(TenantId(str(job.tenant_id), naming).schema, frozenset()))
             for job in finished
-            if versions.get(TenantId(str(job.tenant_id)).schema) != heads
+            if versions.get(TenantId(str(job.tenant_id), naming).schema) != heads
         ]
         rollout_id = None
         if dry_run or not behind:
@@ -209,6 +210,9 @@ def tenants_per_head(settings: Settings) -> dict[str, int]:
             for j in queue.latest_jobs(conn, PROVISION_JOB_TYPE)
             if j.status is not JobStatus.RUNNING and j.tenant_id not in deleted
         ]
-        found = schema_versions(conn, sorted({TenantId(str(j.tenant_id)).schema for j in jobs}))
+        naming = tenant_naming()
+        found = schema_versions(
+            conn, sorted({TenantId(str(j.tenant_id), naming).schema for j in jobs})
+        )
     counts = Counter(migrations.head_label(v) if v else "(none)" for v in found.values())
     return dict(sorted(counts.items()))

@@ -26,6 +26,7 @@ from psycopg.rows import tuple_row
 
 from provisioner import db
 from provisioner.db import copy_out
+from provisioner.settings import tenant_naming
 
 #: A tenant stuck behind a long migration's lock fails the command rather than hang it. Set in
 #: each of the upgrade's transactions (:func:`provisioner.db.local_settings`), never as libpq
@@ -57,13 +58,14 @@ SELECT n.nspname, c.oid, c.relkind = 'p' FROM pg_class c
 """
 
 
-# Every tenant schema that holds a version table (a fleet-wide upgrade reads them all while
-# it reads the jobs; spares are named pool_*). The pattern's "_" is escaped: a literal one.
-VERSIONED_TENANT_SCHEMAS = r"""
+# Every schema named like a tenant's that holds a version table (a fleet-wide upgrade reads
+# them all while it reads the jobs). %(like)s is the naming pattern's LIKE form (its "_" escaped):
+# the rows are then held to the tenant-id rule (spares, pool_*, and scratch schemas never match).
+VERSIONED_TENANT_SCHEMAS = """
 SELECT n.nspname, c.oid, c.relkind = 'p' FROM pg_class c
   JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relname = 'alembic_version' AND c.relkind IN ('r', 'p')
-   AND n.nspname LIKE 'tenant\_%%' AND c.oid::int8 %% %(shares)s = %(share)s
+   AND n.nspname LIKE %(like)s AND c.oid::int8 %% %(shares)s = %(share)s
 """
 
 
@@ -101,10 +103,14 @@ def versioned(
 ) -> list[VersionTable]:
     """Of ``schemas`` (None: every tenant schema), those that hold a version table, by name;
     of those, the ``share``-th of ``shares`` (by oid)."""
-    params = {"schemas": schemas, "share": share, "shares": shares}
+    naming = tenant_naming()
+    params = {"schemas": schemas, "share": share, "shares": shares, "like": naming.like()}
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(VERSIONED_TENANT_SCHEMAS if schemas is None else VERSIONED_SCHEMAS, params)
-        return sorted(VersionTable(row[0], int(row[1]), bool(row[2])) for row in cur.fetchall())
+        rows = cur.fetchall()
+    if schemas is None:
+        rows = [row for row in rows if naming.tenant_of(row[0]) is not None]
+    return sorted(VersionTable(row[0], int(row[1]), bool(row[2])) for row in rows)
 
 
 def _read_chunks(

@@ -65,12 +65,12 @@ RULES: dict[str, Rule] = {
 
 
 def _revoke_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
-    tenant_schema.revoke_app_role(tx.pg, ctx.tenant.schema, ctx.app_role)
+    tenant_schema.revoke_app_roles(tx.pg, ctx.tenant.schema, ctx.app_roles)
     return None
 
 
 def _revoked(tx: Transaction, ctx: StepContext) -> bool:
-    return tenant_schema.app_role_cut_off(tx.pg, ctx.tenant.schema, ctx.app_role)
+    return tenant_schema.app_roles_cut_off(tx.pg, ctx.tenant.schema, ctx.app_roles)
 
 
 def _drop_schema(tx: Transaction, ctx: StepContext) -> str | None:

@@ -80,13 +80,13 @@ def spares(ctx: step.StepContext) -> SpareMemo:
 
 def _create_schema(tx: Transaction, ctx: step.StepContext) -> str | None:
     # A spare from the warm pool when one is ready at the head (renamed in this transaction).
-    taken = pool.take(tx, ctx.tenant.schema, ctx.app_role)
+    taken = pool.take(tx, ctx.tenant.schema, ctx.app_roles)
     if taken is None:
         tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     tenants.mark_provisioning(tx.pg, ctx.tenant)
     memo = spares(ctx)
     memo.spare_taken = taken is not None
-    memo.spare_grants_in_place = taken is not None and taken.grants.all_but_usage
+    memo.spare_grants_in_place = taken is not None and taken.all_but_usage
     # A taken spare's other steps are a few statements each: they join the take's transaction,
     # so that a sign-up's tenant appears whole or not at all (a crash leaves the spare), with
     # one commit where there were six.
@@ -102,7 +102,7 @@ def _run_tenant_migrations(tx: Transaction, ctx: step.StepContext) -> str | None
         ctx.tenant.schema,
         lock_timeout_ms=ctx.lock_timeout_ms,
         templates=ctx.templates,
-        app_role=ctx.app_role,
+        app_roles=ctx.app_roles,
         versioned=spares(ctx).spare_taken is True,
     )
 
@@ -122,12 +122,12 @@ def _grant_app_rw(tx: Transaction, ctx: step.StepContext) -> str | None:
     # a spare built without grants) name every table and check, as always. A schema this run
     # created has no grant yet: the one-query check is not tried.
     memo = spares(ctx)
-    if memo.spare_grants_in_place and pool.usage_held(tx.pg, ctx.tenant.schema, ctx.app_role):
+    if memo.spare_grants_in_place and pool.usage_held(tx.pg, ctx.tenant.schema, ctx.app_roles):
         return TAKEN_GRANTS
     fresh = memo.spare_taken is False
-    if not fresh and pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_role):
+    if not fresh and pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_roles):
         return GRANTS_IN_PLACE
-    tenant_schema.grant_app_role(tx.pg, ctx.tenant.schema, ctx.app_role)
+    tenant_schema.grant_app_roles(tx.pg, ctx.tenant.schema, ctx.app_roles)
     return None
 
 
@@ -170,7 +170,7 @@ PROVISION_STEPS: tuple[Step, ...] = (
         "grant_app_rw",
         _grant_app_rw,
         lambda tx, ctx: (
-            not tenant_schema.missing_app_grants(tx.pg, ctx.tenant.schema, ctx.app_role)
+            not tenant_schema.missing_app_grants(tx.pg, ctx.tenant.schema, ctx.app_roles)
         ),
     ),
     Step(

@@ -23,6 +23,7 @@ from provisioner.db import Transaction
 from provisioner.errors import PermanentError
 from provisioner.kinds.registry import JobKind, keyed_by_tenant
 from provisioner.kinds.step import Step, StepContext
+from provisioner.roles import AppRoles
 from provisioner.templates import expected, migrations
 from provisioner.tenant import catalog, checks, repairs
 from provisioner.tenant import row as tenants
@@ -36,10 +37,10 @@ REVOKED_STATES = (TenantState.SUSPENDED, TenantState.ARCHIVED)
 
 
 def expected_for(
-    head: catalog.Inventory, state: TenantState | None, app_role: str
+    head: catalog.Inventory, state: TenantState | None, app_roles: AppRoles
 ) -> catalog.Inventory:
     """The head's shape as a tenant in ``state`` should hold it."""
-    return catalog.without_access_of(head, app_role) if state in REVOKED_STATES else head
+    return catalog.without_access_of(head, app_roles) if state in REVOKED_STATES else head
 
 
 def current_plan(tx: Transaction, ctx: StepContext) -> repairs.Plan:
@@ -69,8 +70,8 @@ def _planner(
             f"{schema} is at {migrations.head_label(versions) or '(no revision)'}, the head is "
             f"{migrations.head_label(heads)}: `provisioner upgrade {ctx.tenant}` first"
         )
-    head = expected.build(tx.pg, tx.sa, ctx.app_role)
-    want = expected_for(head, tenants.state_of(tx.pg, ctx.tenant), ctx.app_role)
+    head = expected.build(tx.pg, tx.sa, ctx.app_roles)
+    want = expected_for(head, tenants.state_of(tx.pg, ctx.tenant), ctx.app_roles)
     owner = tenant_schema.schema_owner(tx.pg, schema)[1]
 
     def plan() -> tuple[list[catalog.Difference], repairs.Plan]:

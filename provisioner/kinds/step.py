@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from provisioner.models import TenantId
+from provisioner.roles import AppRoles
 
 if TYPE_CHECKING:
     from provisioner.db import Transaction
@@ -54,7 +55,8 @@ class StepContext:
     """What a step may use besides its transaction."""
 
     tenant: TenantId
-    app_role: str
+    #: the application roles granted in the tenant, each with its privilege set
+    app_roles: AppRoles
     store: ObjectStore
     #: the engine's template cache (the verified replay's references)
     templates: TemplateCache = field(default_factory=_new_template_cache)

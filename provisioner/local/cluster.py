@@ -416,8 +416,9 @@ def bootstrap_sql() -> str:
     return files("provisioner").joinpath("bootstrap.sql").read_text()
 
 
-def bootstrap_database(superuser_url: str, database: str) -> None:
-    """Create ``database`` if missing and run the role bootstrap in it (idempotent)."""
+def bootstrap_database(superuser_url: str, database: str, app_roles: tuple[str, ...] = ()) -> None:
+    """Create ``database`` if missing and run the role bootstrap in it (idempotent), with the
+    project's further application roles (:func:`add_app_roles`)."""
     # Bounded like every connection of the package: a silent server fails, never hangs.
     timeout = CONNECT_TIMEOUT_SECONDS
     with psycopg.connect(superuser_url, autocommit=True, connect_timeout=timeout) as conn:
@@ -431,6 +432,30 @@ def bootstrap_database(superuser_url: str, database: str) -> None:
         conn.execute(bootstrap_sql())
         if conn.info.password:  # a server that asks for passwords: the roles get theirs
             set_role_passwords(conn, conn.info.password)
+        add_app_roles(conn, app_roles)
+
+
+def add_app_roles(conn: psycopg.Connection[Any], names: tuple[str, ...]) -> None:
+    """Create each of ``names`` that does not exist, as the bootstrap creates ``app_rw``
+    (LOGIN, NOINHERIT, nothing else), and let it connect to the connected database: a project
+    that configures more application roles (``app_roles``) gets them in a cluster of the tool's
+    own (the test harness). A role that exists is left as it is: it is not ours."""
+    for name in names:
+        role = sql.Identifier(name)
+        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            conn.execute(
+                sql.SQL(
+                    "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+                    "NOBYPASSRLS NOINHERIT"
+                ).format(role)
+            )
+            if conn.info.password:
+                _set_password(conn, name, role_password(conn.info.password, name))
+        conn.execute(
+            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                sql.Identifier(conn.info.dbname), role
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -505,8 +530,11 @@ def _place_cluster(state_dir: Path, notify: Notify) -> Path:
     return outside
 
 
-def ensure_embedded(state_dir: Path, notify: Notify = _quiet) -> EmbeddedUrls:
-    """The embedded default: a cluster for ``state_dir`` with the owner and app roles.
+def ensure_embedded(
+    state_dir: Path, notify: Notify = _quiet, app_roles: tuple[str, ...] = ()
+) -> EmbeddedUrls:
+    """The embedded default: a cluster for ``state_dir`` with the owner and app roles (and
+    ``app_roles``, the project's others, created when missing).
 
     ``notify`` hears, in one line each, when a new cluster is created and when the server is
     started (and where), so that nothing of the kind happens unseen.
@@ -531,7 +559,7 @@ def ensure_embedded(state_dir: Path, notify: Notify = _quiet) -> EmbeddedUrls:
                 f"the embedded PostgreSQL now asks every role for a password (kept in "
                 f"{cluster.passfile}, mode 0600); connections without one are refused"
             )
-        bootstrap_database(cluster.superuser_url(), EMBEDDED_DATABASE)
+        bootstrap_database(cluster.superuser_url(), EMBEDDED_DATABASE, app_roles)
     objects = state_dir / "objects"
     objects.mkdir(parents=True, exist_ok=True)
     return EmbeddedUrls(

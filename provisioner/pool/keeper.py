@@ -59,6 +59,7 @@ from provisioner.pool.spares import (
     drop_schema,
     foreign_schemas,
 )
+from provisioner.roles import AppRoles
 from provisioner.templates import migrations
 
 # One builder at a time per database (worker replicas share the pool): try, never wait. Held
@@ -120,7 +121,7 @@ def build_spare_if_short(
     session: db.Session,
     size: int,
     created_by: str,
-    app_role: str | None = None,
+    app_roles: AppRoles | None = None,
     *,
     stop: Callable[[], bool] = lambda: False,
 ) -> Tended:
@@ -135,7 +136,7 @@ def build_spare_if_short(
             ready = counts(tx.pg).ready
         if ready >= size:
             return Tended(None, dropped)
-        return Tended(build_spare(session, created_by, app_role, stop=stop), dropped)
+        return Tended(build_spare(session, created_by, app_roles, stop=stop), dropped)
 
 
 def drop_stale_spare(tx: Transaction) -> str | None:
@@ -171,7 +172,7 @@ class PoolKeeper(threading.Thread):
         holder: str,
         is_idle: Callable[[], bool],
         log: logging.Logger,
-        app_role: str | None = None,
+        app_roles: AppRoles | None = None,
         on_built: Callable[[], None] = lambda: None,
         pause_limit_seconds: float = PAUSE_LIMIT_SECONDS,
     ) -> None:
@@ -183,7 +184,7 @@ class PoolKeeper(threading.Thread):
         self.is_idle = is_idle
         self.log = log
         #: the role spares are built with grants for (None: no grants, as before)
-        self.app_role = app_role
+        self.app_roles = app_roles
         self.halt = threading.Event()
         self.wake = threading.Event()
         # A build commits without waiting for the disk (see the module's docstring).
@@ -232,7 +233,7 @@ class PoolKeeper(threading.Thread):
                 return False
             with self._db.session() as session:
                 tended = build_spare_if_short(
-                    session, self.size, self.holder, self.app_role, stop=self.yield_to_jobs
+                    session, self.size, self.holder, self.app_roles, stop=self.yield_to_jobs
                 )
             for name in tended.dropped:
                 event(self.log, "pool_spare_dropped", schema=name, reason="unfinished build")

@@ -52,17 +52,18 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from provisioner import db
+from provisioner import db, naming
 from provisioner.db import DatabaseError, Transaction
 from provisioner.db.plans import PlanAhead, keeping_prepared_statements, prepare_ahead
 from provisioner.errors import BuildStopped, PermanentError, ProvisionerError, SpareRejected
+from provisioner.roles import AppRole, AppRoles
 from provisioner.templates import migrations
 from provisioner.templates import reference as template_reference
 from provisioner.templates.replay import mismatch
 from provisioner.tenant import schema as tenant_schema
 
-#: Spare schemas are ``pool_`` and 16 hex digits: never a valid ``tenant_<id>``.
-SPARE_PREFIX = "pool_"
+#: Spare schemas are ``pool_`` and 16 hex digits: never a tenant's, under any naming rule.
+SPARE_PREFIX = naming.SPARE_PREFIX
 #: Names a build tries before it gives up (a name is skipped when a schema holds it already).
 NAME_ATTEMPTS = 5
 
@@ -173,7 +174,7 @@ GRANTS_HELD = (
 SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
        has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
        ARRAY(SELECT r.relname FROM rels r
-              WHERE r.relkind IN ('r', 'p', 'S')
+              WHERE r.relkind IN ('r', 'p', 'v', 'm', 'S')
                 AND (CASE
                      WHEN r.relkind = 'S'
                      THEN NOT has_sequence_privilege(%(role)s, r.oid, 'USAGE, SELECT, UPDATE')
@@ -185,25 +186,26 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
                       AND NOT has_table_privilege(%(role)s, r.oid, '"""
     + ", ".join(tenant_schema.VERSION_TABLE_WRITES)
     + """')
-                     ELSE aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'SELECT', false))
-                      AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'INSERT', false))
-                      AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'UPDATE', false))
-                      AND aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'DELETE', false))
+                     ELSE ARRAY(SELECT a.privilege_type::text FROM aclexplode(r.relacl) a, role
+                                 WHERE a.grantee = role.oid) @> %(table_privileges)s::text[]
+                      AND NOT ARRAY(SELECT a.privilege_type::text FROM aclexplode(r.relacl) a, role
+                                     WHERE a.grantee = role.oid) && %(table_forbidden)s::text[]
                      END) IS NOT TRUE
               ORDER BY r.relname) AS lacking,
-       ARRAY(SELECT t.kind FROM (VALUES ('r', ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']),
-                                        ('S', ARRAY['USAGE', 'SELECT'])) AS t(kind, wanted)
+       ARRAY(SELECT t.kind FROM (VALUES ('r', %(table_privileges)s::text[]),
+                                        ('S', %(sequence_privileges)s::text[])) AS t(kind, wanted)
               WHERE NOT EXISTS (
                     SELECT 1 FROM pg_default_acl d
                      WHERE d.defaclrole = (SELECT oid FROM pg_roles WHERE rolname = current_user)
                        AND d.defaclnamespace = n.oid AND d.defaclobjtype::text = t.kind
                        AND ARRAY(SELECT a.privilege_type FROM aclexplode(d.defaclacl) a, role
                                   WHERE a.grantee = role.oid) @> t.wanted)) AS lacking_defaults,
-       ARRAY(SELECT r.relname FROM rels r WHERE r.relkind = 'S' ORDER BY r.relname) AS sequences
+       ARRAY(SELECT r.relname FROM rels r WHERE r.relkind = 'S' ORDER BY r.relname) AS sequences,
+       EXISTS (SELECT 1 FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+                CROSS JOIN unnest(p.proconfig) AS c(setting)
+               WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid
+                 AND d.classid = 'pg_proc'::regclass
+                 AND starts_with(c.setting, 'search_path=')) AS pinned_functions
   FROM pg_namespace n WHERE n.nspname = %(schema)s
 """
 )
@@ -215,7 +217,16 @@ WARM_TOUCHES: tuple[str, ...] = ("SELECT 1 FROM control.tenant_pool WHERE schema
 #: spare build (:func:`plan_take`): parameters that match nothing.
 TAKE_PLANS: tuple[PlanAhead, ...] = (
     (TAKE_SPARE, {"digest": "", "tenant": ""}),
-    (GRANTS_HELD, {"schema": "", "role": ""}),
+    (
+        GRANTS_HELD,
+        {
+            "schema": "",
+            "role": "",
+            "table_privileges": ["SELECT"],
+            "table_forbidden": ["INSERT"],
+            "sequence_privileges": ["SELECT"],
+        },
+    ),
 )
 
 #: Statements of the template's replay, and relations granted, per transaction of a spare
@@ -241,6 +252,9 @@ class GrantsHeld:
     lacking_defaults: list[str]
     #: every sequence of the schema, by name (the take grants them)
     sequences: list[str] = field(default_factory=list)
+    #: a function of the schema carries its own search_path (``SET search_path FROM
+    #: CURRENT`` names the spare): the take points it at the tenant's schema
+    pinned_functions: bool = False
 
     @property
     def all_but_usage(self) -> bool:
@@ -278,21 +292,27 @@ class Taken:
     """A spare renamed to a tenant's schema by :func:`take`."""
 
     spare: str
-    #: the application role's grants in the spare, read before the rename: every schema
-    #: change makes each session of the database plan its statements again (PostgreSQL resets
-    #: all cached plans when ``pg_namespace`` changes), so the check costs a planning of its
-    #: catalog query after the rename (about 1 ms), and nothing before it
-    grants: GrantsHeld
+    #: each application role's grants in the spare (in the roles' order), read before the
+    #: rename: every schema change makes each session of the database plan its statements
+    #: again (PostgreSQL resets all cached plans when ``pg_namespace`` changes), so the check
+    #: costs a planning of its catalog query after the rename (about 1 ms), and nothing before
+    grants: tuple[GrantsHeld, ...]
+
+    @property
+    def all_but_usage(self) -> bool:
+        """Every role's grants were in place but USAGE (:attr:`GrantsHeld.all_but_usage`)."""
+        return all(held.all_but_usage for held in self.grants)
 
     @property
     def detail(self) -> str:
         return f"taken from the warm pool: {self.spare}"
 
 
-def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | None:
-    """Rename a ready spare to the tenant's schema in ``tx`` and grant ``app_role`` USAGE on it
-    and on its sequences (the job's later steps join this transaction: nothing is visible before
-    they all commit); None when no spare is ready (or the tenant's schema already exists)."""
+def take(tx: Transaction, tenant_schema_name: str, app_roles: AppRoles) -> Taken | None:
+    """Rename a ready spare to the tenant's schema in ``tx`` and grant each of ``app_roles``
+    USAGE on it and its set's privileges on its sequences (the job's later steps join this
+    transaction: nothing is visible before they all commit); None when no spare is ready (or
+    the tenant's schema already exists)."""
     digest = migrations.tenant_tree_state().digest
     with tx.pg.cursor() as cur:
         cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
@@ -300,8 +320,9 @@ def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | Non
         if row is None:
             return None
         spare = str(row[0])
-        grants = grants_held(tx.pg, spare, app_role)
-        assert grants is not None  # the take found the schema, and holds its row
+        found = [grants_held(tx.pg, spare, role) for role in app_roles]
+        grants = tuple(held for held in found if held is not None)
+        assert len(grants) == len(app_roles)  # the take found the schema, and holds its row
         # The rename, the application role's grants that a spare lacks (USAGE; the sequences,
         # named under the tenant's schema) and the catalog's view of the result in one round
         # trip (simple query). Each change of the schema's catalog row makes every session plan
@@ -312,7 +333,12 @@ def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | Non
             sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(
                 sql.Identifier(spare), sql.Identifier(tenant_schema_name)
             ),
-            *_take_grants(tenant_schema_name, app_role, grants.sequences),
+            *_take_grants(tenant_schema_name, app_roles, grants[0].sequences),
+            *(
+                [tenant_schema.repin_search_path(spare, tenant_schema_name)]
+                if grants[0].pinned_functions
+                else []
+            ),
         ]
         with keeping_prepared_statements(tx.pg):
             cur.execute(
@@ -338,12 +364,16 @@ def take(tx: Transaction, tenant_schema_name: str, app_role: str) -> Taken | Non
     return Taken(spare, grants)
 
 
-def _take_grants(schema: str, app_role: str, sequences: list[str]) -> list[sql.Composable]:
-    """What a taken spare's schema still needs for the application role: USAGE, and USAGE and
-    SELECT on its sequences (held back until now, see :data:`GRANTS_HELD`)."""
+def _take_grants(schema: str, app_roles: AppRoles, sequences: list[str]) -> list[sql.Composable]:
+    """What a taken spare's schema still needs for each application role: USAGE, and its set's
+    privileges on its sequences (held back until now, see :data:`GRANTS_HELD`)."""
     return [
-        tenant_schema.usage_grant(schema, app_role),
-        *([tenant_schema.sequence_grant(schema, app_role, sequences)] if sequences else []),
+        statement
+        for role in app_roles
+        for statement in (
+            tenant_schema.usage_grant(schema, role),
+            *([tenant_schema.sequence_grant(schema, role, sequences)] if sequences else []),
+        )
     ]
 
 
@@ -377,10 +407,19 @@ def foreign_schemas(conn: Any) -> list[tuple[str, str]]:
         return [(str(name), str(owner)) for name, owner in cur.fetchall()]
 
 
-def grants_held(conn: Any, schema: str, app_role: str) -> GrantsHeld | None:
-    """The application role's privileges in ``schema`` (None: no such schema)."""
+def grants_held(conn: Any, schema: str, role: AppRole) -> GrantsHeld | None:
+    """An application role's privileges in ``schema``, against its set (None: no schema)."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(GRANTS_HELD, {"schema": schema, "role": app_role})
+        cur.execute(
+            GRANTS_HELD,
+            {
+                "schema": schema,
+                "role": role.name,
+                "table_privileges": list(role.privileges.table_privileges),
+                "table_forbidden": list(role.privileges.table_forbidden),
+                "sequence_privileges": list(role.privileges.sequence_privileges),
+            },
+        )
         row = cur.fetchone()
     return None if row is None else _held(row)
 
@@ -392,65 +431,79 @@ def _held(row: dict[str, Any]) -> GrantsHeld:
         lacking=list(row["lacking"]),
         lacking_defaults=list(row["lacking_defaults"]),
         sequences=list(row["sequences"]),
+        pinned_functions=bool(row["pinned_functions"]),
     )
 
 
-def spare_grant_batches(schema: str, app_role: str, conn: Any) -> list[sql.Composed]:
+def spare_grant_batches(schema: str, app_roles: AppRoles, conn: Any) -> list[sql.Composed]:
     """The grant step's statements but USAGE on the schema and the sequences' grants (the
-    take's): what a spare is built with, one batch per transaction: the schema's own
-    statements, then the tables' grants, :data:`BATCH` tables at a time."""
-    schema_wide = tenant_schema.schema_grant_statements(schema, app_role)
-    assert schema_wide[0] == tenant_schema.usage_grant(schema, app_role), (
-        "the grant step's first statement is no longer USAGE"
-    )
-    tables, _ = tenant_schema.relations(conn, schema)
-    batches = [sql.SQL("; ").join(schema_wide[1:])]
-    for start in range(0, len(tables), BATCH):
-        statements = tenant_schema.relation_grant_statements(
-            schema, app_role, tables[start : start + BATCH], []
+    take's), for every role: what a spare is built with, one batch per transaction: the
+    schema's own statements, then the tables' grants, :data:`BATCH` tables at a time."""
+    schema_wide: list[sql.Composable] = []
+    for role in app_roles:
+        statements = tenant_schema.schema_grant_statements(schema, role)
+        assert statements[0] == tenant_schema.usage_grant(schema, role), (
+            "the grant step's first statement is no longer USAGE"
         )
+        schema_wide.extend(statements[1:])
+    tables, _ = tenant_schema.relations(conn, schema)
+    batches = [sql.SQL("; ").join(schema_wide)]
+    for start in range(0, len(tables), BATCH):
+        statements = [
+            statement
+            for role in app_roles
+            for statement in tenant_schema.relation_grant_statements(
+                schema, role, tables[start : start + BATCH], []
+            )
+        ]
         batches.append(sql.SQL("; ").join(statements))
     return batches
 
 
-def check_spare_grants(conn: Any, schema: str, app_role: str) -> None:
-    """Every grant of the grant step but USAGE and the sequences' is in place in a spare, and
-    the application role holds neither USAGE nor CREATE nor any privilege on a sequence (so it
-    is refused anything in it). :class:`SpareRejected` otherwise."""
-    held = grants_held(conn, schema, app_role)
-    if held is None or held.usage or not held.all_but_usage:
-        found = "no schema" if held is None else "; ".join(held.problems()) or "USAGE is held"
-        raise SpareRejected(f"spare {schema}: grants for {app_role} not as built: {found}")
+def check_spare_grants(conn: Any, schema: str, app_roles: AppRoles) -> None:
+    """Every grant of the grant step but USAGE and the sequences' is in place in a spare, for
+    every role, and no role holds USAGE, CREATE or any privilege on a sequence (so each is
+    refused anything in it). :class:`SpareRejected` otherwise."""
+    for role in app_roles:
+        held = grants_held(conn, schema, role)
+        if held is None or held.usage or not held.all_but_usage:
+            found = "no schema" if held is None else "; ".join(held.problems()) or "USAGE is held"
+            raise SpareRejected(f"spare {schema}: grants for {role.name} not as built: {found}")
 
 
-def grant_usage_if_in_place(conn: Any, schema: str, app_role: str) -> bool:
+def grant_usage_if_in_place(conn: Any, schema: str, app_roles: AppRoles) -> bool:
     """The grant step on a tenant's schema whose table grants and default privileges are in
-    place (a taken spare, a tenant that lost USAGE alone): USAGE and the sequences' grants given
-    (again, for sequences already granted), after a check of every ACL. False, with nothing
-    changed, when any other grant is missing: the caller then runs the full grant step (which
-    grants everything, and checks)."""
-    held = grants_held(conn, schema, app_role)
-    if held is None or held.can_create or held.lacking_defaults:
-        return False
-    if set(held.lacking) - set(held.sequences):  # a table: a sequence listed is merely usable
-        return False
+    place for every role (a taken spare, a tenant that lost USAGE alone): USAGE and the
+    sequences' grants given (again, for sequences already granted), after a check of every
+    ACL. False, with nothing changed, when any other grant is missing: the caller then runs the
+    full grant step (which grants everything, and checks)."""
+    sequences: list[str] = []
+    for role in app_roles:
+        held = grants_held(conn, schema, role)
+        if held is None or held.can_create or held.lacking_defaults:
+            return False
+        if set(held.lacking) - set(held.sequences):  # a table: a sequence listed is merely usable
+            return False
+        sequences = held.sequences
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("; ").join(_take_grants(schema, app_role, held.sequences)))
+        cur.execute(sql.SQL("; ").join(_take_grants(schema, app_roles, sequences)))
     return True
 
 
-def usage_held(conn: Any, schema: str, app_role: str) -> bool:
+def usage_held(conn: Any, schema: str, app_roles: AppRoles) -> bool:
     """The grant step on a taken spare whose other grants :func:`take` found in place (and to
-    whose role the take granted USAGE): USAGE held and CREATE not, in one simple query
-    (nothing to plan again after the rename)."""
-    schema_literal, role_literal = sql.Literal(schema), sql.Literal(app_role)
+    whose roles the take granted USAGE): USAGE held and CREATE not, by every role, in one simple
+    query (nothing to plan again after the rename)."""
+    schema_literal = sql.Literal(schema)
+    held = sql.SQL(" AND ").join(
+        sql.SQL(
+            "has_schema_privilege({role}, {schema}, 'USAGE')"
+            " AND NOT has_schema_privilege({role}, {schema}, 'CREATE')"
+        ).format(role=sql.Literal(role.name), schema=schema_literal)
+        for role in app_roles
+    )
     with conn.cursor() as cur:
-        cur.execute(
-            sql.SQL(
-                "SELECT has_schema_privilege({}, {}, 'USAGE')"
-                " AND NOT has_schema_privilege({}, {}, 'CREATE')"
-            ).format(role_literal, schema_literal, role_literal, schema_literal)
-        )
+        cur.execute(sql.SQL("SELECT {}").format(held))
         row = cur.fetchone()
     return bool(row and row[0])
 
@@ -458,7 +511,7 @@ def usage_held(conn: Any, schema: str, app_role: str) -> bool:
 def build_spare(
     session: db.Session,
     created_by: str,
-    app_role: str | None = None,
+    app_roles: AppRoles | None = None,
     *,
     stop: Callable[[], bool] = lambda: False,
 ) -> str:
@@ -467,8 +520,8 @@ def build_spare(
 
     The reference is read (or computed once, see :mod:`provisioner.templates.reference`) in the
     transaction that creates the schema; its statements are replayed :data:`BATCH` per
-    transaction; the schema's fingerprint must then equal the reference's. With ``app_role``
-    the spare gets that role's grants but USAGE, batched the same way, and they are checked
+    transaction; the schema's fingerprint must then equal the reference's. With ``app_roles``
+    the spare gets those roles' grants but USAGE, batched the same way, and they are checked
     (:func:`check_spare_grants`) in the last transaction, which records the spare. Raises
     :class:`SpareRejected` when the replay (or the grants) do not match, :class:`TemplateUnusable`
     when the tree cannot be replayed, :class:`BuildStopped` when ``stop()`` says so between
@@ -484,16 +537,16 @@ def build_spare(
             problem = mismatch(reference.fingerprint, tenant_schema.fingerprint(tx.pg, name))
         if problem is not None:
             raise SpareRejected(problem)
-        if app_role is not None:  # after the fingerprint check: the reference has no grants
+        if app_roles is not None:  # after the fingerprint check: the reference has no grants
             with session.transaction() as tx:
-                batches = spare_grant_batches(name, app_role, tx.pg)
+                batches = spare_grant_batches(name, app_roles, tx.pg)
             for batch in batches:
                 _between_batches(stop)
                 with session.transaction() as tx:
                     tx.pg.execute(batch)
         with session.transaction() as tx:
-            if app_role is not None:
-                check_spare_grants(tx.pg, name, app_role)
+            if app_roles is not None:
+                check_spare_grants(tx.pg, name, app_roles)
             tx.pg.execute(
                 ADD_SPARE,
                 {

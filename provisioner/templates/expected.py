@@ -5,38 +5,39 @@ built, never kept: under a SAVEPOINT a scratch schema is created, Alembic takes 
 the provisioning grant step grants it to the application role, its inventory is read, and the
 savepoint is rolled back. Nothing of it ever commits, so there is nothing to drop afterwards.
 
-The scratch schema's name is one no tenant id maps to: ``tenant_pg_<random>`` (a tenant id never
-starts with ``pg_``, :class:`provisioner.models.TenantId`), which the tenant tree's ``env.py``
-still accepts. It is created with a plain ``CREATE SCHEMA``: a schema of that name that
-somebody else made is never adopted, the build fails instead and names it.
+The scratch schema's name is one no tenant id maps to under any naming rule:
+``provisioner_expected_<random>`` (:func:`provisioner.naming.scratch_name`), which the tenant
+tree's ``env.py`` accepts as the tool's own. It is created with a plain ``CREATE SCHEMA``: a
+schema of that name that somebody else made is never adopted, the build fails instead and
+names it.
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 from psycopg import sql
 
+from provisioner import naming
 from provisioner.errors import PermanentError
+from provisioner.roles import AppRoles
 from provisioner.templates import migrations
 from provisioner.tenant import catalog
 from provisioner.tenant import schema as tenant_schema
-
-#: The scratch schema's prefix: ``tenant_`` (env.py's rule) and ``pg_`` (no tenant id's).
-SCRATCH_PREFIX = "tenant_pg_expected_"
 
 SAVEPOINT = sql.Identifier("provisioner_expected_schema")
 
 
 def scratch_name() -> str:
-    return f"{SCRATCH_PREFIX}{secrets.token_hex(6)}"
+    return naming.scratch_name("expected")
 
 
-def build(pg: psycopg.Connection[Any], conn: sa.Connection, app_role: str) -> catalog.Inventory:
-    """The inventory of a schema freshly built at head and granted to ``app_role``, read under
+def build(
+    pg: psycopg.Connection[Any], conn: sa.Connection, app_roles: AppRoles
+) -> catalog.Inventory:
+    """The inventory of a schema freshly built at head and granted to ``app_roles``, read under
     the session's default ``search_path`` (as tenants are read), in the caller's transaction;
     the savepoint leaves it exactly as it was."""
     scratch = scratch_name()
@@ -51,7 +52,7 @@ def build(pg: psycopg.Connection[Any], conn: sa.Connection, app_role: str) -> ca
                 )
             )
             migrations.upgrade_tenant(conn, scratch)
-            tenant_schema.grant_app_role(pg, scratch, app_role)
+            tenant_schema.grant_app_roles(pg, scratch, app_roles)
             # Alembic left search_path on the scratch schema, which changes how the catalog
             # prints names: read it as the tenants are read.
             cur.execute("SET LOCAL search_path TO DEFAULT")

@@ -24,7 +24,7 @@ from psycopg.rows import tuple_row
 from provisioner.db import SA_CONNECT_ARGS, engine, statements_of, translated
 from provisioner.errors import ConfigurationError
 from provisioner.settings import TENANT_TREE_ENV as TENANT_TREE_ENV
-from provisioner.settings import tenant_tree_override
+from provisioner.settings import tenant_naming, tenant_tree_override
 from provisioner.tenant import schema as tenant_schema
 
 # Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
@@ -77,13 +77,16 @@ def tenant_tree() -> Path:
 
 
 def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -> Config:
-    """Alembic config for one tenant schema; ``tree`` points at another copy of the tree."""
+    """Alembic config for one tenant schema; ``tree`` points at another copy of the tree. The
+    tree's ``env.py`` learns the project's naming rule from ``tenant_naming`` (it refuses a
+    schema that is neither a tenant's nor one of the tool's scratch schemas)."""
     from alembic.config import Config
 
     tree = tree or tenant_tree()
     config = Config(str(tree / "alembic.ini"))
     config.set_main_option("script_location", str(tree))
     config.attributes.update(attributes, tenant_schema=schema)
+    config.attributes.setdefault("tenant_naming", tenant_naming())
     return _no_sys_path_change(config)
 
 

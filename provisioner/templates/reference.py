@@ -22,7 +22,6 @@ row (one round trip) and replays from its first tenant.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,14 +29,16 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from provisioner import naming
 from provisioner.db import Transaction
 from provisioner.errors import TemplateUnusable
 from provisioner.templates import migrations
 from provisioner.tenant import schema as tenant_schema
 
-#: The schema name the template is captured for; it must match env.py's ``tenant_<id>`` rule.
-#: It never reaches the database: capture is offline, and the name is stripped from the SQL.
-PLACEHOLDER_SCHEMA = "tenant_zz_template_capture"
+#: The schema name the template is captured for: one of the tool's scratch names, which no
+#: tenant id maps to and env.py accepts (:mod:`provisioner.naming`). It never reaches the
+#: database: capture is offline, and the name is stripped from the SQL.
+PLACEHOLDER_SCHEMA = f"{naming.SCRATCH_PREFIX}template_capture"
 
 #: First key of the advisory lock that serialises computing a reference ('tplr').
 REFERENCE_LOCK_CLASS = 0x74706C72
@@ -186,7 +187,7 @@ def compute(tx: Transaction, tree: migrations.TreeState) -> Reference:
     template = Template.capture()
     if template.digest != tree.digest:
         raise TemplateUnusable("the tree changed while its reference was computed")
-    scratch = f"tenant_zz_reference_{secrets.token_hex(6)}"
+    scratch = naming.scratch_name("reference")
     savepoint = sql.Identifier(SCRATCH_SAVEPOINT)
     with tx.pg.cursor() as cur:
         cur.execute(sql.SQL("SAVEPOINT {}").format(savepoint))

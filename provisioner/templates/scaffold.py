@@ -47,8 +47,17 @@ CONFIG = """\
 # belong in the environment, never here.
 tenant_tree = "{tree}"
 seeds = ["{tree}/seeds"]
-app_role = "app_rw"
 object_store_provider = "none"
+# A tenant's schema name ({{id}}: the tenant id) and the ids allowed: choose before the first
+# tenant (docs/configuration.md, "Tenant ids and schema names").
+schema_pattern = "tenant_{{id}}"
+tenant_id_pattern = "[a-z][a-z0-9_]*"
+tenant_id_max_length = 48
+
+# The roles tenant schemas are granted to, each with its privilege set: readwrite (rows read
+# and written) or readonly (SELECT only).
+[app_roles]
+app_rw = "readwrite"
 """
 
 SEED = """\

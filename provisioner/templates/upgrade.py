@@ -37,7 +37,6 @@ propagates and the queue retries the tenant later with backoff.
 from __future__ import annotations
 
 import re
-import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +45,10 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
+from provisioner import naming
 from provisioner.db import Transaction, translated
 from provisioner.errors import NotReplayable
+from provisioner.roles import AppRoles
 from provisioner.templates import migrations, recording
 from provisioner.templates.reference import PLACEHOLDER_SCHEMA, Fingerprint, reference_key
 from provisioner.templates.replay import (
@@ -213,7 +214,7 @@ def obtain_reference(
     tx: Transaction,
     start: frozenset[str],
     tree: migrations.TreeState,
-    app_role: str,
+    app_roles: AppRoles,
     created_by: str,
     script: UpgradeScript,
 ) -> UpgradeReference:
@@ -230,7 +231,7 @@ def obtain_reference(
     found = _load_reference(tx, tree.digest, label)  # computed by the lock's previous holder
     if found is not None:
         return found
-    reference = _compute_reference(tx, label, tree, app_role, script)
+    reference = _compute_reference(tx, label, tree, app_roles, script)
     with tx.pg.cursor() as cur:
         cur.execute(
             INSERT_REFERENCE,
@@ -247,19 +248,23 @@ def obtain_reference(
 
 
 def _compute_reference(
-    tx: Transaction, start: str, tree: migrations.TreeState, app_role: str, script: UpgradeScript
+    tx: Transaction,
+    start: str,
+    tree: migrations.TreeState,
+    app_roles: AppRoles,
+    script: UpgradeScript,
 ) -> UpgradeReference:
     """Alembic builds a scratch schema at ``start``, it is granted like a tenant, Alembic
     upgrades it to the head (recorded: :mod:`provisioner.templates.recording`), and its
     fingerprint is taken; the savepoint rolls all of it back."""
-    scratch = f"tenant_zz_upgrade_{secrets.token_hex(6)}"
+    scratch = naming.scratch_name("upgrade")
     savepoint = sql.Identifier(SCRATCH_SAVEPOINT)
     with tx.pg.cursor() as cur:
         cur.execute(sql.SQL("SAVEPOINT {}").format(savepoint))
         try:
             tenant_schema.create_schema(tx.pg, scratch)
             migrations.upgrade_tenant(tx.sa, scratch, start)
-            tenant_schema.grant_app_role(tx.pg, scratch, app_role)
+            tenant_schema.grant_app_roles(tx.pg, scratch, app_roles)
             with recording.recorded(tx.sa) as run:
                 migrations.upgrade_tenant(tx.sa, scratch, start=frozenset([start]))
             refused = run.refusal(script.statements, scratch)
@@ -295,7 +300,7 @@ class UpgradeCache:
         *,
         lock_timeout_ms: int,
         templates: TemplateCache,
-        app_role: str,
+        app_roles: AppRoles,
         versioned: bool = False,
     ) -> str:
         """Bring ``schema`` to head in the step's transaction; the step record's detail.
@@ -318,9 +323,9 @@ class UpgradeCache:
         with translated():
             # Tenants granted by an earlier release let the application role write the version
             # table: from this upgrade on it cannot (and the replay's reference has it so).
-            tenant_schema.revoke_version_writes(tx.pg, schema, app_role)
+            tenant_schema.revoke_version_writes(tx.pg, schema, app_roles)
         with self._lock:
-            return self._upgrade(tx, schema, versions, tree, app_role, templates.holder).detail
+            return self._upgrade(tx, schema, versions, tree, app_roles, templates.holder).detail
 
     def _upgrade(
         self,
@@ -328,7 +333,7 @@ class UpgradeCache:
         schema: str,
         start: frozenset[str],
         tree: migrations.TreeState,
-        app_role: str,
+        app_roles: AppRoles,
         holder: str,
     ) -> UpgradeOutcome:
         script = self.scripts.get((tree.digest, start))
@@ -349,7 +354,7 @@ class UpgradeCache:
         reference = self.references.get(key)
         if reference is None:
             try:
-                reference = obtain_reference(tx, start, tree, app_role, holder, script)
+                reference = obtain_reference(tx, start, tree, app_roles, holder, script)
             except NotReplayable as exc:
                 return self._alembic(tx, schema, start, reason=str(exc))
             self.references[key] = reference

@@ -1,6 +1,7 @@
-"""Whether the configured application role (``PROVISIONER_APP_ROLE``) can be cut off a tenant.
+"""Whether the configured application roles (``app_roles``, :mod:`provisioner.roles`) can be cut
+off a tenant.
 
-Suspension and offboarding revoke the application role's privileges on a tenant's schema. That
+Suspension and offboarding revoke each application role's privileges on a tenant's schema. That
 only cuts the application off when the role is the one it connects as, and when nothing else
 gives it access: a superuser reads every schema whatever is revoked, the owner role (or a role
 holding its privileges) owns them, and a role that does not exist holds nothing to revoke while
@@ -18,21 +19,24 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 
 from provisioner.errors import ConfigurationError
+from provisioner.roles import APP_ROLES_ENV, AppRoles
 
 Conn = Any
 
-#: The variable that names the role, for the messages.
-APP_ROLE_ENV = "PROVISIONER_APP_ROLE"
+#: How the messages name the setting.
+SETTING = f"(app_roles / {APP_ROLES_ENV})"
 
-# The role's standing, seen from an owner connection (current_user is the owner): whether it
-# exists, is a superuser, or is (or may become) the owner. One row whatever the name.
+# Each role's standing, seen from an owner connection (current_user is the owner): whether it
+# exists, is a superuser, or is (or may become) the owner. One row per name, in their order.
 STANDING = """
-SELECT r.oid IS NOT NULL AS exists,
+SELECT wanted.name, r.oid IS NOT NULL AS exists,
        coalesce(r.rolsuper, false) AS superuser,
        coalesce(pg_has_role(r.oid, (SELECT oid FROM pg_roles WHERE rolname = current_user),
                             'MEMBER'), false) AS owner_powers,
        current_user AS owner
-  FROM (SELECT %(role)s::text AS name) wanted LEFT JOIN pg_roles r ON r.rolname = wanted.name
+  FROM unnest(%(roles)s::text[]) WITH ORDINALITY AS wanted(name, n)
+  LEFT JOIN pg_roles r ON r.rolname = wanted.name
+ ORDER BY wanted.n
 """
 
 # Whether the role connected (an application URL's) gets the named role's privileges.
@@ -60,59 +64,61 @@ SELECT c.relname || ': ' || p.privilege
 """
 
 
-def problem(row: dict[str, Any] | None, app_role: str) -> str | None:
-    """Why the role of :data:`STANDING`'s ``row`` cannot be the application role (None: it
+def problem(row: dict[str, Any]) -> str | None:
+    """Why the role of :data:`STANDING`'s ``row`` cannot be an application role (None: it
     can), in one line naming the setting."""
-    if row is None or not row["exists"]:
+    role = f"application role {row['name']} {SETTING}"
+    if not row["exists"]:
         return (
-            f"{APP_ROLE_ENV}={app_role} names a role that does not exist: name the role the "
-            "application connects as (tenant schemas are granted to it)"
+            f"{role} names a role that does not exist: name the roles the application connects "
+            "as (tenant schemas are granted to them)"
         )
     if row["superuser"]:
         return (
-            f"{APP_ROLE_ENV}={app_role} is a superuser: no revoke can cut it off a tenant; name "
-            "the application's own role"
+            f"{role} is a superuser: no revoke can cut it off a tenant; name the application's "
+            "own role"
         )
     if row["owner_powers"]:
         return (
-            f"{APP_ROLE_ENV}={app_role} is, or holds the privileges of, the owner role "
-            f"{row['owner']}: no revoke can cut it off a tenant; name the application's own role"
+            f"{role} is, or holds the privileges of, the owner role {row['owner']}: no revoke "
+            "can cut it off a tenant; name the application's own role"
         )
     return None
 
 
-def check(conn: Conn, app_role: str) -> None:
+def check(conn: Conn, roles: AppRoles) -> None:
     """Refuse (ConfigurationError, exit 2) an application role that cannot be cut off a tenant;
     ``conn`` is the owner's."""
-    finish_check(send_check(conn, app_role), app_role)
+    finish_check(send_check(conn, roles))
 
 
-def send_check(conn: Conn, app_role: str) -> psycopg.Cursor[dict[str, Any]]:
-    """The first half of :func:`check`, for a pipeline: the statement sent, its row read by
+def send_check(conn: Conn, roles: AppRoles) -> psycopg.Cursor[dict[str, Any]]:
+    """The first half of :func:`check`, for a pipeline: the statement sent, its rows read by
     :func:`finish_check` (with the round trip of the pipeline's next fetch)."""
     cur: psycopg.Cursor[dict[str, Any]] = conn.cursor(row_factory=dict_row)
-    cur.execute(STANDING, {"role": app_role})
+    cur.execute(STANDING, {"roles": [role.name for role in roles]})
     return cur
 
 
-def finish_check(cur: psycopg.Cursor[dict[str, Any]], app_role: str) -> None:
+def finish_check(cur: psycopg.Cursor[dict[str, Any]]) -> None:
     with cur:
-        found = problem(cur.fetchone(), app_role)
-    if found is not None:
-        raise ConfigurationError(found)
+        found = [p for p in (problem(row) for row in cur.fetchall()) if p is not None]
+    if found:
+        raise ConfigurationError(found[0])
 
 
-def check_reached(conn: Conn, app_role: str, url_name: str) -> None:
+def check_reached(conn: Conn, role_name: str, url_name: str) -> None:
     """Refuse an application URL (``conn`` is its connection) whose role does not get its
-    access through ``app_role``: revoking from ``app_role`` would leave that role's access."""
+    access through ``role_name`` (the control role): revoking from it would leave that
+    role's access."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(REACHES, {"role": app_role})
+        cur.execute(REACHES, {"role": role_name})
         row = cur.fetchone()
     if row is None or not row[1]:
         who = row[0] if row else "its role"
         raise ConfigurationError(
-            f"{url_name} connects as {who}, which does not get its access through "
-            f"{APP_ROLE_ENV}={app_role}: a suspension would revoke from one role and leave "
+            f"{url_name} connects as {who}, which does not get its access through application "
+            f"role {role_name} {SETTING}: a suspension would revoke from one role and leave "
             "the other reading; name the role the application connects as"
         )
 

@@ -32,6 +32,8 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.string import TextLoader
 
+from provisioner.roles import AppRoles
+
 Conn = psycopg.Connection[Any]
 
 #: What stands for the schema's own name in every name and definition.
@@ -67,7 +69,7 @@ types AS (
       FROM deps d JOIN pg_type t ON d.classid = 'pg_type'::regclass AND t.oid = d.objid
 ),
 acls AS (
-    SELECT 'SCHEMA' AS on_kind, '<tenant>' AS on_name, NULL::text AS parent,
+    SELECT 'SCHEMA' AS on_kind, '<tenant>'::text AS on_name, NULL::text AS parent,
            coalesce(nspacl, acldefault('n', nspowner)) AS acl FROM nsp
     UNION ALL
     SELECT CASE relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, relname, relname,
@@ -84,7 +86,7 @@ acls AS (
     SELECT 'TYPE', typname, NULL, coalesce(typacl, acldefault('T', typowner)) FROM types
 ),
 objects AS (
-    SELECT 'schema' AS kind, '<tenant>' AS name,
+    SELECT 'schema'::text AS kind, '<tenant>'::text AS name,
            json_build_object('owner', pg_get_userbyid(nspowner)) AS attrs FROM nsp
     UNION ALL
     SELECT CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
@@ -255,18 +257,26 @@ _PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def _parsed(text: str, schema: str) -> list[list[Any]]:
-    """The JSON rows, with ``schema.`` (and a quoted ``"schema".``) replaced by ``<tenant>.``.
+    """The JSON rows, with ``schema.`` (and a quoted ``"schema".``) replaced by ``<tenant>.``,
+    and the schema's name as a string literal (``SET search_path TO 'schema'``, which a
+    function created with ``SET search_path FROM CURRENT`` carries) by ``'<tenant>'``.
 
     In a text without a backslash every JSON string reads as it is spelled, so a plain name can
     be replaced in the text directly; otherwise string by string."""
-    qualifiers = (f"{schema}.", f'"{schema}".')
+    replacements = (
+        (f"{schema}.", f"{TENANT}."),
+        (f'"{schema}".', f"{TENANT}."),
+        (f"'{schema}'", f"'{TENANT}'"),
+    )
     if "\\" not in text and _PLAIN.fullmatch(schema):
-        return list(json.loads(text.replace(f"{schema}.", f"{TENANT}.")))
+        for old, new in (replacements[0], replacements[2]):
+            text = text.replace(old, new)
+        return list(json.loads(text))
 
     def abstract(value: Any) -> Any:
         if isinstance(value, str):
-            for qualifier in qualifiers:
-                value = value.replace(qualifier, f"{TENANT}.")
+            for old, new in replacements:
+                value = value.replace(old, new)
             return value
         if isinstance(value, list):
             return [abstract(v) for v in value]
@@ -277,19 +287,20 @@ def _parsed(text: str, schema: str) -> list[list[Any]]:
     return list(abstract(json.loads(text)))
 
 
-def without_access_of(inventory: Inventory, role: str) -> Inventory:
-    """What ``inventory`` looks like once ``role`` lost every privilege in the schema: a
+def without_access_of(inventory: Inventory, roles: AppRoles) -> Inventory:
+    """What ``inventory`` looks like once ``roles`` lost every privilege in the schema: a
     suspended or archived tenant's expected shape (the lifecycle steps revoke them by design)."""
+    names = {role.name for role in roles}
     return {
         key: attrs
         for key, attrs in inventory.items()
-        if not (key[0] in PRIVILEGE_KINDS and attrs.get("grantee") == role)
+        if not (key[0] in PRIVILEGE_KINDS and attrs.get("grantee") in names)
     }
 
 
 def in_tenant(text: str, schema: str) -> str:
     """A definition read from the expected schema, spelled for the tenant's schema."""
-    return text.replace(f"{TENANT}.", f"{schema}.")
+    return text.replace(f"{TENANT}.", f"{schema}.").replace(f"'{TENANT}'", f"'{schema}'")
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ RETURNING state
 REUSE_DELETED = """
 UPDATE control.tenants
    SET state = 'pending', previous_state = NULL, onboarding_started_at = NULL,
-       activated_at = NULL, updated_at = now()
+       activated_at = NULL, updated_at = now(), schema_name = %(schema)s
  WHERE tenant_id = %(tenant_id)s AND state = 'deleted'
 RETURNING state
 """
@@ -163,7 +163,8 @@ def transition(
 def reuse_deleted(conn: Conn, tenant: TenantId) -> bool:
     """deleted -> pending; False when the tenant was not deleted."""
     with conn.cursor() as cur:
-        cur.execute(REUSE_DELETED, {"tenant_id": tenant.value})
+        # the schema it gets now (the naming may have changed since it was purged)
+        cur.execute(REUSE_DELETED, {"tenant_id": tenant.value, "schema": tenant.schema})
         return cur.fetchone() is not None
 
 

@@ -24,10 +24,12 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.string import TextLoader
 
 from provisioner.errors import GrantVerificationFailed, PermanentError
-from provisioner.tenant import app_role as app_roles
+from provisioner.roles import AppRole, AppRoles
+from provisioner.tenant import app_role as app_role_standing
 
 Conn = psycopg.Connection[Any]
 
+#: A readwrite role's privileges on each table (:class:`provisioner.roles.Privileges`).
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
 #: Alembic's version table in each tenant schema. The application role may read it, never
@@ -58,10 +60,14 @@ WITH rels AS (
 )
 """
 
-# Tables and sequences of one schema, by name, for named grants and checks.
+# Tables (views and materialized views among them: the application reads through them, and a
+# view a later revision creates gets the same privileges from the schema's default privileges
+# on TABLES) and sequences of one schema, by name, for named grants and checks.
+TABLE_KINDS = ("r", "p", "v", "m")
 RELATIONS = (
     SCHEMA_RELATIONS_CTE
-    + "SELECT relname, relkind FROM rels WHERE relkind IN ('r', 'p', 'S') ORDER BY relname"
+    + "SELECT relname, relkind FROM rels WHERE relkind IN ('r', 'p', 'v', 'm', 'S') "
+    + "ORDER BY relname"
 )
 
 # How many objects of any kind (relations, types, functions...) live in the schema; no row
@@ -73,9 +79,9 @@ SELECT (SELECT count(*) FROM pg_depend d
 """
 
 # In one round trip: the schema's privileges for the role, and every (relation, privilege) pair
-# the grant step gives the role that it lacks (DML on each table, USAGE and SELECT on each
-# sequence, SELECT alone on the version table), checked with has_*_privilege; and the writes on
-# the version table it must NOT hold.
+# the grant step gives the role that it lacks (its set's privileges on each table and sequence,
+# SELECT alone on the version table), checked with has_*_privilege; and what it must NOT hold:
+# a write on the version table, and what its set leaves out (a readonly role's INSERT...).
 APP_ROLE_PRIVILEGES = (
     SCHEMA_RELATIONS_CTE
     + """
@@ -83,11 +89,11 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
        has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
        ARRAY(SELECT r.relname || ': ' || p.privilege
                FROM rels r CROSS JOIN unnest(%(privileges)s::text[]) AS p(privilege)
-              WHERE r.relkind IN ('r', 'p') AND r.relname <> %(version_table)s
+              WHERE r.relkind IN ('r', 'p', 'v', 'm') AND r.relname <> %(version_table)s
                 AND NOT has_table_privilege(%(role)s, r.oid, p.privilege)
              UNION ALL
              SELECT r.relname || ': ' || p.privilege
-               FROM rels r CROSS JOIN unnest(ARRAY['USAGE', 'SELECT']) AS p(privilege)
+               FROM rels r CROSS JOIN unnest(%(sequence_privileges)s::text[]) AS p(privilege)
               WHERE r.relkind = 'S' AND NOT has_sequence_privilege(%(role)s, r.oid, p.privilege)
              UNION ALL
              SELECT r.relname || ': SELECT' FROM rels r
@@ -98,6 +104,15 @@ SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
                FROM rels r CROSS JOIN unnest(%(version_writes)s::text[]) AS p(privilege)
               WHERE r.relkind IN ('r', 'p') AND r.relname = %(version_table)s
                 AND has_table_privilege(%(role)s, r.oid, p.privilege)
+             UNION ALL
+             SELECT r.relname || ': ' || p.privilege || ' must NOT be held'
+               FROM rels r CROSS JOIN unnest(%(table_forbidden)s::text[]) AS p(privilege)
+              WHERE r.relkind IN ('r', 'p', 'v', 'm') AND r.relname <> %(version_table)s
+                AND has_table_privilege(%(role)s, r.oid, p.privilege)
+             UNION ALL
+             SELECT r.relname || ': ' || p.privilege || ' must NOT be held'
+               FROM rels r CROSS JOIN unnest(%(sequence_forbidden)s::text[]) AS p(privilege)
+              WHERE r.relkind = 'S' AND has_sequence_privilege(%(role)s, r.oid, p.privilege)
               ORDER BY 1) AS forbidden
   FROM pg_namespace n WHERE n.nspname = %(schema)s
 """
@@ -160,11 +175,11 @@ def schema_ready(conn: Conn, schema: str) -> bool:
 
 
 def relations(conn: Conn, schema: str) -> tuple[list[str], list[str]]:
-    """(tables, sequences) of the schema, by name."""
+    """(tables, views and materialized views; sequences) of the schema, by name."""
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(RELATIONS, {"schema": schema})
         rows = cur.fetchall()
-    tables = [name for name, kind in rows if kind in ("r", "p")]
+    tables = [name for name, kind in rows if kind in TABLE_KINDS]
     sequences = [name for name, kind in rows if kind == "S"]
     return tables, sequences
 
@@ -177,120 +192,129 @@ def object_count(conn: Conn, schema: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-def usage_grant(schema: str, app_role: str) -> sql.Composed:
+def usage_grant(schema: str, role: AppRole) -> sql.Composed:
     """``GRANT USAGE`` on the schema: the grant step's first statement, and all that a taken
     spare still lacks (:mod:`provisioner.pool`)."""
     return sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
-        sql.Identifier(schema), sql.Identifier(app_role)
+        sql.Identifier(schema), sql.Identifier(role.name)
     )
+
+
+def _privileges(names: tuple[str, ...]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.SQL(name) for name in names)
 
 
 def grant_statements(
-    schema: str, app_role: str, tables: list[str], sequences: list[str]
+    schema: str, role: AppRole, tables: list[str], sequences: list[str]
 ) -> list[sql.Composable]:
-    """The grant step's statements for the named tables and sequences (also used by the raw-SQL
-    benchmark baseline, so both measure the same work)."""
-    return schema_grant_statements(schema, app_role) + relation_grant_statements(
-        schema, app_role, tables, sequences
+    """The grant step's statements for one role on the named tables and sequences (also used by
+    the raw-SQL benchmark baseline, so both measure the same work)."""
+    return schema_grant_statements(schema, role) + relation_grant_statements(
+        schema, role, tables, sequences
     )
 
 
-def schema_grant_statements(schema: str, app_role: str) -> list[sql.Composable]:
+def schema_grant_statements(schema: str, role: AppRole) -> list[sql.Composable]:
     """The grant step's statements on the schema itself: USAGE (first), no CREATE, and the
-    default privileges of what it will hold."""
-    schema_id, role_id = sql.Identifier(schema), sql.Identifier(app_role)
+    default privileges (the role's set) of what it will hold."""
+    schema_id, role_id = sql.Identifier(schema), sql.Identifier(role.name)
     return [
-        usage_grant(schema, app_role),
+        usage_grant(schema, role),
         sql.SQL("REVOKE CREATE ON SCHEMA {} FROM {}").format(schema_id, role_id),
         sql.SQL(
-            "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {}"
-        ).format(schema_id, role_id),
+            "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} GRANT {} ON TABLES TO {}"
+        ).format(schema_id, _privileges(role.privileges.table_privileges), role_id),
         sql.SQL(
             "ALTER DEFAULT PRIVILEGES FOR ROLE CURRENT_USER IN SCHEMA {} "
-            "GRANT USAGE, SELECT ON SEQUENCES TO {}"
-        ).format(schema_id, role_id),
+            "GRANT {} ON SEQUENCES TO {}"
+        ).format(schema_id, _privileges(role.privileges.sequence_privileges), role_id),
     ]
 
 
 def relation_grant_statements(
-    schema: str, app_role: str, tables: list[str], sequences: list[str]
+    schema: str, role: AppRole, tables: list[str], sequences: list[str]
 ) -> list[sql.Composable]:
-    """The grant step's statements on the named tables and sequences (none for none): DML on
-    each table but the version table, which the role may only read
+    """The grant step's statements on the named tables and sequences (none for none): the
+    role's set on each table but the version table, which the role may only read
     (:func:`version_table_grants`)."""
-    role_id = sql.Identifier(app_role)
+    role_id = sql.Identifier(role.name)
     statements: list[sql.Composable] = []
-    dml = [t for t in tables if t != VERSION_TABLE]
-    if dml:
+    rows = [t for t in tables if t != VERSION_TABLE]
+    if rows:
         statements.append(
-            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(
-                sql.SQL(", ").join(sql.Identifier(schema, t) for t in dml), role_id
+            sql.SQL("GRANT {} ON TABLE {} TO {}").format(
+                _privileges(role.privileges.table_privileges),
+                sql.SQL(", ").join(sql.Identifier(schema, t) for t in rows),
+                role_id,
             )
         )
     if VERSION_TABLE in tables:
-        statements.extend(version_table_grants(schema, app_role))
+        statements.extend(version_table_grants(schema, role.name))
     if sequences:
-        statements.append(sequence_grant(schema, app_role, sequences))
+        statements.append(sequence_grant(schema, role, sequences))
     return statements
 
 
-def sequence_grant(schema: str, app_role: str, sequences: list[str]) -> sql.Composed:
-    """USAGE and SELECT on the named sequences (a spare gets them only when taken)."""
-    return sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
-        sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences), sql.Identifier(app_role)
+def sequence_grant(schema: str, role: AppRole, sequences: list[str]) -> sql.Composed:
+    """The role's set on the named sequences (a spare gets them only when taken)."""
+    return sql.SQL("GRANT {} ON SEQUENCE {} TO {}").format(
+        _privileges(role.privileges.sequence_privileges),
+        sql.SQL(", ").join(sql.Identifier(schema, s) for s in sequences),
+        sql.Identifier(role.name),
     )
 
 
-def version_table_grants(schema: str, app_role: str) -> list[sql.Composable]:
+def version_table_grants(schema: str, role_name: str) -> list[sql.Composable]:
     """SELECT on the version table, and every write taken away: a table created under the
     schema's default privileges (a version table Alembic made again) gets DML from them."""
     return [
         sql.SQL("GRANT SELECT ON TABLE {} TO {}").format(
-            sql.Identifier(schema, VERSION_TABLE), sql.Identifier(app_role)
+            sql.Identifier(schema, VERSION_TABLE), sql.Identifier(role_name)
         ),
-        version_writes_revoke(schema, app_role),
+        version_writes_revoke(schema, role_name),
     ]
 
 
-def version_writes_revoke(schema: str, app_role: str) -> sql.Composed:
-    """``REVOKE`` of every write on the schema's version table from the application role."""
+def version_writes_revoke(schema: str, role_name: str) -> sql.Composed:
+    """``REVOKE`` of every write on the schema's version table from an application role."""
     return sql.SQL("REVOKE {} ON TABLE {} FROM {}").format(
         sql.SQL(", ").join(sql.SQL(p) for p in VERSION_TABLE_WRITES),
         sql.Identifier(schema, VERSION_TABLE),
-        sql.Identifier(app_role),
+        sql.Identifier(role_name),
     )
 
 
-def revoke_version_writes(conn: Conn, schema: str, app_role: str) -> None:
-    """Take every write on the schema's version table away from the application role, in the
+def revoke_version_writes(conn: Conn, schema: str, roles: AppRoles) -> None:
+    """Take every write on the schema's version table away from the application roles, in the
     caller's transaction (an upgrade does it before it trusts the table: tenants granted by an
     earlier release held DML on it)."""
     with conn.cursor() as cur:
-        cur.execute(version_writes_revoke(schema, app_role))
+        cur.execute(sql.SQL("; ").join(version_writes_revoke(schema, r.name) for r in roles))
 
 
-def grant_app_role(conn: Conn, schema: str, app_role: str) -> None:
-    """USAGE on the schema, DML on its tables, USAGE/SELECT on its sequences, and default
-    privileges so tables a later migration creates are covered too. Never CREATE.
+def grant_app_roles(conn: Conn, schema: str, roles: AppRoles) -> None:
+    """For each role, its set's privileges: USAGE on the schema, its privileges on the tables
+    and sequences, and default privileges so tables a later migration creates are covered too.
+    Never CREATE.
 
     Grants name each table rather than ``ON ALL TABLES IN SCHEMA``, whose cost grows with the
-    number of tables in the whole database. The statements go in one round trip, and the check
-    that follows (every table, every privilege, with ``has_table_privilege``) in one more.
+    number of tables in the whole database. Every role's statements go in one round trip, and
+    the check that follows (every table, every privilege, with ``has_table_privilege``) in one
+    more per role.
     """
     tables, sequences = relations(conn, schema)
-    statements = grant_statements(schema, app_role, tables, sequences)
+    statements = [s for r in roles for s in grant_statements(schema, r, tables, sequences)]
     with conn.cursor() as cur:
         # No parameters: psycopg sends the statements as one simple query.
         cur.execute(sql.SQL("; ").join(statements))
-    verify_app_grants(conn, schema, app_role)
+    verify_app_grants(conn, schema, roles)
 
 
 def revoke_statements(
-    schema: str, app_role: str, tables: list[str], sequences: list[str]
+    schema: str, role_name: str, tables: list[str], sequences: list[str]
 ) -> list[sql.Composable]:
     """Undo of :func:`grant_statements`, and everything else the role might hold there."""
-    schema_id, role_id = sql.Identifier(schema), sql.Identifier(app_role)
+    schema_id, role_id = sql.Identifier(schema), sql.Identifier(role_name)
     statements: list[sql.Composable] = [
         sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(schema_id, role_id),
         sql.SQL(
@@ -317,38 +341,78 @@ def revoke_statements(
     return statements
 
 
-def revoke_app_role(conn: Conn, schema: str, app_role: str) -> None:
-    """Take every privilege of the application role on the schema away, in the caller's
-    transaction (all at once on commit): its next query gets ``permission denied``. A missing
-    schema has nothing to revoke."""
+def revoke_app_roles(conn: Conn, schema: str, roles: AppRoles) -> None:
+    """Take every privilege of every application role on the schema away, in the caller's
+    transaction (all at once on commit): each role's next query gets ``permission denied``. A
+    missing schema has nothing to revoke. Raises when any role keeps any access."""
     if schema_owner(conn, schema)[0] is None:
         return
     tables, sequences = relations(conn, schema)
+    statements = [s for r in roles for s in revoke_statements(schema, r.name, tables, sequences)]
     with conn.cursor() as cur:
-        cur.execute(sql.SQL("; ").join(revoke_statements(schema, app_role, tables, sequences)))
-    held = app_role_holdings(conn, schema, app_role)
-    if held:
-        raise PermanentError(f"{app_role} still holds in {schema}: {'; '.join(held[:10])}")
-    left = app_roles.access_left(conn, schema, app_role)
-    if left:
-        raise PermanentError(
-            f"{app_role} can still use {schema} after the revoke (a superuser, or a grant to "
-            f"PUBLIC or to a role it belongs to): {'; '.join(left[:10])}"
-        )
+        cur.execute(sql.SQL("; ").join(statements))
+    for role in roles:
+        held = app_role_holdings(conn, schema, role.name)
+        if held:
+            raise PermanentError(f"{role.name} still holds in {schema}: {'; '.join(held[:10])}")
+        left = app_role_standing.access_left(conn, schema, role.name)
+        if left:
+            raise PermanentError(
+                f"{role.name} can still use {schema} after the revoke (a superuser, or a grant "
+                f"to PUBLIC or to a role it belongs to): {'; '.join(left[:10])}"
+            )
 
 
-def app_role_cut_off(conn: Conn, schema: str, app_role: str) -> bool:
-    """The role holds nothing in the schema, by name or through any other grant."""
-    return not app_role_holdings(conn, schema, app_role) and not app_roles.access_left(
-        conn, schema, app_role
+def app_roles_cut_off(conn: Conn, schema: str, roles: AppRoles) -> bool:
+    """No role holds anything in the schema, by name or through any other grant."""
+    return all(
+        not app_role_holdings(conn, schema, r.name)
+        and not app_role_standing.access_left(conn, schema, r.name)
+        for r in roles
     )
 
 
-def app_role_holdings(conn: Conn, schema: str, app_role: str) -> list[str]:
+def app_role_holdings(conn: Conn, schema: str, role_name: str) -> list[str]:
     """What the application role holds in the schema (granted to it by name); [] when none."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(APP_ROLE_HOLDINGS, {"role": app_role, "schema": schema})
+        cur.execute(APP_ROLE_HOLDINGS, {"role": role_name, "schema": schema})
         return [str(row[0]) for row in cur.fetchall()]
+
+
+# Each function of the (renamed) schema whose own search_path names the schema by its former
+# name points at the new one instead; the other entries of its path are kept as they are. A
+# function created with ``SET search_path FROM CURRENT`` (as PostgreSQL's docs advise for code
+# that must not depend on its caller's path) stores the schema's name as text: a rename leaves
+# it naming a schema that no longer exists. ``{old}`` and ``{new}`` are literals.
+REPIN_SEARCH_PATH = """
+DO $repin$
+DECLARE f record;
+BEGIN
+  FOR f IN
+    SELECT p.oid::regprocedure AS fn,
+           array_to_string(ARRAY(
+             SELECT CASE WHEN btrim(btrim(e), '"') = {old} THEN quote_ident({new})
+                         ELSE btrim(e) END
+               FROM unnest(string_to_array(substr(c.setting, 13), ',')) AS e), ', ') AS path
+      FROM pg_namespace n
+      JOIN pg_depend d ON d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid
+                      AND d.classid = 'pg_proc'::regclass
+      JOIN pg_proc p ON p.oid = d.objid
+      CROSS JOIN unnest(p.proconfig) AS c(setting)
+     WHERE n.nspname = {new} AND starts_with(c.setting, 'search_path=')
+  LOOP
+    -- No percent sign in this text: it joins statements sent with client-side parameters.
+    EXECUTE 'ALTER FUNCTION ' || f.fn::text || ' SET search_path = ' || f.path;
+  END LOOP;
+END
+$repin$
+"""
+
+
+def repin_search_path(old: str, new: str) -> sql.Composed:
+    """The statement that points the functions of schema ``new`` (renamed from ``old``) whose
+    own ``search_path`` names ``old`` at ``new`` (:data:`REPIN_SEARCH_PATH`)."""
+    return sql.SQL(REPIN_SEARCH_PATH).format(old=sql.Literal(old), new=sql.Literal(new))
 
 
 def drop_schema(conn: Conn, schema: str, *, lock_timeout_ms: int | None = None) -> None:
@@ -363,16 +427,30 @@ def drop_schema(conn: Conn, schema: str, *, lock_timeout_ms: int | None = None) 
         cur.execute(drop)
 
 
-def missing_app_grants(conn: Conn, schema: str, app_role: str) -> list[str]:
-    """What the application role lacks in the schema, e.g. ``['members: DELETE']``, and what it
-    holds but must not (CREATE on the schema, a write on the version table)."""
+def missing_app_grants(conn: Conn, schema: str, roles: AppRoles) -> list[str]:
+    """What the application roles lack in the schema, e.g. ``['members: DELETE']``, and what
+    they hold but must not (CREATE on the schema, a write on the version table, a privilege
+    their set leaves out). With several roles each line starts with the role's name."""
+    several = len(roles) > 1
+    return [
+        f"{role.name}: {line}" if several else line
+        for role in roles
+        for line in role_missing_grants(conn, schema, role)
+    ]
+
+
+def role_missing_grants(conn: Conn, schema: str, role: AppRole) -> list[str]:
+    """:func:`missing_app_grants` for one role."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             APP_ROLE_PRIVILEGES,
             {
-                "role": app_role,
+                "role": role.name,
                 "schema": schema,
-                "privileges": list(TABLE_PRIVILEGES),
+                "privileges": list(role.privileges.table_privileges),
+                "sequence_privileges": list(role.privileges.sequence_privileges),
+                "table_forbidden": list(role.privileges.table_forbidden),
+                "sequence_forbidden": list(role.privileges.sequence_forbidden),
                 "version_table": VERSION_TABLE,
                 "version_writes": list(VERSION_TABLE_WRITES),
             },
@@ -388,12 +466,14 @@ def missing_app_grants(conn: Conn, schema: str, app_role: str) -> list[str]:
     return missing
 
 
-def verify_app_grants(conn: Conn, schema: str, app_role: str) -> None:
-    missing = missing_app_grants(conn, schema, app_role)
-    if missing:
-        raise GrantVerificationFailed(
-            f"{app_role} lacks privileges in {schema} after granting: {'; '.join(missing[:10])}"
-        )
+def verify_app_grants(conn: Conn, schema: str, roles: AppRoles) -> None:
+    for role in roles:
+        missing = role_missing_grants(conn, schema, role)
+        if missing:
+            raise GrantVerificationFailed(
+                f"{role.name} lacks privileges in {schema} after granting: "
+                f"{'; '.join(missing[:10])}"
+            )
 
 
 # -- catalog fingerprint --------------------------------------------------------------------------

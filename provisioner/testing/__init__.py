@@ -21,7 +21,9 @@ control rows for the new id. A test then pays that rename, not a provisioning.
 Dropping works the same way round: the tenant's control rows are deleted and its schema renamed
 out of the way at once (nothing answers to the tenant's id or schema name any more), and the
 renamed schemas are dropped together when the next batch of spares is built and at the end of
-the session (``DROP SCHEMA ... CASCADE`` costs several times the rename).
+the session (``DROP SCHEMA ... CASCADE`` costs several times the rename). Ids the factory
+makes (spares, the model, a test's unnamed tenant) follow the project's tenant-id rule, and
+renamed schemas are the tool's scratch names (``provisioner_retired_*``), never a tenant's.
 
 A tenant asked for in another database (``create(id, settings=...)``: a test's own database,
 migrated, with the same roles) has no spare to rename there: the model's copy is built in place
@@ -35,7 +37,6 @@ cluster-wide roles, takes an advisory lock so two processes never run it at once
 
 from provisioner.testing.factory import (
     ASYNC_COMMIT,
-    RETIRED_PREFIX,
     SPARE_PREFIX,
     Tenant,
     TenantFactory,
@@ -53,7 +54,6 @@ from provisioner.testing.signups import Sweep, drain
 __all__ = [
     "ASYNC_COMMIT",
     "BOOTSTRAP_LOCK_KEY",
-    "RETIRED_PREFIX",
     "SERVER_URL_ENV",
     "SPARE_PREFIX",
     "PgServer",

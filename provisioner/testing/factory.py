@@ -17,11 +17,12 @@ import sqlalchemy as sa
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from provisioner import db, queue, service
+from provisioner import db, naming, queue, service
 from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.kinds.provision import provision_key
 from provisioner.models import TenantId
-from provisioner.settings import Settings
+from provisioner.roles import AppRoles
+from provisioner.settings import Settings, tenant_naming
 from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateUnusable, describe_difference
 from provisioner.tenant import schema as tenant_schema
@@ -29,15 +30,16 @@ from provisioner.testing import search_path
 from provisioner.testing.server import ProvisionerDatabase
 from provisioner.testing.signups import Sweep
 
-SPARE_PREFIX = "zzspare_"
+SPARE_PREFIX = "zzspare"
 
 # The factory's sessions commit asynchronously: a test database need not survive a server crash.
 ASYNC_COMMIT = "-c synchronous_commit=off"
 
-# A handed-out spare: its schema renamed, and the model's control rows written for the new id.
-HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema};" + queue.COPY_MODEL_ROWS
+# A handed-out spare: its schema renamed, its functions that pin their search_path to the
+# spare's name pointed at the new one ({repin}: tenant_schema.repin_search_path), and the
+# model's control rows written for the new id.
+HAND_OUT = "ALTER SCHEMA {spare_schema} RENAME TO {schema}; {repin};" + queue.COPY_MODEL_ROWS
 
-RETIRED_PREFIX = "zzretired_"
 
 # A tenant's control rows (its jobs and their step runs go with the tenant row).
 DELETE_TENANT = "DELETE FROM control.tenants WHERE tenant_id = %(id)s"
@@ -121,7 +123,7 @@ class TenantFactory:
         """The model: provisioned through the engine once, its fingerprint and control rows kept
         (and those rows deleted: see the module), the template captured."""
         if self.model is None:
-            model = TenantId(f"{SPARE_PREFIX}model_{uuid.uuid4().hex[:8]}")
+            model = own_id(f"{SPARE_PREFIX}m")
             service.provision(self.database.settings, model.value, holder="pytest-spares")
             with self._owner() as conn:
                 self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
@@ -150,7 +152,7 @@ class TenantFactory:
         settings = self.database.settings
         self._provision_model()
         for _ in range(self.batch):
-            spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
+            spare = own_id(SPARE_PREFIX)
             if self.copy_off is None:
                 try:
                     self._copy_model(spare)
@@ -167,9 +169,11 @@ class TenantFactory:
     def _copy_model(self, spare: TenantId) -> None:
         """Build ``spare`` as a verified copy of the model, in one transaction (see module)."""
         with self._owner() as conn:
-            self._build_copy(conn, spare, self.database.settings.app_role)
+            self._build_copy(conn, spare, self.database.settings.app_roles)
 
-    def _build_copy(self, conn: psycopg.Connection[Any], tenant: TenantId, app_role: str) -> None:
+    def _build_copy(
+        self, conn: psycopg.Connection[Any], tenant: TenantId, app_roles: AppRoles
+    ) -> None:
         """In ``conn``'s transaction: the tenant's schema built as the model's copy (template
         DDL, grants, seeds), raising when its catalog fingerprint differs from the model's."""
         assert self.model is not None and self._template is not None
@@ -182,7 +186,7 @@ class TenantFactory:
             + "\nSET LOCAL search_path TO DEFAULT;"
         )
         conn.execute(ddl.encode())
-        tenant_schema.grant_app_role(conn, tenant.schema, app_role)
+        tenant_schema.grant_app_roles(conn, tenant.schema, app_roles)
         declared = seeds.declared(self.database.settings.seeds, migrations.tenant_tree())
         seeds.apply(conn, tenant, declared)
         got = tenant_schema.fingerprint(conn, tenant.schema)
@@ -219,9 +223,9 @@ class TenantFactory:
                         conn.execute(_drop_schemas(retired))
                 if not build:
                     continue
-                spare = TenantId(f"{SPARE_PREFIX}{uuid.uuid4().hex[:16]}")
+                spare = own_id(SPARE_PREFIX)
                 with conn.transaction():
-                    self._build_copy(conn, spare, self.database.settings.app_role)
+                    self._build_copy(conn, spare, self.database.settings.app_roles)
                 with self._ready:
                     self.spares.append(spare)
                     self.built += 1
@@ -301,14 +305,16 @@ class TenantFactory:
     def create(self, tenant_id: str | None = None, *, settings: Settings | None = None) -> Tenant:
         """A freshly provisioned tenant called ``tenant_id`` (a unique id when None), in the
         factory's database, or in the database ``settings`` name (see :meth:`create_in`)."""
-        tenant = TenantId(tenant_id or f"t{uuid.uuid4().hex[:12]}")
+        tenant = TenantId(tenant_id) if tenant_id else own_id("t")
         if tenant.value.startswith(SPARE_PREFIX):
             raise InvalidInput(f"tenant ids starting with {SPARE_PREFIX} are the factory's own")
         if settings is not None and settings.owner_url != self.database.owner_url:
             return self.create_in(settings, tenant)
         spare = self._take_spare()
         statement = sql.SQL(HAND_OUT).format(
-            spare_schema=sql.Identifier(spare.schema), schema=sql.Identifier(tenant.schema)
+            spare_schema=sql.Identifier(spare.schema),
+            schema=sql.Identifier(tenant.schema),
+            repin=tenant_schema.repin_search_path(spare.schema, tenant.schema),
         )
         params = self._control_params(tenant)
         with self._owner() as conn, psycopg.ClientCursor(conn) as cur:
@@ -337,7 +343,7 @@ class TenantFactory:
                     psycopg.connect(settings.owner_url, options=ASYNC_COMMIT) as conn,
                     psycopg.ClientCursor(conn) as cur,
                 ):
-                    self._build_copy(conn, tenant, settings.app_role)
+                    self._build_copy(conn, tenant, settings.app_roles)
                     cur.execute(queue.COPY_MODEL_ROWS, self._control_params(tenant))
                 return Tenant(tenant.value, tenant.schema, settings.app_url, settings.owner_url)
             except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
@@ -365,7 +371,7 @@ class TenantFactory:
         if isinstance(tenant, Tenant) and tenant.owner_url != self.database.owner_url:
             self._drop_elsewhere(tenant_id, tenant.owner_url)
             return
-        retired = f"{RETIRED_PREFIX}{uuid.uuid4().hex[:16]}"
+        retired = naming.scratch_name("retired")  # never a tenant's name
         with self._owner() as conn:
             conn.execute(DELETE_TENANT, {"id": tenant_id.value})
             if conn.execute(SCHEMA_EXISTS, {"schema": tenant_id.schema}).fetchone():
@@ -434,6 +440,25 @@ class TenantFactory:
         self.reclaim()
         if self._conn is not None:
             self._conn.close()
+
+
+def own_id(prefix: str) -> TenantId:
+    """A fresh id starting with ``prefix`` that the project's tenant-id rule accepts (the
+    factory's spares and model, and a test's unnamed tenant): ``prefix`` and hex digits, or
+    letters only for a rule without digits, cut to the rule's length."""
+    rule = tenant_naming()
+    token = uuid.uuid4().hex
+    for tail in (token[:16], token[:16].translate(_LETTERS)):
+        candidate = (prefix + tail)[: rule.max_length]
+        if rule.problem(candidate) is None:
+            return TenantId(candidate, rule)
+    raise InvalidInput(
+        f"the pytest plugin names its tenants {prefix}<hex>: the project's rule refuses it "
+        f"({rule.rule})"
+    )
+
+
+_LETTERS = str.maketrans("0123456789", "ghijklmnop")
 
 
 def _drop_schemas(names: list[str]) -> sql.Composed:

@@ -24,7 +24,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from provisioner import db
+from provisioner import db, service
 from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
 from provisioner.templates import migrations
@@ -112,17 +112,20 @@ class PgServer:
             shutil.rmtree(self.cluster.root, ignore_errors=True)
 
 
-def bootstrap(admin_url: str, database: str) -> None:
+def bootstrap(admin_url: str, database: str, app_roles: tuple[str, ...] = ()) -> None:
     """Run the role bootstrap in ``database``, one process at a time per server. On a server
     that asked the superuser for a password, the roles get theirs, derived from it
     (:func:`provisioner.local.cluster.role_password`): every process that holds the superuser's
-    password agrees on them without talking, so concurrent sessions never lock each other out."""
+    password agrees on them without talking, so concurrent sessions never lock each other out.
+    ``app_roles``: the project's application roles, created when missing
+    (:func:`provisioner.local.cluster.add_app_roles`)."""
     with psycopg.connect(admin_url, autocommit=True) as lock:
         lock.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_KEY,))
         with psycopg.connect(_admin_url_for(admin_url, database), autocommit=True) as conn:
             conn.execute(local_pg.bootstrap_sql().encode())
             if conn.info.password:
                 local_pg.set_role_passwords(conn, conn.info.password)
+            local_pg.add_app_roles(conn, app_roles)
 
 
 @dataclass
@@ -151,14 +154,14 @@ class ProvisionerDatabase:
 
     @classmethod
     def _prepare(cls, server: PgServer, work_dir: Path, name: str) -> Self:
-        bootstrap(server.admin_url, name)
+        # The project's settings (its configuration file and environment: tree, seeds, roles),
+        # on this database, with a local folder for step 5 unless the project keeps no store.
+        project = Settings.load()
+        bootstrap(server.admin_url, name, tuple(role.name for role in project.app_roles))
         owner_url = server.role_url(local_pg.OWNER_ROLE, name)
         app_url = server.role_url(local_pg.APP_ROLE, name)
         objects = work_dir / "objects"
         objects.mkdir(parents=True, exist_ok=True)
-        # The project's settings (its configuration file and environment: tree, seeds, role),
-        # on this database, with a local folder for step 5 unless the project keeps no store.
-        project = Settings.load()
         settings = replace(
             project,
             migrations_database_url=owner_url,
@@ -169,7 +172,8 @@ class ProvisionerDatabase:
             object_store_path=objects,
             state_dir=work_dir / "state",
         )
-        migrations.upgrade_control(owner_url, settings.app_role)
+        migrations.upgrade_control(owner_url, settings.control_role)
+        service.record_naming(owner_url)  # the app's own sign-ups register under it
         return cls(name, _admin_url_for(server.admin_url, name), owner_url, app_url, settings)
 
     def drop(self, server: PgServer) -> None:

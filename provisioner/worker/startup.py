@@ -15,12 +15,13 @@ import psycopg
 
 from provisioner import db, kinds, storage
 from provisioner.control import heartbeats
+from provisioner.control import naming as control_naming
 from provisioner.errors import (
     ConfigurationError,
     DatabaseUnavailable,
 )
 from provisioner.logs import event
-from provisioner.settings import Settings
+from provisioner.settings import Settings, tenant_naming
 from provisioner.templates import migrations
 from provisioner.tenant import app_role
 
@@ -62,6 +63,7 @@ def check_configuration(settings: Settings) -> None:
             "live jobs would look abandoned"
         )
     migrations.check_tenant_tree()  # a missing or unreadable PROVISIONER_TENANT_TREE
+    tenant_naming()  # a schema pattern or tenant-id rule that cannot work
     settings.check_object_store_path()
     storage.store_from_settings(settings)  # ConfigurationError for a store that cannot work
 
@@ -89,10 +91,12 @@ def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Lo
     with closing(owner), db.translated():
         at_head = migrations.control_at_head(owner)
         superuser = heartbeats.connected_as_superuser(owner)
-        app_role.check(owner, settings.app_role)
+        app_role.check(owner, settings.app_roles)
+        if at_head:  # the record is read only where its table is known to exist
+            control_naming.check(owner, tenant_naming())
     app = connect_for_start("APP_DATABASE_URL", settings.app_url)
     with closing(app), db.translated():
-        app_role.check_reached(app, settings.app_role, "APP_DATABASE_URL")
+        app_role.check_reached(app, settings.control_role, "APP_DATABASE_URL")
     if db.transaction_pooled(settings.owner_url, application_name="provisioner-worker"):
         raise ConfigurationError(TRANSACTION_POOLED)
     if not at_head:

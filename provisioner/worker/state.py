@@ -116,7 +116,7 @@ class WorkerState:
                 f"{self.instance_id}:pool",
                 self.idle,
                 log,
-                app_role=settings.app_role,  # spares carry its grants, all but USAGE
+                app_roles=settings.app_roles,  # spares carry their grants, all but USAGE
                 on_built=self._spare_built,
             )
 

@@ -4,7 +4,7 @@ usage: python tests/crash/provision_child.py TENANT STEP OUTCOME
 Runs ``service.provision`` like the CLI does; when the engine reports OUTCOME ('done': the
 step's transaction has committed; 'started': the step runs inside its open transaction) for
 STEP, prints ``FROZEN <step> <outcome>`` and sleeps until killed. Settings come from the
-environment, as for the CLI.
+environment and the project file of the working directory, as for the CLI.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> None:
             print(f"FROZEN {event.step} {event.outcome}", flush=True)
             time.sleep(3600)
 
-    service.provision(Settings.from_env(), tenant, on_progress=freeze)
+    service.provision(Settings.load(), tenant, on_progress=freeze)
     print("FINISHED", flush=True)
 
 

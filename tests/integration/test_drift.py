@@ -22,6 +22,7 @@ from provisioner.errors import InvalidInput
 from provisioner.kinds import lifecycle
 from provisioner.kinds.repair import REPAIR_JOB_TYPE
 from provisioner.models import TenantId
+from provisioner.naming import TenantNaming
 from provisioner.settings import Settings
 from provisioner.templates import expected, migrations
 from provisioner.testing import Tenant
@@ -288,9 +289,9 @@ def test_a_tenant_named_like_the_old_scratch_schema_is_compared_not_copied(
     assert count == (1,)
     # no tenant id maps to the scratch schema's name
     scratch = expected.scratch_name()
-    assert scratch.startswith("tenant_")
-    with pytest.raises(InvalidInput):
-        TenantId(scratch.removeprefix("tenant_"))
+    assert TenantId("acme").naming.tenant_of(scratch) is None
+    with pytest.raises(InvalidInput):  # nor could a tenant's schema be named so
+        TenantId(scratch.removeprefix("tenant_"), TenantNaming("{id}"))
 
 
 def test_check_refuses_bad_input_and_unknown_tenants(

@@ -10,6 +10,7 @@ from alembic import command
 
 from provisioner import db, service
 from provisioner.models import JobStatus
+from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.templates.replay import TemplateCache
@@ -228,15 +229,18 @@ def test_indexed_catalog_lookups_see_what_a_plain_scan_sees(
         assert shape["indexes"] == plain(PLAIN_INDEXES)
         assert shape["constraints"] == plain(PLAIN_CONSTRAINTS)
         tables, sequences = tenant_schema.relations(conn, "tenant_shape")
-        assert "later" in tables and "mv" not in tables and "v" not in tables
+        # Views and materialized views are granted as tables are.
+        assert "later" in tables and "mv" in tables and "v" in tables
         assert "free_seq" in sequences and "members_id_seq" in sequences
         assert tenant_schema.object_count(conn, "tenant_shape") > 0
         assert tenant_schema.object_count(conn, "tenant_nowhere") is None
         # The grant check reports the new table, not yet granted, by name.
-        missing = tenant_schema.missing_app_grants(conn, "tenant_shape", "app_rw")
+        missing = tenant_schema.missing_app_grants(conn, "tenant_shape", DEFAULT_APP_ROLES)
         assert "later: DELETE" not in missing  # default privileges covered it at creation
         conn.execute("REVOKE DELETE ON tenant_shape.later FROM app_rw")
-        assert tenant_schema.missing_app_grants(conn, "tenant_shape", "app_rw") == ["later: DELETE"]
+        assert tenant_schema.missing_app_grants(conn, "tenant_shape", DEFAULT_APP_ROLES) == [
+            "later: DELETE"
+        ]
 
 
 def test_grants_fail_loudly_when_a_table_is_not_granted(database: Database) -> None:
@@ -244,7 +248,9 @@ def test_grants_fail_loudly_when_a_table_is_not_granted(database: Database) -> N
     with psycopg.connect(database.owner_url) as conn:
         conn.execute("CREATE SCHEMA tenant_g")
         conn.execute("CREATE TABLE tenant_g.a (id int)")
-        tenant_schema.grant_app_role(conn, "tenant_g", "app_rw")
-        assert tenant_schema.missing_app_grants(conn, "tenant_g", "app_rw") == []
+        tenant_schema.grant_app_roles(conn, "tenant_g", DEFAULT_APP_ROLES)
+        assert tenant_schema.missing_app_grants(conn, "tenant_g", DEFAULT_APP_ROLES) == []
         conn.execute("REVOKE UPDATE ON tenant_g.a FROM app_rw")
-        assert tenant_schema.missing_app_grants(conn, "tenant_g", "app_rw") == ["a: UPDATE"]
+        assert tenant_schema.missing_app_grants(conn, "tenant_g", DEFAULT_APP_ROLES) == [
+            "a: UPDATE"
+        ]

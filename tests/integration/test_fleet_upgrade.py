@@ -385,7 +385,7 @@ def migrate_in_process(settings: Settings, database: Database, tenants: list[str
                         f"tenant_{tenant}",
                         lock_timeout_ms=5000,
                         templates=templates,
-                        app_role=settings.app_role,
+                        app_roles=settings.app_roles,
                     )
                 )
         return details
@@ -450,7 +450,7 @@ def test_a_replay_keeps_the_sessions_prepared_statements_and_search_path(
                     f"tenant_{tenant}",
                     lock_timeout_ms=5000,
                     templates=templates,
-                    app_role=settings.app_role,
+                    app_roles=settings.app_roles,
                 )
                 assert detail == "path=replay from=t004 head=t005", detail
                 assert tx.pg.execute("SHOW search_path").fetchone() == default_path

@@ -257,7 +257,7 @@ def test_an_app_role_no_revoke_can_cut_off_is_refused_before_anything_changes(
         one_line(run_cli(settings, "provision", "fresh", env=env, timeout=60)),
     ]
     for line in refused:
-        assert f"PROVISIONER_APP_ROLE={name}" in line, line
+        assert f"application role {name} (app_roles / PROVISIONER_APP_ROLES)" in line, line
     # Nothing was revoked nor recorded as done: the tenant is onboarding and app_rw reads it.
     assert tenant_state(database, "acme") == "onboarding"
     assert app_reads(database, "acme")
@@ -301,7 +301,7 @@ def test_the_worker_refuses_an_app_url_the_app_role_does_not_reach(
         result = run_cli(settings, "worker", "--once", env={"PROVISIONER_APP_ROLE": role})
         line = one_line(result)
         assert "APP_DATABASE_URL connects as app_rw" in line, line
-        assert f"PROVISIONER_APP_ROLE={role}" in line, line
+        assert f"application role {role} (app_roles / PROVISIONER_APP_ROLES)" in line, line
     finally:
         with psycopg.connect(database.admin_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -199,7 +199,7 @@ def test_a_take_binds_the_plans_made_before_it(fast: Settings, database: Databas
         steps.on_idle_session(pool.plan_take)
         with steps.transaction() as tx:
             assert tx.pg.execute(TAKE_PLANS, patterns).fetchall() == [(False, 1, 0), (True, 1, 0)]
-            taken = pool.take(tx, "tenant_bound", fast.app_role)
+            taken = pool.take(tx, "tenant_bound", fast.app_roles)
             assert taken is not None and taken.spare == spare and taken.grants.all_but_usage
             assert tx.pg.execute(TAKE_PLANS, patterns).fetchall() == [(False, 2, 0), (True, 2, 0)]
     finally:
@@ -238,7 +238,7 @@ def test_spares_are_refused_to_app_rw_and_invisible_to_users(
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
     with database.owner() as conn:
-        held = pool.grants_held(conn, spare, fast.app_role)
+        held = pool.grants_held(conn, spare, fast.app_roles[0])
     assert held is not None and held.all_but_usage and not held.usage
     for args in (("jobs", "list", "--json"), ("upgrade", "--all", "--dry-run")):
         shown = run_cli(fast, *args)
@@ -326,7 +326,7 @@ def test_a_stopped_or_failed_spare_build_leaves_nothing(fast: Settings, database
     owner = db.Database(fast.owner_url)
     try:
         with owner.session() as session, pytest.raises(pool.BuildStopped):
-            pool.build_spare(session, "test", fast.app_role, stop=stop_at_third)
+            pool.build_spare(session, "test", fast.app_roles, stop=stop_at_third)
     finally:
         owner.close()
     with database.owner() as conn:
@@ -393,9 +393,9 @@ def test_a_spare_built_without_grants_is_taken_and_granted_in_full(
     owner = db.Database(fast.owner_url)
     try:
         with owner.session() as session:
-            spare = pool.build_spare(session, "test")  # no app_role: no grants at all
+            spare = pool.build_spare(session, "test")  # no app_roles: no grants at all
             with session.transaction() as tx:
-                held = pool.grants_held(tx.pg, spare, fast.app_role)
+                held = pool.grants_held(tx.pg, spare, fast.app_roles[0])
         assert held is not None and not held.usage and not held.all_but_usage
     finally:
         owner.close()
@@ -426,13 +426,13 @@ def test_the_take_grant_check_fails_when_any_grant_is_missing(
     )
     for revoke, lacking in zip(revokes, expected, strict=True):
         with psycopg.connect(database.owner_url) as conn:  # each case rolled back
-            assert pool.grant_usage_if_in_place(conn, spare, fast.app_role)  # all in place
+            assert pool.grant_usage_if_in_place(conn, spare, fast.app_roles)  # all in place
             conn.rollback()
             conn.execute(revoke)
-            held = pool.grants_held(conn, spare, fast.app_role)
+            held = pool.grants_held(conn, spare, fast.app_roles[0])
             assert held is not None
             assert (held.lacking or held.lacking_defaults or []) == lacking
-            assert not pool.grant_usage_if_in_place(conn, spare, fast.app_role)
+            assert not pool.grant_usage_if_in_place(conn, spare, fast.app_roles)
             conn.rollback()
 
 
@@ -455,9 +455,9 @@ def test_the_take_grant_check_counts_only_grants_made_by_the_owner(
             (f'"{spare}".members',),
         ).fetchone()
         assert row == (True,)  # app_rw can delete, by the other grantor's grant
-        held = pool.grants_held(conn, spare, fast.app_role)
+        held = pool.grants_held(conn, spare, fast.app_roles[0])
         assert held is not None and held.lacking == ["members"]
-        assert not pool.grant_usage_if_in_place(conn, spare, fast.app_role)
+        assert not pool.grant_usage_if_in_place(conn, spare, fast.app_roles)
         conn.rollback()
 
 
@@ -469,7 +469,7 @@ def test_a_spare_whose_grants_reach_the_schema_is_rejected(
     with psycopg.connect(database.owner_url) as conn:
         conn.execute(f'GRANT USAGE ON SCHEMA "{spare}" TO app_rw')
         with pytest.raises(pool.SpareRejected, match="USAGE is held"):
-            pool.check_spare_grants(conn, spare, fast.app_role)
+            pool.check_spare_grants(conn, spare, fast.app_roles)
         conn.rollback()
 
 

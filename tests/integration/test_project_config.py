@@ -84,7 +84,10 @@ def test_pyproject_tool_table_and_the_environment_over_it(
         "source": "file",
     }
     assert (rows["pool_size"]["value"], rows["pool_size"]["source"]) == ("5", "environment")
-    assert (rows["app_role"]["value"], rows["app_role"]["source"]) == ("app_rw", "default")
+    assert (rows["app_roles"]["value"], rows["app_roles"]["source"]) == (
+        "app_rw=readwrite",
+        "default",
+    )
 
 
 def test_config_hides_secrets_whatever_their_characters(tmp_path: Path, settings: Settings) -> None:

@@ -14,6 +14,7 @@ from provisioner.engine import Engine, StepEvent
 from provisioner.errors import LeaseLost
 from provisioner.kinds.provision import GRANTS_IN_PLACE, STEPS, ensure_provision_job
 from provisioner.models import JobStatus, TenantId
+from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
 from provisioner.testing import Tenant
@@ -205,7 +206,9 @@ def test_a_process_that_lost_its_lease_records_nothing(
     assert theirs is not None and theirs.attempts == 2
     store = store_from_settings(settings)
     with (
-        Engine(settings.owner_url, holder="zombie", app_role="app_rw", store=store) as engine,
+        Engine(
+            settings.owner_url, holder="zombie", app_roles=DEFAULT_APP_ROLES, store=store
+        ) as engine,
         pytest.raises(LeaseLost),
     ):
         engine.run(mine)

@@ -7,6 +7,7 @@ import pytest
 from provisioner import db
 from provisioner.kinds.provision import PROVISION_STEPS, StepContext
 from provisioner.models import TenantId
+from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
 from provisioner.tenant import schema as tenant_schema
@@ -40,7 +41,9 @@ def test_running_a_step_twice_is_a_noop_the_second_time(
             "INSERT INTO control.tenants (tenant_id, schema_name) VALUES (%s, %s)",
             (tenant.value, tenant.schema),
         )
-    ctx = StepContext(tenant=tenant, app_role="app_rw", store=store_from_settings(settings))
+    ctx = StepContext(
+        tenant=tenant, app_roles=DEFAULT_APP_ROLES, store=store_from_settings(settings)
+    )
     owner = db.Database(settings.owner_url)
     try:
         for step in PROVISION_STEPS[:index]:  # the steps before it, once
@@ -74,7 +77,9 @@ def test_a_run_remembers_whether_it_took_a_spare_for_its_grant_step(
                 )
             if spare:
                 build_spare(settings)
-            ctx = StepContext(tenant=tenant, app_role="app_rw", store=store_from_settings(settings))
+            ctx = StepContext(
+                tenant=tenant, app_roles=DEFAULT_APP_ROLES, store=store_from_settings(settings)
+            )
             assert ctx.memo.spare_taken is None
             create, _, grant = PROVISION_STEPS[:3]
             with owner.transaction() as tx:
@@ -88,7 +93,7 @@ def test_a_run_remembers_whether_it_took_a_spare_for_its_grant_step(
             with owner.transaction() as tx:
                 assert all(s.effect_present(tx, ctx) for s in PROVISION_STEPS)
             resumed = StepContext(
-                tenant=tenant, app_role="app_rw", store=store_from_settings(settings)
+                tenant=tenant, app_roles=DEFAULT_APP_ROLES, store=store_from_settings(settings)
             )
             with owner.transaction() as tx:  # a later run knows nothing, and checks
                 assert grant.run(tx, resumed) is not None  # all in place: the check passes
@@ -110,7 +115,10 @@ def test_the_migration_step_of_a_taken_spare_reads_its_version_and_sets_the_lock
         )
     build_spare(settings)
     ctx = StepContext(
-        tenant=tenant, app_role="app_rw", store=store_from_settings(settings), lock_timeout_ms=1234
+        tenant=tenant,
+        app_roles=DEFAULT_APP_ROLES,
+        store=store_from_settings(settings),
+        lock_timeout_ms=1234,
     )
     create, migrate = PROVISION_STEPS[:2]
     with db.Database(settings.owner_url) as owner:

@@ -222,11 +222,11 @@ def test_a_spare_whose_sequence_app_rw_may_use_is_not_as_built(
     spare = build_spare(settings)
     with psycopg.connect(database.owner_url) as conn:  # rolled back
         conn.execute(f'GRANT USAGE ON SEQUENCE "{spare}".members_id_seq TO app_rw')
-        held = pool.grants_held(conn, spare, settings.app_role)
+        held = pool.grants_held(conn, spare, settings.app_roles[0])
         assert held is not None and held.lacking == ["members_id_seq"]
         assert not held.all_but_usage and "members_id_seq" in held.sequences
         with pytest.raises(pool.SpareRejected, match="members_id_seq"):
-            pool.check_spare_grants(conn, spare, settings.app_role)
+            pool.check_spare_grants(conn, spare, settings.app_roles)
         conn.rollback()
 
 

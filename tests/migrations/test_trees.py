@@ -65,6 +65,8 @@ def test_control_tree_downgrades_and_upgrades(database: Database) -> None:
         ("rollout_tenants", "SELECT"),
         ("rollouts", "SELECT"),
         ("runtime_heartbeats", "INSERT,SELECT"),
+        # the recorded naming its registrations are held to (control 20261202_h24names)
+        ("tenant_naming", "SELECT"),
         # app_rw inserts only (tenant_id, schema_name, display_name): a column privilege
         ("tenants", "SELECT"),
     ]

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from provisioner import roles
 from provisioner.settings import Settings
 from tests.static.lint_tools import REPO_ROOT, package_env_names
 
@@ -40,7 +41,7 @@ def test_documented_defaults_match_the_settings(doc: str) -> None:
         "PROVISIONER_HEARTBEAT_SECONDS": f"{settings.heartbeat_seconds:g}",
         "PROVISIONER_POLL_SECONDS": f"{settings.poll_interval_seconds:g}",
         "PROVISIONER_DRAIN_TIMEOUT_SECONDS": f"{settings.drain_timeout_seconds:g}",
-        "PROVISIONER_APP_ROLE": settings.app_role,
+        "PROVISIONER_APP_ROLES": roles.render(settings.app_roles),
         "OBJECT_STORE_PROVIDER": settings.object_store_provider,
     }
     assert {name: defaults.get(name) for name in expected} == expected

@@ -61,6 +61,7 @@ MISSING_TABLE_PRIVILEGES = """
 SELECT c.relname, p.privilege FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  CROSS JOIN unnest(%(privileges)s::text[]) AS p(privilege)
  WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p')
+   AND c.relname <> 'alembic_version'  -- read-only for the application role (as the step's)
    AND NOT has_table_privilege(%(role)s, c.oid, p.privilege)
  ORDER BY 1, 2
 """

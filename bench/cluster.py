@@ -111,7 +111,9 @@ class BenchCluster:
                     sql.Identifier(local_pg.OWNER_ROLE),
                 )
             )
-        local_pg.bootstrap_database(admin, name)  # database-level grants are not templated
+        # Database-level grants are not templated. app_ro: a readonly application role, for the
+        # grant step's figure with two roles (bench/provisioning.py).
+        local_pg.bootstrap_database(admin, name, ("app_ro",))
         objects = self.work / name / "objects"
         objects.mkdir(parents=True)
         return BenchDatabase(

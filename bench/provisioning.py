@@ -41,7 +41,7 @@ from provisioner.engine import Engine
 from provisioner.kinds.provision import STEPS, ensure_provision_job
 from provisioner.local import cluster as local_pg
 from provisioner.models import JobStatus, TenantId
-from provisioner.roles import AppRole
+from provisioner.roles import AppRole, Privileges
 from provisioner.storage import store_from_settings
 from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateCache
@@ -74,6 +74,10 @@ def raw_script(
             ),
         ]
     return sql.SQL(";\n").join(parts).as_string(conn)
+
+
+#: The second application role of the grant step's two-role figure.
+READONLY = AppRole("app_ro", Privileges.READONLY)
 
 
 def run(cluster: BenchCluster, results: Results, rounds: int) -> None:
@@ -199,6 +203,10 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
         pair = [
             ("grants_now", lambda c, s, r: tenant_schema.grant_app_roles(c, s, (AppRole(r),))),
             ("grants_before", before.grant_app_role),
+            (
+                "grants_two_roles",
+                lambda c, s, r: tenant_schema.grant_app_roles(c, s, (AppRole(r), READONLY)),
+            ),
         ]
         for key, grant in pair if i % 2 else reversed(pair):
             started = time.perf_counter()
@@ -332,6 +340,15 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
             "ms",
             samples["grants_now"],
             baseline="grants_before",
+        )
+    )
+    results.add(
+        Figure(
+            "grants_two_roles",
+            "grant step's work now for two roles (app_rw readwrite, app_ro readonly)",
+            "ms",
+            samples["grants_two_roles"],
+            baseline="grants_now",
         )
     )
     results.add(

@@ -1,7 +1,8 @@
 """The warm pool: spare tenant schemas built ahead of demand, taken by a rename.
 
-* :mod:`provisioner.pool.spares`: a spare's statements, its build and its take (and the grant
-  checks the take makes);
+* :mod:`provisioner.pool.spares`: a spare's statements, its build and its take;
+* :mod:`provisioner.pool.grants`: the application roles' grants a spare carries, and the checks
+  the build and the take make of them;
 * :mod:`provisioner.pool.keeper`: the worker's keeper thread, which refills the pool while
   idle, one builder per database.
 """
@@ -9,6 +10,15 @@
 from __future__ import annotations
 
 from provisioner.errors import BuildStopped, SpareRejected
+from provisioner.pool.grants import (
+    GRANTS_HELD,
+    GrantsHeld,
+    check_spare_grants,
+    grant_usage_if_in_place,
+    grants_held,
+    spare_grant_batches,
+    usage_held,
+)
 from provisioner.pool.keeper import (
     POOL_LOCK_CLASS,
     RELEASE_BUILD_LOCK,
@@ -27,27 +37,20 @@ from provisioner.pool.spares import (
     COUNT_SPARES,
     FOREIGN_SCHEMAS,
     FORGET_SPARE_SCHEMA,
-    GRANTS_HELD,
     RECORD_SPARE_SCHEMA,
     SPARE_PREFIX,
     TAKE_PLANS,
     TAKE_SPARE,
     UNFINISHED_SPARES,
     WARM_TOUCHES,
-    GrantsHeld,
     PoolCounts,
     Taken,
     build_spare,
-    check_spare_grants,
     counts,
     drop_schema,
     foreign_schemas,
-    grant_usage_if_in_place,
-    grants_held,
     plan_take,
-    spare_grant_batches,
     take,
-    usage_held,
 )
 
 __all__ = [

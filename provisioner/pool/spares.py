@@ -46,7 +46,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
@@ -56,7 +56,15 @@ from provisioner import db, naming
 from provisioner.db import DatabaseError, Transaction
 from provisioner.db.plans import PlanAhead, keeping_prepared_statements, prepare_ahead
 from provisioner.errors import BuildStopped, PermanentError, ProvisionerError, SpareRejected
-from provisioner.roles import AppRole, AppRoles
+from provisioner.pool.grants import (
+    GRANTS_HELD,
+    GrantsHeld,
+    check_spare_grants,
+    grants_held,
+    spare_grant_batches,
+    take_grants,
+)
+from provisioner.roles import AppRoles
 from provisioner.templates import migrations
 from provisioner.templates import reference as template_reference
 from provisioner.templates.replay import mismatch
@@ -156,59 +164,6 @@ DELETE FROM control.tenant_pool
 RETURNING schema_name
 """
 
-# What the application role holds in one schema, read from the ACLs themselves in one round
-# trip, against what a spare carries. A table is listed unless its ACL holds every privilege the
-# grant step gives the role, granted to the role itself by the table's owner (as the grant
-# step, run by the owner, records them; a superuser's grant is recorded as the owner's); which
-# implies has_table_privilege for each of them. aclcontains on the ACL as stored costs half what
-# expanding it with aclexplode did (1.7 against 3.1-4.4 ms for 400 relations). A grant by
-# another grantor is not counted: the caller then runs the full grant step, which grants again
-# as the owner. The version table is listed unless the role may read it and write nothing; a
-# sequence is listed when the role holds any privilege on it: a spare's sequences are granted
-# by the take, since a privilege on a sequence is usable by its oid without USAGE on the schema
-# (nextval(oid) needs no name). ``sequences`` names them all, for the take's grant.
-GRANTS_HELD = (
-    tenant_schema.SCHEMA_RELATIONS_CTE
-    + """
-, role AS (SELECT oid FROM pg_roles WHERE rolname = %(role)s)
-SELECT has_schema_privilege(%(role)s, n.oid, 'USAGE') AS usage,
-       has_schema_privilege(%(role)s, n.oid, 'CREATE') AS can_create,
-       ARRAY(SELECT r.relname FROM rels r
-              WHERE r.relkind IN ('r', 'p', 'v', 'm', 'S')
-                AND (CASE
-                     WHEN r.relkind = 'S'
-                     THEN NOT has_sequence_privilege(%(role)s, r.oid, 'USAGE, SELECT, UPDATE')
-                     WHEN r.relname = '"""
-    + tenant_schema.VERSION_TABLE
-    + """'
-                     THEN aclcontains(r.relacl, makeaclitem((SELECT oid FROM role),
-                                                            r.relowner, 'SELECT', false))
-                      AND NOT has_table_privilege(%(role)s, r.oid, '"""
-    + ", ".join(tenant_schema.VERSION_TABLE_WRITES)
-    + """')
-                     ELSE ARRAY(SELECT a.privilege_type::text FROM aclexplode(r.relacl) a, role
-                                 WHERE a.grantee = role.oid) @> %(table_privileges)s::text[]
-                      AND NOT ARRAY(SELECT a.privilege_type::text FROM aclexplode(r.relacl) a, role
-                                     WHERE a.grantee = role.oid) && %(table_forbidden)s::text[]
-                     END) IS NOT TRUE
-              ORDER BY r.relname) AS lacking,
-       ARRAY(SELECT t.kind FROM (VALUES ('r', %(table_privileges)s::text[]),
-                                        ('S', %(sequence_privileges)s::text[])) AS t(kind, wanted)
-              WHERE NOT EXISTS (
-                    SELECT 1 FROM pg_default_acl d
-                     WHERE d.defaclrole = (SELECT oid FROM pg_roles WHERE rolname = current_user)
-                       AND d.defaclnamespace = n.oid AND d.defaclobjtype::text = t.kind
-                       AND ARRAY(SELECT a.privilege_type FROM aclexplode(d.defaclacl) a, role
-                                  WHERE a.grantee = role.oid) @> t.wanted)) AS lacking_defaults,
-       ARRAY(SELECT r.relname FROM rels r WHERE r.relkind = 'S' ORDER BY r.relname) AS sequences,
-       EXISTS (SELECT 1 FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
-                CROSS JOIN unnest(p.proconfig) AS c(setting)
-               WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid
-                 AND d.classid = 'pg_proc'::regclass
-                 AND starts_with(c.setting, 'search_path=')) AS pinned_functions
-  FROM pg_namespace n WHERE n.nspname = %(schema)s
-"""
-)
 
 #: What a take reads, for the idle sessions' warm-up after a build (with the queue's own).
 WARM_TOUCHES: tuple[str, ...] = ("SELECT 1 FROM control.tenant_pool WHERE schema_name IS NULL",)
@@ -217,16 +172,7 @@ WARM_TOUCHES: tuple[str, ...] = ("SELECT 1 FROM control.tenant_pool WHERE schema
 #: spare build (:func:`plan_take`): parameters that match nothing.
 TAKE_PLANS: tuple[PlanAhead, ...] = (
     (TAKE_SPARE, {"digest": "", "tenant": ""}),
-    (
-        GRANTS_HELD,
-        {
-            "schema": "",
-            "role": "",
-            "table_privileges": ["SELECT"],
-            "table_forbidden": ["INSERT"],
-            "sequence_privileges": ["SELECT"],
-        },
-    ),
+    *((query, {"schema": "", "role": ""}) for query in GRANTS_HELD.values()),
 )
 
 #: Statements of the template's replay, and relations granted, per transaction of a spare
@@ -237,37 +183,6 @@ TAKE_PLANS: tuple[PlanAhead, ...] = (
 #: 2 ms more. Ten statements stay far below, and idle sessions catch up
 #: between commits.
 BATCH = 10
-
-
-@dataclass(frozen=True)
-class GrantsHeld:
-    """What :data:`GRANTS_HELD` found for the application role in one schema."""
-
-    usage: bool
-    can_create: bool
-    #: relations not as a spare carries them: a table lacking one of the grant step's
-    #: privileges, the version table not readable or writable, a sequence the role may use
-    lacking: list[str]
-    #: 'r' / 'S': the schema's default privileges for tables / sequences are not in place
-    lacking_defaults: list[str]
-    #: every sequence of the schema, by name (the take grants them)
-    sequences: list[str] = field(default_factory=list)
-    #: a function of the schema carries its own search_path (``SET search_path FROM
-    #: CURRENT`` names the spare): the take points it at the tenant's schema
-    pinned_functions: bool = False
-
-    @property
-    def all_but_usage(self) -> bool:
-        """The schema is as a spare is built: every grant of the grant step is in place but
-        USAGE on the schema and the sequences' grants (the take's); no CREATE."""
-        return not (self.can_create or self.lacking or self.lacking_defaults)
-
-    def problems(self) -> list[str]:
-        return [
-            *(["CREATE must NOT be held"] if self.can_create else []),
-            *(f"{name}: not as a spare carries it" for name in self.lacking),
-            *(f"default privileges ({kind}): missing" for kind in self.lacking_defaults),
-        ]
 
 
 @dataclass(frozen=True)
@@ -333,7 +248,7 @@ def take(tx: Transaction, tenant_schema_name: str, app_roles: AppRoles) -> Taken
             sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(
                 sql.Identifier(spare), sql.Identifier(tenant_schema_name)
             ),
-            *_take_grants(tenant_schema_name, app_roles, grants[0].sequences),
+            *take_grants(tenant_schema_name, app_roles, grants[0].sequences),
             *(
                 [tenant_schema.repin_search_path(spare, tenant_schema_name)]
                 if grants[0].pinned_functions
@@ -364,19 +279,6 @@ def take(tx: Transaction, tenant_schema_name: str, app_roles: AppRoles) -> Taken
     return Taken(spare, grants)
 
 
-def _take_grants(schema: str, app_roles: AppRoles, sequences: list[str]) -> list[sql.Composable]:
-    """What a taken spare's schema still needs for each application role: USAGE, and its set's
-    privileges on its sequences (held back until now, see :data:`GRANTS_HELD`)."""
-    return [
-        statement
-        for role in app_roles
-        for statement in (
-            tenant_schema.usage_grant(schema, role),
-            *([tenant_schema.sequence_grant(schema, role, sequences)] if sequences else []),
-        )
-    ]
-
-
 def plan_take(conn: Any) -> None:
     """Run the take's statements that come before its rename (:data:`TAKE_PLANS`), prepared,
     with values that match nothing (they take and change nothing), on a session that keeps
@@ -405,107 +307,6 @@ def foreign_schemas(conn: Any) -> list[tuple[str, str]]:
     with conn.cursor() as cur:
         cur.execute(FOREIGN_SCHEMAS)
         return [(str(name), str(owner)) for name, owner in cur.fetchall()]
-
-
-def grants_held(conn: Any, schema: str, role: AppRole) -> GrantsHeld | None:
-    """An application role's privileges in ``schema``, against its set (None: no schema)."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            GRANTS_HELD,
-            {
-                "schema": schema,
-                "role": role.name,
-                "table_privileges": list(role.privileges.table_privileges),
-                "table_forbidden": list(role.privileges.table_forbidden),
-                "sequence_privileges": list(role.privileges.sequence_privileges),
-            },
-        )
-        row = cur.fetchone()
-    return None if row is None else _held(row)
-
-
-def _held(row: dict[str, Any]) -> GrantsHeld:
-    return GrantsHeld(
-        usage=bool(row["usage"]),
-        can_create=bool(row["can_create"]),
-        lacking=list(row["lacking"]),
-        lacking_defaults=list(row["lacking_defaults"]),
-        sequences=list(row["sequences"]),
-        pinned_functions=bool(row["pinned_functions"]),
-    )
-
-
-def spare_grant_batches(schema: str, app_roles: AppRoles, conn: Any) -> list[sql.Composed]:
-    """The grant step's statements but USAGE on the schema and the sequences' grants (the
-    take's), for every role: what a spare is built with, one batch per transaction: the
-    schema's own statements, then the tables' grants, :data:`BATCH` tables at a time."""
-    schema_wide: list[sql.Composable] = []
-    for role in app_roles:
-        statements = tenant_schema.schema_grant_statements(schema, role)
-        assert statements[0] == tenant_schema.usage_grant(schema, role), (
-            "the grant step's first statement is no longer USAGE"
-        )
-        schema_wide.extend(statements[1:])
-    tables, _ = tenant_schema.relations(conn, schema)
-    batches = [sql.SQL("; ").join(schema_wide)]
-    for start in range(0, len(tables), BATCH):
-        statements = [
-            statement
-            for role in app_roles
-            for statement in tenant_schema.relation_grant_statements(
-                schema, role, tables[start : start + BATCH], []
-            )
-        ]
-        batches.append(sql.SQL("; ").join(statements))
-    return batches
-
-
-def check_spare_grants(conn: Any, schema: str, app_roles: AppRoles) -> None:
-    """Every grant of the grant step but USAGE and the sequences' is in place in a spare, for
-    every role, and no role holds USAGE, CREATE or any privilege on a sequence (so each is
-    refused anything in it). :class:`SpareRejected` otherwise."""
-    for role in app_roles:
-        held = grants_held(conn, schema, role)
-        if held is None or held.usage or not held.all_but_usage:
-            found = "no schema" if held is None else "; ".join(held.problems()) or "USAGE is held"
-            raise SpareRejected(f"spare {schema}: grants for {role.name} not as built: {found}")
-
-
-def grant_usage_if_in_place(conn: Any, schema: str, app_roles: AppRoles) -> bool:
-    """The grant step on a tenant's schema whose table grants and default privileges are in
-    place for every role (a taken spare, a tenant that lost USAGE alone): USAGE and the
-    sequences' grants given (again, for sequences already granted), after a check of every
-    ACL. False, with nothing changed, when any other grant is missing: the caller then runs the
-    full grant step (which grants everything, and checks)."""
-    sequences: list[str] = []
-    for role in app_roles:
-        held = grants_held(conn, schema, role)
-        if held is None or held.can_create or held.lacking_defaults:
-            return False
-        if set(held.lacking) - set(held.sequences):  # a table: a sequence listed is merely usable
-            return False
-        sequences = held.sequences
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("; ").join(_take_grants(schema, app_roles, sequences)))
-    return True
-
-
-def usage_held(conn: Any, schema: str, app_roles: AppRoles) -> bool:
-    """The grant step on a taken spare whose other grants :func:`take` found in place (and to
-    whose roles the take granted USAGE): USAGE held and CREATE not, by every role, in one simple
-    query (nothing to plan again after the rename)."""
-    schema_literal = sql.Literal(schema)
-    held = sql.SQL(" AND ").join(
-        sql.SQL(
-            "has_schema_privilege({role}, {schema}, 'USAGE')"
-            " AND NOT has_schema_privilege({role}, {schema}, 'CREATE')"
-        ).format(role=sql.Literal(role.name), schema=schema_literal)
-        for role in app_roles
-    )
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT {}").format(held))
-        row = cur.fetchone()
-    return bool(row and row[0])
 
 
 def build_spare(
@@ -539,7 +340,7 @@ def build_spare(
             raise SpareRejected(problem)
         if app_roles is not None:  # after the fingerprint check: the reference has no grants
             with session.transaction() as tx:
-                batches = spare_grant_batches(name, app_roles, tx.pg)
+                batches = spare_grant_batches(name, app_roles, tx.pg, BATCH)
             for batch in batches:
                 _between_batches(stop)
                 with session.transaction() as tx:

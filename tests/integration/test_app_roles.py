@@ -169,6 +169,16 @@ def test_a_missing_second_role_is_refused_before_anything_is_granted(
     assert found == (0,)
 
 
+def test_the_worker_checks_every_role_at_start(settings: Settings, database: Database) -> None:
+    """Each configured role's standing is checked before the worker starts: a second role that
+    does not exist stops it in one line naming that role (exit 2)."""
+    env = {"PROVISIONER_APP_ROLES": "app_rw=readwrite,app_nobody=readonly"}
+    result = run_cli(settings, "worker", "--once", env=env, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "application role app_nobody" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # -- provision, suspend, restore ------------------------------------------------------------------
 
 

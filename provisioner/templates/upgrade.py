@@ -97,6 +97,9 @@ PLAN_SETTINGS = (
 # reads the schema's revisions first, as without a plan.
 START_GUARD = """DO $guard$
 BEGIN
+    IF to_regclass('alembic_version') IS NULL THEN
+        RAISE EXCEPTION 'the schema has no version table: not at the planned start';
+    END IF;
     IF (SELECT string_agg(version_num, ',' ORDER BY version_num) FROM alembic_version)
        IS DISTINCT FROM current_setting('provisioner.upgrade_start') THEN
         RAISE EXCEPTION 'the schema is not at the planned start';

@@ -455,6 +455,7 @@ def test_the_next_tenant_replays_the_workers_plan_in_two_round_trips(
     use_tree(monkeypatch, make_tree(tmp_path))
     alembic_upgrade(database, "ahead")  # at t005 already: the guard refuses the plan
     with database.owner() as conn:
+        conn.execute("CREATE SCHEMA tenant_fresh")  # no version table: refused too
         conn.execute("CREATE INDEX hand_made_idx ON tenant_drifted.audit_events (action)")
         # As a tenant granted by an earlier release: the application role writes the table.
         conn.execute("GRANT INSERT, UPDATE ON tenant_second.alembic_version TO app_rw")
@@ -462,7 +463,7 @@ def test_the_next_tenant_replays_the_workers_plan_in_two_round_trips(
     owner = db.Database(database.owner_url)
     found: dict[str, tuple[str, int]] = {}
     try:
-        for tenant in ("first", "second", "ahead", "drifted"):
+        for tenant in ("first", "second", "ahead", "drifted", "fresh"):
             with owner.transaction() as tx:
                 found[tenant] = round_trips_of(
                     tx.pg,
@@ -484,7 +485,8 @@ def test_the_next_tenant_replays_the_workers_plan_in_two_round_trips(
     assert found["drifted"][0].startswith(
         "path=alembic (fallback: fingerprint mismatch: indexes differ (unexpected ('hand_made_idx'"
     ), found["drifted"]
-    for tenant in ("first", "second", "ahead", "drifted"):
+    assert found["fresh"][0].startswith("path=template head=t005"), found["fresh"]
+    for tenant in ("first", "second", "ahead", "drifted", "fresh"):
         assert versions(database, tenant) == ["t005"]
     assert fingerprint(database, "second") == fingerprint(database, "first")
     with database.owner() as conn:

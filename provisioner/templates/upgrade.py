@@ -32,6 +32,14 @@ The checks, in order:
 
 A lock timeout is not a reason to fall back: Alembic would wait for the same lock. The error
 propagates and the queue retries the tenant later with backoff.
+
+Once a replay has passed these checks, the engine's cache keeps it as the **plan** for the
+tree state (:class:`ReplayPlan`): the next tenant of the rollout gets its lock timeout, a guard
+that it is at the plan's start, the version table's revoke, the script and the version read in
+ONE round trip, then the fingerprint (:meth:`UpgradeCache._planned`). Whatever the plan does
+not prove is rolled back to the savepoint and goes through the checks above. Pinned by
+``tests/integration/test_fleet_upgrade.py::
+test_the_next_tenant_replays_the_workers_plan_in_two_round_trips``.
 """
 
 from __future__ import annotations

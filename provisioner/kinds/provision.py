@@ -96,14 +96,17 @@ def _create_schema(tx: Transaction, ctx: step.StepContext) -> str | None:
 
 def _run_tenant_migrations(tx: Transaction, ctx: step.StepContext) -> str | None:
     # A verified replay when it applies (the template for a new schema, the new revisions' DDL
-    # for one behind the head), else Alembic; the detail says which ran and why.
+    # for one behind the head), else Alembic; the detail says which ran and why. A schema this
+    # run did not create (a fleet upgrade's job) tries the engine's last proven upgrade first.
+    taken = spares(ctx).spare_taken
     return ctx.upgrades.migrate(
         tx,
         ctx.tenant.schema,
         lock_timeout_ms=ctx.lock_timeout_ms,
         templates=ctx.templates,
         app_roles=ctx.app_roles,
-        versioned=spares(ctx).spare_taken is True,
+        versioned=taken is True,
+        existing=taken is None,
     )
 
 

@@ -111,6 +111,8 @@ def replay_verified(
     expected: Fingerprint,
     *,
     savepoint: str = SAVEPOINT,
+    before: sql.Composable | None = None,
+    setup: sql.Composable | None = None,
 ) -> str | None:
     """Run ``script`` in ``schema`` under a savepoint and prove the result: None when the
     schema's fingerprint equals ``expected``, else the reason it was rolled back. Only a
@@ -126,12 +128,20 @@ def replay_verified(
     rest (a ``RELEASE`` would be a third round trip, at every tenant of a fleet upgrade), and a
     later savepoint of the same name (another replay in the transaction) nests inside it. A
     replay that does not match is rolled back to it, and the savepoint released.
+
+    ``before`` (statements sent ahead of the savepoint, kept when it is rolled back) and
+    ``setup`` (under the savepoint and the schema's ``search_path``, ahead of the script) ride
+    in the first round trip: a fleet upgrade's planned replay sets its lock timeout, checks
+    the schema's start and revokes the version table's writes there
+    (:meth:`provisioner.templates.upgrade.UpgradeCache.migrate`).
     """
     name = sql.Identifier(savepoint)
     text = (
-        sql.SQL("SAVEPOINT {}; SET LOCAL search_path TO {};\n")
+        (sql.SQL("{};\n").format(before).as_string(tx.pg) if before is not None else "")
+        + sql.SQL("SAVEPOINT {}; SET LOCAL search_path TO {};\n")
         .format(name, sql.Identifier(schema))
         .as_string(tx.pg)
+        + (sql.SQL("{};\n").format(setup).as_string(tx.pg) if setup is not None else "")
         + script
         + sql.SQL("\nSET LOCAL search_path TO DEFAULT; {}")
         .format(tenant_schema.versions_query(schema))

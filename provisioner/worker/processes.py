@@ -168,6 +168,7 @@ def child_main(conn: Connection, settings: Settings, parent_pid: int) -> None:
     holder = holder_id("worker")
     engine = Engine.from_settings(settings, holder)
     try:
+        engine.load_tree()  # Alembic imported before the child says it is ready
         child = _ChildLoop(conn, engine)
         child.send(Ready(holder))
         child.serve()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,6 +18,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic import command as alembic_command
+from psycopg import pq
 
 from provisioner import db, service
 from provisioner.models import JobStatus
@@ -421,6 +423,77 @@ def test_drift_anywhere_in_the_catalog_falls_back_and_ends_as_alembic_leaves_it(
         assert versions(database, tenant) == ["t005"]
         # Rolled back to the savepoint, then Alembic: exactly what Alembic alone leaves.
         assert fingerprint(database, tenant) == fingerprint(database, twins[section])
+
+
+def round_trips_of(conn: psycopg.Connection[Any], work: Callable[[], str]) -> tuple[str, int]:
+    """``work()``'s result and how many round trips it made on ``conn``: the server's
+    ReadyForQuery messages, read from libpq's own trace of the wire."""
+    with tempfile.TemporaryFile() as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            result = work()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        lines = trace.read().decode(errors="replace").splitlines()
+    return result, sum(1 for line in lines if line.split("\t")[:3:2] == ["B", "ReadyForQuery"])
+
+
+def test_the_next_tenant_replays_the_workers_plan_in_two_round_trips(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
+) -> None:
+    """After a proven replay, an engine's cache tries the same plan first on the next schema
+    of a fleet upgrade: guard, revoke, script and version read in one round trip, the
+    fingerprint in a second. A schema not at the plan's start, or drifted, is rolled back to
+    the savepoint and takes the read-first path, which ends as it always did."""
+    provision_fleet(settings, ["first", "second", "ahead", "drifted"])
+    use_tree(monkeypatch, make_tree(tmp_path))
+    alembic_upgrade(database, "ahead")  # at t005 already: the guard refuses the plan
+    with database.owner() as conn:
+        conn.execute("CREATE SCHEMA tenant_fresh")  # no version table: refused too
+        conn.execute("CREATE INDEX hand_made_idx ON tenant_drifted.audit_events (action)")
+        # As a tenant granted by an earlier release: the application role writes the table.
+        conn.execute("GRANT INSERT, UPDATE ON tenant_second.alembic_version TO app_rw")
+    upgrades, templates = UpgradeCache(), TemplateCache()
+    owner = db.Database(database.owner_url)
+    found: dict[str, tuple[str, int]] = {}
+    try:
+        for tenant in ("first", "second", "ahead", "drifted", "fresh"):
+            with owner.transaction() as tx:
+                found[tenant] = round_trips_of(
+                    tx.pg,
+                    lambda: upgrades.migrate(
+                        tx,
+                        f"tenant_{tenant}",  # noqa: B023 (called at once)
+                        lock_timeout_ms=5000,
+                        templates=templates,
+                        app_role=settings.app_role,
+                        existing=True,
+                    ),
+                )
+    finally:
+        owner.close()
+    assert found["first"][0] == "path=replay from=t004 head=t005"
+    assert found["first"][1] > 2  # no plan yet: read first, reference computed and stored
+    assert found["second"] == ("path=replay from=t004 head=t005", 2)
+    assert found["ahead"][0] == "path=current (already at head) head=t005"
+    assert found["drifted"][0].startswith(
+        "path=alembic (fallback: fingerprint mismatch: indexes differ (unexpected ('hand_made_idx'"
+    ), found["drifted"]
+    assert found["fresh"][0].startswith("path=template head=t005"), found["fresh"]
+    for tenant in ("first", "second", "ahead", "drifted", "fresh"):
+        assert versions(database, tenant) == ["t005"]
+    assert fingerprint(database, "second") == fingerprint(database, "first")
+    with database.owner() as conn:
+        writes = conn.execute(
+            "SELECT has_table_privilege('app_rw', 'tenant_second.alembic_version', 'UPDATE')"
+        ).fetchone()
+    assert writes == (False,)
 
 
 def test_a_replay_keeps_the_sessions_prepared_statements_and_search_path(

@@ -472,7 +472,7 @@ def test_the_next_tenant_replays_the_workers_plan_in_two_round_trips(
                         f"tenant_{tenant}",  # noqa: B023 (called at once)
                         lock_timeout_ms=5000,
                         templates=templates,
-                        app_role=settings.app_role,
+                        app_roles=settings.app_roles,
                         existing=True,
                     ),
                 )

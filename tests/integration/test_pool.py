@@ -519,7 +519,7 @@ def test_a_spare_build_pauses_while_the_worker_has_a_job(
     once the worker is idle again the same schema is finished and becomes the ready spare."""
     idle = BusyAtTheFirstBatch()
     keeper = pool.PoolKeeper(
-        fast.owner_url, 1, "test:pool", idle, logging.getLogger("test"), app_role=fast.app_role
+        fast.owner_url, 1, "test:pool", idle, logging.getLogger("test"), app_roles=fast.app_roles
     )
     keeper.start()
     try:
@@ -548,7 +548,7 @@ def test_a_build_paused_past_its_limit_gives_up_and_drops_its_schema(
         "test:pool",
         idle,
         logging.getLogger("test"),
-        app_role=fast.app_role,
+        app_roles=fast.app_roles,
         pause_limit_seconds=0.2,
     )
     keeper.start()

@@ -28,7 +28,9 @@ from provisioner.errors import ConfigurationError, InvalidInput
 __all__ = [
     "DEFAULT_ID_PATTERN",
     "DEFAULT_MAX_LENGTH",
+    "DEFAULT_RULE",
     "DEFAULT_SCHEMA_PATTERN",
+    "RESERVED",
     "SCRATCH_PREFIX",
     "SPARE_PREFIX",
     "TenantNaming",

@@ -17,7 +17,7 @@ from alembic import op
 from provisioner.control_migrations.privileges import for_app_role, grant_to_app_role
 
 revision = "20261202_h24names"
-down_revision = "20261202_h28_rollouts"
+down_revision = "20261202_h29servers"
 branch_labels = None
 depends_on = None
 

@@ -83,19 +83,20 @@ class Tenant:
         through a pooler in transaction mode that refuses them, with each transaction (the
         refusal is remembered, so later connections go straight to that form)."""
         connect_args = dict(kwargs.pop("connect_args", {}))
+        address = db.libpq_address(self.app_url)  # a SQLAlchemy driver suffix dropped
         refused: list[bool] = []
 
         def creator() -> psycopg.Connection[Any]:
             if not refused:
                 try:
                     return psycopg.connect(
-                        self.app_url, options=self.search_path_options, **connect_args
+                        address, options=self.search_path_options, **connect_args
                     )
                 except psycopg.OperationalError as exc:
                     if not db.options_refused(exc):
                         raise
                     refused.append(True)
-            return search_path.connect(self.app_url, self.schema, **connect_args)
+            return search_path.connect(address, self.schema, **connect_args)
 
         return sa.create_engine(DIALECT_URL, creator=creator, **kwargs)
 

@@ -49,11 +49,12 @@ from provisioner.models import Job, JobStatus, TenantId
 from provisioner.queue import journal
 from provisioner.roles import AppRoles
 from provisioner.templates import migrations
-from provisioner.tenant import app_role
+from provisioner.tenant import app_role, checks
 from provisioner.tenant import row as tenants
+from provisioner.tenant.checks import CheckRecord
 from provisioner.tenant.state import INACTIVE, TenantState
 
-__all__ = ["TenantId", "local_pg"]
+__all__ = ["CheckRecord", "TenantId", "local_pg"]
 from provisioner import storage
 from provisioner.kinds.provision import ensure_provision_job
 from provisioner.settings import Settings, tenant_naming
@@ -367,11 +368,17 @@ def list_tenants(
     states: list[TenantState] | None = None,
     behind: bool = False,
     drifted: bool = False,
+    check_now: bool = False,
     include_deleted: bool = False,
 ) -> list[roster.TenantEntry]:
     """The tenants, their state, revision and provisioning status (see :mod:`fleet.roster`)."""
     return roster.list_tenants(
-        settings, states=states, behind=behind, drifted=drifted, include_deleted=include_deleted
+        settings,
+        states=states,
+        behind=behind,
+        drifted=drifted,
+        check_now=check_now,
+        include_deleted=include_deleted,
     )
 
 
@@ -487,10 +494,14 @@ class TenantStatus:
     step_runs: list[queue.StepRunRecord]
     #: every run of the tenant's jobs: job_id, run, job_type, started_by, started_at
     runs: list[queue.JobRunRecord]
+    #: its last stored drift check (None: never checked, or the caller's role may not read it)
+    last_check: checks.CheckRecord | None = None
 
 
 def status(settings: Settings, tenant_id: str) -> TenantStatus:
-    with app_connection(settings) as conn:
+    """Read as the owner when its URL is set (its last drift check is then shown), else as the
+    application role."""
+    with writer_connection(settings) as conn:
         return status_on(conn, TenantId(tenant_id))
 
 
@@ -501,7 +512,8 @@ def status_on(conn: psycopg.Connection[Any], tenant: TenantId) -> TenantStatus:
         if job is None:
             raise UnknownTenant(f"unknown tenant {tenant}: no provisioning job; enqueue it first")
         runs, step_runs = queue.tenant_history(conn, tenant)
-        return TenantStatus(job, tenants.get_tenant(conn, tenant), step_runs, runs)
+        last_check = checks.last_if_readable(conn, tenant.value)
+        return TenantStatus(job, tenants.get_tenant(conn, tenant), step_runs, runs, last_check)
 
 
 def list_jobs(

@@ -139,6 +139,7 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
                     "step_runs": [run_view(run) for run in current.step_runs],
                     "runs": [job_run_view(run) for run in current.runs],
                 }
+                | _check_view(current.last_check)
             )
             return
         snapshot = (job.status, job.progress, job.attempts, job.error_detail)
@@ -146,6 +147,8 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
             render_job(job, kinds.for_settings(settings))
             if current.tenant:
                 click.echo(f"state     {current.tenant.state}")
+            if current.last_check:
+                click.echo(f"check     {_check_line(current.last_check)}")
             render_history(current.runs, current.step_runs)
             return
         if snapshot != last:
@@ -163,3 +166,21 @@ def status(ctx: click.Context, tenant_id: str, as_json: bool, watch: bool, inter
         if job.status.terminal:
             sys.exit(0 if job.status is JobStatus.SUCCEEDED else 1)
         time.sleep(interval)
+
+
+def _check_view(check: service.CheckRecord | None) -> dict[str, Any]:
+    """The last drift check in ``status --json``: absent when the caller may not read it."""
+    if check is None:
+        return {}
+    return {
+        "last_check": {
+            "checked_at": check.checked_at,
+            "outcome": check.outcome,
+            "summary": check.summary or None,
+        }
+    }
+
+
+def _check_line(check: service.CheckRecord) -> str:
+    when = f"{check.checked_at:%Y-%m-%d %H:%M:%S %Z}" if check.checked_at else "-"
+    return f"{check.outcome} at {when}" + (f": {check.summary}" if check.summary else "")

@@ -16,6 +16,7 @@ from provisioner.cli.render import F, StepPrinter, emit_json, fail_cleanly, rend
 from provisioner.errors import InvalidInput
 from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.models import JobStatus
+from provisioner.tenant import checks
 from provisioner.tenant.state import TenantState
 
 
@@ -341,7 +342,12 @@ def tenants_group() -> None:
 @click.option(
     "--drifted",
     is_flag=True,
-    help="Only tenants whose catalog drifted from the head (runs a check of those at head).",
+    help="Only tenants whose last stored check found drift, and those never checked.",
+)
+@click.option(
+    "--check-now",
+    is_flag=True,
+    help="With --drifted: check the tenants at the head first, list only those found drifted.",
 )
 @click.option("--include-deleted", is_flag=True, help="List purged tenants too.")
 @click.option(
@@ -355,18 +361,22 @@ def tenants_list(
     states: tuple[str, ...],
     behind: bool,
     drifted: bool,
+    check_now: bool,
     include_deleted: bool,
     server: str | None,
     as_json: bool,
 ) -> None:
     """Every tenant (purged ones only with --include-deleted or --state deleted): its state,
     the revision its schema records, whether it is behind, its provisioning job's status."""
+    if check_now and not drifted:
+        raise InvalidInput("--check-now goes with --drifted")
     wanted = None if server in (None, servers.CONTROL) else servers.server_name(server)
     found = service.list_tenants(
         settings_of(ctx),
         states=[TenantState(s) for s in states] or None,
         behind=behind,
         drifted=drifted,
+        check_now=check_now,
         include_deleted=include_deleted,
     )
     if server is not None:
@@ -375,7 +385,7 @@ def tenants_list(
     # lists as it always did.
     spread = server is not None or any(e.server is not None for e in found)
     if as_json:
-        emit_json([_entry_view(e, spread) for e in found])
+        emit_json([_entry_view(e, spread, drifted) for e in found])
         return
     if not found:
         click.echo("no tenants")
@@ -390,19 +400,42 @@ def tenants_list(
             f"{'yes' if entry.behind else 'no':<6} "
             f"{entry.job_status.value if entry.job_status else '-':<12}"
             + (f" {entry.server or servers.CONTROL:<20}" if spread else "")
-            + ("  drifted" if entry.drifted else "")
+            + (f"  {_drift_word(entry)}" if drifted else "")
         )
     click.echo(f"{len(found)} tenant(s)")
+    if drifted:
+        click.echo(_last_checked_line(found))
 
 
-def _entry_view(entry: service.TenantEntry, spread: bool) -> dict[str, Any]:
+def _drift_word(entry: service.TenantEntry) -> str:
+    """What ``--drifted`` says of a listed tenant: drifted (and when checked), or never checked."""
+    if entry.last_check is None or entry.last_check.checked_at is None:
+        return checks.NEVER_CHECKED
+    return f"drifted (checked {entry.last_check.checked_at:%Y-%m-%d %H:%M:%S %Z})"
+
+
+def _last_checked_line(found: list[service.TenantEntry]) -> str:
+    stamps = [e.last_check.checked_at for e in found if e.last_check and e.last_check.checked_at]
+    never = sum(1 for e in found if e.last_check is None)
+    newest = f"last check {max(stamps):%Y-%m-%d %H:%M:%S %Z}" if stamps else "no stored check"
+    hint = "; `provisioner check --all` checks them" if never else ""
+    return f"{newest}; {never} tenant(s) never checked{hint}"
+
+
+def _entry_view(entry: service.TenantEntry, spread: bool, drifted: bool) -> dict[str, Any]:
     located = {"server": entry.server or servers.CONTROL} if spread else {}
-    return located | {
-        "tenant_id": entry.tenant_id,
-        "state": entry.state.value,
-        "revision": entry.revision or None,
-        "behind": entry.behind,
-        "provisioning": None if entry.job_status is None else entry.job_status.value,
-        "drifted": entry.drifted,
-        "updated_at": entry.updated_at,
-    }
+    checked = entry.last_check.checked_at if entry.last_check else None
+    drift = {"checked_at": checked} if drifted else {}
+    return (
+        located
+        | drift
+        | {
+            "tenant_id": entry.tenant_id,
+            "state": entry.state.value,
+            "revision": entry.revision or None,
+            "behind": entry.behind,
+            "provisioning": None if entry.job_status is None else entry.job_status.value,
+            "drifted": entry.drifted,
+            "updated_at": entry.updated_at,
+        }
+    )

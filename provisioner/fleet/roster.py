@@ -4,9 +4,12 @@ status and, when asked, whether it has drifted.
 
 Purged (deleted) tenants have left the fleet: they are listed only when asked for
 (``include_deleted``, or a state filter naming ``deleted``). Who is behind costs one read of
-the version tables (:mod:`provisioner.fleet.versions`); drift costs a check
-(:func:`provisioner.fleet.drift.check`: the head built once in a rolled-back transaction, then
-one catalog query per tenant), so it is computed only when asked for.
+the version tables (:mod:`provisioner.fleet.versions`). Drift is read from each tenant's last
+stored check (``control.tenant_checks``, :mod:`provisioner.tenant.checks`): one indexed read,
+whatever the fleet's size, so a tenant never checked is listed as such rather than guessed
+clean. A fresh check (:func:`provisioner.fleet.drift.check`: the head built once in a
+rolled-back transaction, then one catalog query per tenant) runs only when asked for
+(``check_now``); it records its results, which the listing then reads.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings, tenant_naming
 from provisioner.templates import migrations
+from provisioner.tenant import checks
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import TenantState
 
@@ -38,10 +42,12 @@ class TenantEntry:
     #: the provisioning job's status (None: no provisioning job)
     job_status: JobStatus | None
     updated_at: datetime | None
-    #: drifted from the head's shape (None: not checked, or not at the head)
+    #: drifted from the head's shape at its last check (None: not read, or never checked)
     drifted: bool | None = None
     #: the tenant server it lives on (None: the control database)
     server: str | None = None
+    #: its last stored drift check (None: not read, or never checked)
+    last_check: checks.CheckRecord | None = None
 
 
 def list_tenants(
@@ -50,10 +56,13 @@ def list_tenants(
     states: list[TenantState] | None = None,
     behind: bool = False,
     drifted: bool = False,
+    check_now: bool = False,
     include_deleted: bool = False,
 ) -> list[TenantEntry]:
     """The tenants (in ``states``, else all), by tenant id; only those behind the head with
-    ``behind``, only the drifted ones with ``drifted``. Deleted tenants only with
+    ``behind``. With ``drifted``: those whose last stored check found drift, and those never
+    checked (``drifted`` None); with ``check_now`` as well, the tenants at the head are checked
+    first and only those found drifted are listed. Deleted tenants only with
     ``include_deleted`` or when ``states`` names deleted."""
     wanted = list(states or [])
     if not wanted:
@@ -84,13 +93,31 @@ def list_tenants(
         )
     if behind:
         entries = [e for e in entries if e.behind]
+    if drifted and check_now:
+        return _checked_now(settings, entries)
     if drifted:
-        entries = _with_drift(settings, entries)
+        return _with_stored_drift(settings, entries)
     return entries
 
 
-def _with_drift(settings: Settings, entries: list[TenantEntry]) -> list[TenantEntry]:
-    """The entries found drifted by a check of those at the head (the others cannot be)."""
+def _with_stored_drift(settings: Settings, entries: list[TenantEntry]) -> list[TenantEntry]:
+    """The entries whose last stored check found drift, and those never checked."""
+    owner = db.connect(settings.owner_url, application_name="tenants-list", autocommit=True)
+    with closing(owner) as conn, db.translated():
+        stored = checks.last_of(conn, [e.tenant_id for e in entries])
+    listed = []
+    for entry in entries:
+        found = stored.get(entry.tenant_id)
+        if found is None:
+            listed.append(entry)
+        elif found.outcome == "drifted":
+            listed.append(replace(entry, drifted=True, last_check=found))
+    return listed
+
+
+def _checked_now(settings: Settings, entries: list[TenantEntry]) -> list[TenantEntry]:
+    """The entries found drifted by a check of those at the head (the others cannot be),
+    the check recorded as ``provisioner check`` records it."""
     checkable = [
         e.tenant_id
         for e in entries
@@ -98,6 +125,6 @@ def _with_drift(settings: Settings, entries: list[TenantEntry]) -> list[TenantEn
     ]
     if not checkable:
         return []
-    report = drift.check(settings, checkable)
-    found = {t.tenant_id for t in report.drifted}
-    return [replace(e, drifted=True) for e in entries if e.tenant_id in found]
+    drift.check(settings, checkable, checked_by="tenants list --check-now")
+    found = _with_stored_drift(settings, [e for e in entries if e.tenant_id in checkable])
+    return [e for e in found if e.drifted]

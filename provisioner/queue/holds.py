@@ -6,9 +6,12 @@ A halted (or paused) rollout *holds* its queued jobs: a trigger of the control s
 the transaction that records the failure that tripped the brake; a pause
 (:func:`hold_queued`) does the same by hand. A held job is neither failed nor claimable;
 resume puts ``available_at`` back to now, abort marks it succeeded with every step recorded
-(its schema was never touched). The marker is written here and in that trigger only. A tenant
-that leaves the fleet while its upgrade waits is taken out of its rollouts at once
-(:func:`skip_departed_tenant`).
+(its schema was never touched). The marker is written here and in that trigger only. A job
+of a paused rollout queued again (by a worker, or retried by hand from failed or cancelled)
+is held by the trigger ``control.rollout_hold_requeued`` (revisions ``20261202_h28rest`` and
+``20261202_hgaps``), so every statement that queues a job obeys the pause without knowing
+it. A tenant that leaves the fleet while its upgrade waits is taken out of its rollouts at
+once (:func:`skip_departed_tenant`).
 """
 
 from __future__ import annotations

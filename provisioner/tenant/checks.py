@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from provisioner.tenant import catalog
 from provisioner.tenant.catalog import Difference
@@ -58,6 +58,13 @@ SELECT coalesce(c.outcome, '{NEVER_CHECKED}') AS outcome, count(*) AS n,
 
 # One tenant's last check.
 GET = "SELECT * FROM control.tenant_checks WHERE tenant_id = %(tenant)s"
+
+# Whether this connection's role may read the checks: the owner may, app_rw may not (it is
+# asked first, as reading a table without the privilege fails the whole transaction).
+READABLE = "SELECT has_table_privilege('control.tenant_checks', 'SELECT')"
+
+# The named tenants' last checks (``tenants list --drifted`` reads these, checks nothing).
+GET_MANY = "SELECT * FROM control.tenant_checks WHERE tenant_id = ANY(%(tenants)s::text[])"
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,23 @@ def last(conn: Conn, tenant_id: str) -> CheckRecord | None:
         cur.execute(GET, {"tenant": tenant_id})
         row = cur.fetchone()
     return CheckRecord.from_row(row) if row else None
+
+
+def last_if_readable(conn: Conn, tenant_id: str) -> CheckRecord | None:
+    """The tenant's last check when this connection's role may read it (the owner), else None:
+    ``status`` through the application role simply has none to show."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(READABLE)
+        row = cur.fetchone()
+    return last(conn, tenant_id) if row and row[0] else None
+
+
+def last_of(conn: Conn, tenant_ids: list[str]) -> dict[str, CheckRecord]:
+    """The named tenants' last checks, by tenant id (a tenant never checked is absent)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(GET_MANY, {"tenants": tenant_ids})
+        rows = cur.fetchall()
+    return {str(r["tenant_id"]): CheckRecord.from_row(r) for r in rows}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from provisioner import db, naming, queue, service
+from provisioner.db.conninfo import DIALECT_URL
 from provisioner.errors import InvalidInput, ProvisionerError
 from provisioner.kinds.provision import provision_key
 from provisioner.models import TenantId
@@ -78,9 +79,28 @@ class Tenant:
 
     def sqlalchemy_engine(self, **kwargs: Any) -> sa.Engine:
         """A SQLAlchemy engine (psycopg 3) as the application role, ``search_path`` set to the
-        tenant's schema; dispose of it when done."""
-        connect_args = {"options": self.search_path_options, **kwargs.pop("connect_args", {})}
-        return db.engine(self.app_url, connect_args=connect_args, **kwargs)
+        tenant's schema; dispose of it when done.
+
+        Its connections are :meth:`connect`'s: the setting goes in libpq ``options``, or,
+        through a pooler in transaction mode that refuses them, with each transaction (the
+        refusal is remembered, so later connections go straight to that form)."""
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        address = db.libpq_address(self.app_url)  # a SQLAlchemy driver suffix dropped
+        refused: list[bool] = []
+
+        def creator() -> psycopg.Connection[Any]:
+            if not refused:
+                try:
+                    return psycopg.connect(
+                        address, options=self.search_path_options, **connect_args
+                    )
+                except psycopg.OperationalError as exc:
+                    if not db.options_refused(exc):
+                        raise
+                    refused.append(True)
+            return search_path.connect(address, self.schema, **connect_args)
+
+        return sa.create_engine(DIALECT_URL, creator=creator, **kwargs)
 
 
 @dataclass

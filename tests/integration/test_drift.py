@@ -461,3 +461,31 @@ def test_each_check_is_stored_and_the_fleet_page_and_metrics_count_the_drifted(
     assert set(stored_checks(database)) == {"chk_bad", "chk_clean", "chk_never"}
     assert run_cli(settings, "deprovision", "--purge", "--yes", "chk_never").returncode == 0
     assert sum(service.overview(settings).drift.tenants.values()) == 2
+
+
+def test_status_shows_the_last_stored_check_to_the_owner_and_omits_it_for_app_rw(
+    make: Callable[[str], str], settings: Settings, database: Database
+) -> None:
+    make("st_chk")
+    before = run_cli(settings, "status", "st_chk", "--json")
+    assert before.returncode == 0, before.stderr
+    assert "last_check" not in json.loads(before.stdout)  # never checked
+    by_hand(database, "CREATE INDEX st_idx ON tenant_st_chk.audit_events (action)")
+    assert run_cli(settings, "check", "st_chk").returncode == 1
+
+    shown = json.loads(run_cli(settings, "status", "st_chk", "--json").stdout)
+    assert shown["last_check"]["outcome"] == "drifted"
+    assert shown["last_check"]["checked_at"] is not None
+    assert "extra index st_idx" in shown["last_check"]["summary"]
+    text = run_cli(settings, "status", "st_chk")
+    assert text.returncode == 0 and "check     drifted at " in text.stdout
+    # The application role may not read control.tenant_checks: its status simply has none.
+    app_only = {"MIGRATIONS_DATABASE_URL": ""}
+    plain = run_cli(settings, "status", "st_chk", "--json", env=app_only)
+    assert plain.returncode == 0, plain.stderr
+    assert "last_check" not in json.loads(plain.stdout)
+    with database.app() as conn:
+        assert service.status_on(conn, TenantId("st_chk")).last_check is None
+    with database.owner() as conn:
+        found = service.status_on(conn, TenantId("st_chk")).last_check
+    assert found is not None and (found.outcome, found.extra) == ("drifted", 1)

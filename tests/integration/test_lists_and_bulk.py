@@ -106,8 +106,37 @@ def test_tenants_list_filters_and_leaves_purged_tenants_out_of_fleet_views(
 
     with database.owner() as conn:  # a hand-made index on the tenant at the head
         conn.execute("CREATE INDEX hand_made_idx ON tenant_ls_head.audit_events (action)")
-    drifted = listed(settings, "--drifted", env=env)
+    # --drifted reads the stored checks: nothing checked yet, so every tenant is listed as
+    # never checked, not guessed clean.
+    unread = listed(settings, "--drifted", env=env)
+    assert [(t["tenant_id"], t["drifted"], t["checked_at"]) for t in unread] == [
+        ("ls_head", None, None),
+        ("ls_old", None, None),
+        ("ls_paused", None, None),
+    ]
+    said = run_cli(settings, "tenants", "list", "--drifted", env=env)
+    assert "ls_head" in said.stdout and "never checked" in said.stdout
+    assert "no stored check; 3 tenant(s) never checked" in said.stdout
+    # --check-now runs today's full check of those at the head first (and records it).
+    drifted = listed(settings, "--drifted", "--check-now", env=env)
     assert [(t["tenant_id"], t["drifted"]) for t in drifted] == [("ls_head", True)]
+    assert drifted[0]["checked_at"] is not None
+    stored = listed(settings, "--drifted", env=env)
+    assert [(t["tenant_id"], t["drifted"]) for t in stored] == [
+        ("ls_head", True),
+        ("ls_old", None),
+        ("ls_paused", None),
+    ]
+    assert stored[0]["checked_at"] == drifted[0]["checked_at"]
+    with database.owner() as conn:  # repaired by hand: the stored result still says drifted
+        conn.execute("DROP INDEX tenant_ls_head.hand_made_idx")
+    assert next(t["tenant_id"] for t in listed(settings, "--drifted", env=env)) == "ls_head"
+    assert run_cli(settings, "check", "--all", env=env).returncode == 0
+    assert listed(settings, "--drifted", env=env) == []  # all checked, none drifted
+    said = run_cli(settings, "tenants", "list", "--drifted", env=env)
+    assert "no tenants" in said.stdout
+    refused = run_cli(settings, "tenants", "list", "--check-now", env=env)
+    assert refused.returncode == 2 and "--check-now goes with --drifted" in refused.stderr
     text = run_cli(settings, "tenants", "list", env=env)
     assert text.returncode == 0, text.stderr
     assert "ls_gone" not in text.stdout and "3 tenant(s)" in text.stdout

@@ -272,3 +272,49 @@ def test_a_tenant_connection_through_pgbouncer_keeps_its_search_path(
     assert _server_settings(pgbouncer, database, "search_path", role="app_rw") == {
         '"$user", public'
     }
+
+
+def test_a_tenant_sqlalchemy_engine_through_pgbouncer_keeps_its_search_path(
+    pgbouncer: Bouncer, bouncer_env: dict[str, str], database: Database
+) -> None:
+    """The plugin's ``Tenant.sqlalchemy_engine()`` through PgBouncer in transaction mode: its
+    connections are made as ``Tenant.connect()`` makes them, so each transaction, on whichever
+    server connection, sees the tenant's schema alone, unqualified names included, and its
+    statements are never prepared on a server connection."""
+    direct = {
+        **bouncer_env,
+        "MIGRATIONS_DATABASE_URL": database.owner_url,
+        "APP_DATABASE_URL": database.app_url,
+    }
+    provisioned = _cli(direct, "provision", "acme")
+    assert provisioned.returncode == 0, provisioned.stderr
+    url = pgbouncer.url("app_rw", database.name)
+    tenant = Tenant("acme", "tenant_acme", app_url=url, owner_url=database.owner_url)
+    engine = tenant.sqlalchemy_engine(pool_size=1, max_overflow=0)
+    pids = set()
+    try:
+        with psycopg.connect(url) as other:
+            for i in range(ROUNDS):
+                with engine.begin() as conn:
+                    conn.execute(
+                        sa.text("INSERT INTO role_profiles (key, name) VALUES (:k, 'probe')"),
+                        {"k": f"orm_probe_{i}"},
+                    )
+                    assert conn.execute(sa.text("SHOW search_path")).scalar() == "tenant_acme"
+                    pids.add(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar())
+                _backend_pid(other)  # holds the server connection the engine just released
+                with engine.begin() as conn:  # so this transaction runs on another one
+                    assert conn.execute(sa.text("SHOW search_path")).scalar() == "tenant_acme"
+                    pids.add(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar())
+                other.rollback()
+    finally:
+        engine.dispose()
+    assert len(pids) > 1, "the engine's transactions ran on more than one server session"
+    with psycopg.connect(database.owner_url) as owner:
+        count = owner.execute(
+            "SELECT count(*) FROM tenant_acme.role_profiles WHERE key LIKE 'orm_probe%'"
+        ).fetchone()
+    assert count == (ROUNDS,)
+    assert _server_settings(pgbouncer, database, "search_path", role="app_rw") == {
+        '"$user", public'
+    }

@@ -546,3 +546,46 @@ def test_a_paused_rollout_holds_a_job_queued_again_and_its_brake_still_counts(
     code, view = watch_json(settings, env)
     assert view["rollout"]["state"] == "halted" and code == 1
     assert view["phases"] == {"held": 2, "failed": 1}
+
+
+def test_a_job_retried_by_hand_while_its_rollout_is_paused_is_held_until_resume(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fleet: Callable[[list[str]], None],
+) -> None:
+    """``jobs retry`` (one job, or ``--failed``) moves a job from failed to queued: the hold
+    trigger sees that move too, so a paused rollout still starts nothing until resume."""
+    fleet(["pr_a", "pr_b", "pr_c"])
+    env = use_tree(tmp_path, monkeypatch, ADD_SOURCE)
+    assert run_cli(settings, "upgrade", "--all", "--max-failures", "3", env=env).returncode == 0
+    assert run_cli(settings, "rollouts", "pause", "1", env=env).returncode == 0
+    with database.owner() as conn:  # two attempts fail for good (the brake's 1st and 2nd)
+        conn.execute(
+            "UPDATE control.platform_jobs SET status = 'running' WHERE tenant_id <> 'pr_c'"
+        )
+        conn.execute(
+            "UPDATE control.platform_jobs SET status = 'failed', error_detail = 'bad' "
+            "WHERE tenant_id <> 'pr_c'"
+        )
+    _, view = watch_json(settings, env)
+    assert view["rollout"]["state"] == "paused"
+    assert view["phases"] == {"held": 1, "failed": 2}
+
+    job_a = kind_job(database, "pr_a", "provision_tenant")["id"]
+    one = run_cli(settings, "jobs", "retry", str(job_a))
+    assert one.returncode == 0, one.stderr
+    every = run_cli(settings, "jobs", "retry", "--failed")
+    assert every.returncode == 0, every.stderr
+    _, view = watch_json(settings, env)
+    assert view["rollout"]["state"] == "paused" and view["phases"] == {"held": 3}
+    worker_once(settings, env)  # nothing is claimable while paused
+    assert jobs_by_status(database) == {"queued": 3}
+
+    resumed = run_cli(settings, "rollouts", "resume", "1", env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "3 held job(s) released" in resumed.stdout
+    worker_once(settings, env)
+    assert rollout_row(database)["state"] == "completed"
+    assert all(versions(database, t) == ["t005"] for t in ("pr_a", "pr_b", "pr_c"))

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -16,7 +19,7 @@ import psycopg
 from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
 from provisioner.testing import BOOTSTRAP_LOCK_KEY
-from tests.conftest import ROOT, Database, Server, run_cli
+from tests.conftest import ROOT, Database, Server, create_database, drop_database, run_cli
 
 PROJECT = ROOT / "tests" / "second_template"
 #: The revision a fleet upgrade adds to the tree (kept outside the tree until then).
@@ -37,6 +40,18 @@ def add_readonly_role(server: Server, database: Database) -> str:
         with psycopg.connect(database.admin_url, autocommit=True) as conn:
             local_pg.add_app_roles(conn, (READONLY_ROLE,))
     return server.url(READONLY_ROLE, database.name)
+
+
+@contextmanager
+def own_database(server: Server, prefix: str) -> Iterator[Database]:
+    """A database of its own for a module, with the project's readonly role; dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    database = create_database(server, name)
+    add_readonly_role(server, database)
+    try:
+        yield database
+    finally:
+        drop_database(server, name)
 
 
 def copy_project(target: Path) -> Path:

@@ -8,7 +8,6 @@ One database for the module: each case has a tenant of its own beside the clean 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +16,10 @@ import pytest
 from provisioner.kinds.provision import STEPS
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
-from tests.conftest import Database, Server, create_database, drop_database
+from tests.conftest import Database, Server
 from tests.second_template import (
-    add_readonly_role,
     copy_project,
+    own_database,
     project_env,
     provision,
     record_naming,
@@ -37,13 +36,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def crash_database(pg_server: Server) -> Iterator[Database]:
-    name = f"c_{uuid.uuid4().hex[:12]}"
-    database = create_database(pg_server, name)
-    add_readonly_role(pg_server, database)
-    try:
+    with own_database(pg_server, "c") as database:
         yield database
-    finally:
-        drop_database(pg_server, name)
 
 
 @pytest.fixture(scope="module")

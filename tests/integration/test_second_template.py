@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,13 +24,14 @@ import pytest
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from provisioner.testing import SERVER_URL_ENV
-from tests.conftest import Database, Server, create_database, drop_database
+from tests.conftest import Database, Server
 from tests.second_template import (
     PROJECT,
     add_readonly_role,
     add_upgrade,
     cli,
     copy_project,
+    own_database,
     project_env,
     provision,
     record_naming,
@@ -47,13 +47,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def module_database(pg_server: Server) -> Iterator[Database]:
-    name = f"s_{uuid.uuid4().hex[:12]}"
-    database = create_database(pg_server, name)
-    add_readonly_role(pg_server, database)
-    try:
+    with own_database(pg_server, "s") as database:
         yield database
-    finally:
-        drop_database(pg_server, name)
 
 
 @pytest.fixture(scope="module")

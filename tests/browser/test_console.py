@@ -203,6 +203,8 @@ def test_every_page_a_live_rollout_and_actions_without_and_with_the_token(
     # One tenant: every run, attempt and step.
     browser.get(console.url + "/tenants/con_a")
     assert text(browser, "#tenant-state") in ("onboarding", "active")
+    assert text(browser, "#tenant-server") == "control"  # no tenant servers in this fleet
+    assert "never checked" in text(browser, "#tenant-check")
     started_by = all_text(browser, ".started-by")
     assert started_by[:1] == ["upgrade"] and len(started_by) == len(
         runs_started_by(database, "con_a")

@@ -112,7 +112,28 @@ def run_batch_or_one(
     if len(tenant_ids) == 1 and from_file is None and not states:
         run_lifecycle(ctx, tenant_ids[0], job_type, as_json=as_json, queue_only=queue_only)
         return
-    ids = [*tenant_ids, *read_ids(from_file)]
+    run_ids(
+        ctx,
+        [*tenant_ids, *read_ids(from_file)],
+        states,
+        job_type,
+        as_json=as_json,
+        queue_only=queue_only,
+        concurrency=concurrency,
+    )
+
+
+def run_ids(
+    ctx: click.Context,
+    ids: list[str],
+    states: tuple[str, ...],
+    job_type: str,
+    *,
+    as_json: bool,
+    queue_only: bool,
+    concurrency: int,
+) -> None:
+    """Tenants named (and those in ``states``) as one batch; naming none is refused."""
     if not ids and not states:
         raise InvalidInput("name tenants, --from-file PATH or --state S")
     run_batch(
@@ -306,22 +327,18 @@ def deprovision(
     if purge and not yes:
         if not sys.stdin.isatty() or from_file is not None:
             raise InvalidInput("--purge drops the tenants' data: pass --yes to confirm")
-        what = f"schema tenant_{ids[0]}" if len(ids) == 1 and not states else "the tenants' schemas"
+        what = (
+            f"schema {service.TenantId(ids[0]).schema}"
+            if len(ids) == 1 and not states
+            else "the tenants' schemas"
+        )
         click.confirm(f"Drop {what} and every row in it? This cannot be undone", abort=True)
     job_type = tenant_lifecycle.PURGE_JOB_TYPE if purge else tenant_lifecycle.DEPROVISION_JOB_TYPE
     if len(ids) == 1 and from_file is None and not states:
         run_lifecycle(ctx, ids[0], job_type, as_json=as_json, queue_only=queue_only)
         return
-    if not ids and not states:
-        raise InvalidInput("name tenants, --from-file PATH or --state S")
-    run_batch(
-        ctx,
-        ids,
-        [TenantState(s) for s in states],
-        job_type,
-        as_json=as_json,
-        queue_only=queue_only,
-        concurrency=concurrency,
+    run_ids(
+        ctx, ids, states, job_type, as_json=as_json, queue_only=queue_only, concurrency=concurrency
     )
 
 

@@ -20,6 +20,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 import psycopg
 import pytest
@@ -39,6 +40,28 @@ DRAIN_DEADLINE_SECONDS = 240
 #: For the formation's own orchestration (the old primary's pg_rewind and catch-up, the
 #: switchover settling): about 1-2 minutes, and past 180 s twice on a busy machine.
 FORMATION_DEADLINE_SECONDS = 360
+
+
+#: A worker of two children logging JSON lines.
+WORKER_COMMAND = [
+    sys.executable,
+    "-m",
+    "provisioner",
+    "worker",
+    "--log-format=json",
+    "--concurrency=2",
+]
+
+
+def start_worker(env: dict[str, str], log: IO[str]) -> subprocess.Popen[bytes]:
+    """A worker of two children, logging JSON lines to ``log``, in a session of its own."""
+    return subprocess.Popen(
+        WORKER_COMMAND,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _env(formation: Formation, tmp: Path) -> dict[str, str]:
@@ -160,22 +183,7 @@ def test_a_primary_crash_mid_drain_loses_nothing_and_the_old_primary_rejoins(
             provisioner.enqueue(conn, f"t{i:03d}")
 
     log = (tmp_path / "worker.log").open("w")
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "provisioner",
-            "worker",
-            "--log-format",
-            "json",
-            "--concurrency",
-            "2",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    worker = start_worker(env, log)
     probe = WriteProbe(formation.superuser_url(DATABASE))
     try:
         deadline = time.monotonic() + DRAIN_DEADLINE_SECONDS
@@ -276,22 +284,7 @@ def _switchover_during_a_rollout(formation: Formation, env: dict[str, str], tmp:
     tenant template head: every tenant reaches it, no job fails, no step run stays open."""
     env = {**env, TENANT_TREE_ENV: str(make_tree(tmp))}
     with (tmp / "worker-rollout.log").open("w") as log:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "provisioner",
-                "worker",
-                "--log-format",
-                "json",
-                "--concurrency",
-                "2",
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        worker = start_worker(env, log)
     try:
         started = _cli(env, "upgrade", "--all")
         assert started.returncode == 0, started.stderr

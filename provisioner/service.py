@@ -40,6 +40,7 @@ from provisioner.errors import (
     WrongState,
 )
 from provisioner.fleet import bulk, drift, rollout, roster
+from provisioner.fleet import health as fleet_health
 from provisioner.fleet import overview as fleet_overview
 from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.kinds import repair as repair_kind
@@ -580,11 +581,8 @@ def check_storage(settings: Settings) -> dict[str, Any]:
 
 
 def health(settings: Settings) -> heartbeats.HealthReport:
-    required = {settings.worker_component: frozenset(kinds.worker_job_types(settings))}
-    application_kinds = kinds.for_settings(settings).application_kinds
-    with app_connection(settings) as conn:
-        report = heartbeats.readiness(conn, required, settings.heartbeat_seconds, application_kinds)
-        return replace(report, servers=tuple(servers.loads(conn)))
+    """Readiness, and each tenant server's load and reach (:mod:`provisioner.fleet.health`)."""
+    return fleet_health.health(settings)
 
 
 # -- the console's reads -------------------------------------------------------------------

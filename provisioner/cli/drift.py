@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
-from provisioner import kinds, service
+from provisioner import kinds, servers, service
 from provisioner.cli.options import settings_of
 from provisioner.cli.render import StepPrinter, emit_json, fail_cleanly
 from provisioner.errors import InvalidInput
-from provisioner.fleet.drift import DriftReport, TenantCheck, TenantDrift
+from provisioner.fleet.drift import DriftReport, ServerCheck, TenantCheck, TenantDrift
 from provisioner.models import JobStatus
 from provisioner.templates import migrations
 from provisioner.tenant import catalog
@@ -46,15 +46,17 @@ def check(ctx: click.Context, tenant_ids: tuple[str, ...], every: bool, as_json:
     Lists, per tenant, the missing, extra and altered objects: tables, columns, constraints,
     indexes, sequences, views, functions, triggers, types, policies, rules, owners and
     privileges. A suspended or archived tenant is expected without app_rw's privileges.
-    Exit 0 clean (or only behind), 1 drift found or the database unreachable, 2 bad input,
-    3 unknown tenant.
+    Tenants on tenant servers are checked on their server, a few servers at once; a server
+    that is down is reported and its tenants counted unchecked, the others checked.
+    Exit 0 clean (or only behind), 1 drift found, a tenant server down or the database
+    unreachable, 2 bad input, 3 unknown tenant.
     """
     report = service.check(settings_of(ctx), _targets(tenant_ids, every))
     if as_json:
         emit_json(report_view(report))
     else:
         render_report(report)
-    sys.exit(1 if report.drifted else 0)
+    sys.exit(1 if report.drifted or report.down else 0)
 
 
 def _value(value: Any) -> str:
@@ -106,35 +108,69 @@ def tenant_view(tenant: TenantDrift) -> dict[str, Any]:
     }
 
 
+def _several(report: DriftReport) -> bool:
+    """Whether the check reached a tenant server (a single-server report stays as it was)."""
+    return any(s.server != servers.CONTROL for s in report.servers)
+
+
 def report_view(report: DriftReport) -> dict[str, Any]:
-    return {
+    view = {
         "heads": sorted(report.heads),
         "checked": len(report.tenants),
         "counts": report.counts,
         "tenants": [tenant_view(t) for t in report.tenants],
     }
+    if _several(report):
+        view["unchecked"] = sum(len(s.unchecked) for s in report.servers)
+        view["servers"] = [s.view() for s in report.servers]
+    return view
 
 
 def render_report(report: DriftReport) -> None:
     counts = ", ".join(f"{n} {state}" for state, n in report.counts.items() if n)
+    unchecked = sum(len(s.unchecked) for s in report.servers)
     click.echo(
         f"tenant template head {migrations.head_label(report.heads)}: "
-        f"{len(report.tenants)} tenant(s) checked" + (f": {counts}" if counts else "")
+        f"{len(report.tenants)} tenant(s) checked"
+        + (f": {counts}" if counts else "")
+        + (f"; {unchecked} unchecked (server down)" if unchecked else "")
     )
-    for tenant in report.tenants:
-        render_tenant(tenant)
+    if not _several(report):
+        for tenant in report.tenants:
+            render_tenant(tenant)
+        return
+    for section in report.servers:
+        render_server(section)
+        held = set(section.checked)
+        for tenant in report.tenants:
+            if tenant.tenant_id in held:
+                render_tenant(tenant, indent="  ")
 
 
-def render_tenant(tenant: TenantDrift) -> None:
+def render_server(section: ServerCheck) -> None:
+    if section.problem is not None:
+        click.echo(
+            f"server {section.server}: DOWN, {len(section.unchecked)} tenant(s) unchecked "
+            f"({section.problem})"
+        )
+        return
+    counts = ", ".join(f"{n} {state}" for state, n in section.counts.items() if n)
+    click.echo(
+        f"server {section.server}: {section.tenants} tenant(s) checked"
+        + (f": {counts}" if counts else "")
+    )
+
+
+def render_tenant(tenant: TenantDrift, indent: str = "") -> None:
     if tenant.state is TenantCheck.BEHIND:
         at = migrations.head_label(tenant.versions)
-        click.echo(f"{tenant.tenant_id}: behind (at {at}; see `provisioner upgrade`)")
+        click.echo(f"{indent}{tenant.tenant_id}: behind (at {at}; see `provisioner upgrade`)")
     if tenant.state is not TenantCheck.DRIFTED:
         return
     counts = ", ".join(f"{n} {change}" for change, n in tenant.counts.items() if n)
-    click.echo(f"{tenant.tenant_id}: drifted ({counts}; compared with {tenant.expects})")
+    click.echo(f"{indent}{tenant.tenant_id}: drifted ({counts}; compared with {tenant.expects})")
     for difference, within in catalog.fold(list(tenant.differences)):
-        click.echo(f"  {finding_line(difference, within)}")
+        click.echo(f"{indent}  {finding_line(difference, within)}")
 
 
 # -- repair -------------------------------------------------------------------------------------

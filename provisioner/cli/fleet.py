@@ -78,7 +78,8 @@ def upgrade(
     Run it after a release that adds tenant_template revisions (migrate, roll the workers,
     then upgrade --all). Only run_tenant_migrations runs again, in place. Exit 0 done,
     1 the canary failed (--then-all) or the watched rollout halted, was aborted or has a
-    failed tenant, 2 bad input or no rollout to resume/abort, 3 unknown tenant.
+    failed tenant, or a tenant server was down (the others' tenants queued, its own neither
+    read nor queued), 2 bad input or no rollout to resume/abort, 3 unknown tenant.
     """
     levers = [
         name for name, on in (("--resume", resume), ("--abort", abort), ("--watch", watch)) if on
@@ -109,6 +110,8 @@ def upgrade(
         print_upgrade(report, details)
     if report.rollout_id is not None and canary is not None and canary < len(report.behind):
         follow_canary(settings, report.rollout_id, canary, then_all=then_all, as_json=as_json)
+    if report.down:
+        sys.exit(1)  # what could be read was queued; the down server's tenants were not
 
 
 def pull_lever(
@@ -173,6 +176,17 @@ def print_upgrade(report: service.UpgradeReport, details: bool) -> None:
         click.echo(f"  {item.job.tenant_id:<24} at {at_label:<20} {item.action}  job {item.job.id}")
     if len(report.behind) > len(shown):
         click.echo(f"  ... and {len(report.behind) - len(shown)} more (--details lists them all)")
+    for server in report.servers:
+        if server.problem is not None:
+            click.echo(
+                f"server {server.server}: DOWN, {server.unread} tenant(s) not read nor queued "
+                f"({server.problem})"
+            )
+        else:
+            click.echo(
+                f"server {server.server}: {server.checked} tenant(s) checked, "
+                f"{server.behind} behind"
+            )
     if report.skipped:
         names = ", ".join(f"{s.tenant_id} ({s.state})" for s in report.skipped[:LISTED])
         more = len(report.skipped) - LISTED
@@ -217,4 +231,4 @@ def upgrade_view(report: service.UpgradeReport) -> dict[str, Any]:
         ],
         "skipped": [{"tenant_id": s.tenant_id, "state": s.state} for s in report.skipped],
         "rollout_id": report.rollout_id,
-    }
+    } | ({"servers": [s.view() for s in report.servers]} if report.servers else {})

@@ -384,7 +384,10 @@ def tenants_list(
     as_json: bool,
 ) -> None:
     """Every tenant (purged ones only with --include-deleted or --state deleted): its state,
-    the revision its schema records, whether it is behind, its provisioning job's status."""
+    the revision its schema records, whether it is behind, its provisioning job's status.
+
+    A tenant on a tenant server has its revision read there; a server that is down is named
+    on stderr and its tenants listed with no revision (exit 0 all the same)."""
     if check_now and not drifted:
         raise InvalidInput("--check-now goes with --drifted")
     wanted = None if server in (None, servers.CONTROL) else servers.server_name(server)
@@ -403,6 +406,7 @@ def tenants_list(
     spread = server is not None or any(e.server is not None for e in found)
     if as_json:
         emit_json([_entry_view(e, spread, drifted) for e in found])
+        _report_down(found)
         return
     if not found:
         click.echo("no tenants")
@@ -422,6 +426,21 @@ def tenants_list(
     click.echo(f"{len(found)} tenant(s)")
     if drifted:
         click.echo(_last_checked_line(found))
+    _report_down(found)
+
+
+def _report_down(found: list[service.TenantEntry]) -> None:
+    """One line on stderr per tenant server that could not be read (its tenants' revisions
+    are unknown), after the list."""
+    down: dict[str, tuple[str, int]] = {}
+    for entry in found:
+        if entry.server is not None and entry.server_down is not None:
+            _, count = down.get(entry.server, (entry.server_down, 0))
+            down[entry.server] = (entry.server_down, count + 1)
+    for server, (why, count) in sorted(down.items()):
+        click.echo(
+            f"server {server}: DOWN, {count} tenant(s) with no revision read ({why})", err=True
+        )
 
 
 def _drift_word(entry: service.TenantEntry) -> str:
@@ -440,7 +459,11 @@ def _last_checked_line(found: list[service.TenantEntry]) -> str:
 
 
 def _entry_view(entry: service.TenantEntry, spread: bool, drifted: bool) -> dict[str, Any]:
-    located = {"server": entry.server or servers.CONTROL} if spread else {}
+    located = (
+        {"server": entry.server or servers.CONTROL, "server_reachable": entry.server_down is None}
+        if spread
+        else {}
+    )
     checked = entry.last_check.checked_at if entry.last_check else None
     drift = {"checked_at": checked} if drifted else {}
     return (

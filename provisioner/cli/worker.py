@@ -122,7 +122,10 @@ def health(
     job_types: str | None,
     check_storage: bool,
 ) -> None:
-    """Ready (exit 0) when the worker's heartbeat is fresh and advertises its job types."""
+    """Ready (exit 0) when the worker's heartbeat is fresh and advertises its job types.
+
+    Lists each tenant server's status and tenants and, with the owner's URL, whether the owner
+    reaches it now (a server that is down is listed, not a reason for exit 1)."""
     settings = for_component(settings_of(ctx), component, job_types)
     report = service.health(settings)
     view = report.view()
@@ -148,7 +151,10 @@ def health(
         for server in report.servers:
             room = "" if server.capacity is None else f" of {server.capacity}"
             load = f"{server.placed}{room} tenants"
-            click.echo(f"tenant server {server.name}: {server.status}, {load}")
+            reach = report.reach_of(server.name)
+            state = "" if not reach else ", reachable" if reach["reachable"] else ", DOWN"
+            why = f" ({reach['problem']})" if reach.get("problem") else ""
+            click.echo(f"tenant server {server.name}: {server.status}, {load}{state}{why}")
         if check_storage:
             click.echo(
                 f"object store: {'ready' if view['storage']['ready'] else 'NOT READY'} "

@@ -85,9 +85,21 @@ class HealthReport:
     database: Replication | None = None
     #: the tenant servers of the directory (none: every tenant is on the control database)
     servers: tuple[ServerLoad, ...] = ()
+    #: each server's reach by the owner: None reached, else why not (empty: not tried)
+    reached: dict[str, str | None] = field(default_factory=dict)
+
+    def reach_of(self, server: str) -> dict[str, Any]:
+        """``reachable`` and ``problem`` of a server, when the owner tried it."""
+        if server not in self.reached:
+            return {}
+        return {"reachable": self.reached[server] is None, "problem": self.reached[server]}
 
     def view(self) -> dict[str, Any]:
-        located = {"servers": [s.view() for s in self.servers]} if self.servers else {}
+        located = (
+            {"servers": [s.view() | self.reach_of(s.name) for s in self.servers]}
+            if self.servers
+            else {}
+        )
         return located | {
             "ready": self.ready,
             "database": None if self.database is None else self.database.view(),

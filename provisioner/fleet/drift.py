@@ -18,7 +18,13 @@ Each check is recorded per tenant (when, its outcome, its counts and a short sum
 written.
 
 Every connection gives up after the connect timeout (:data:`provisioner.db.SA_CONNECT_ARGS`):
-a silent or unreachable server fails ``check`` in one line instead of hanging it.
+a silent or unreachable control database fails ``check`` in one line instead of hanging it.
+
+Tenants on tenant servers are read on their own server, through the fan-out
+(:mod:`provisioner.servers.fanout`: one owner session per server, a bounded number of servers
+at once, every tenant of a server over its one session). A tenant server that is down is
+reported (:attr:`DriftReport.servers`), its tenants counted as unchecked and their stored
+checks left as they were; the other servers are checked and recorded.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import psycopg
 import sqlalchemy as sa
 from psycopg.rows import tuple_row
 
-from provisioner import db, queue
+from provisioner import db, queue, servers
 from provisioner.control.schema import require_control_at_head
 from provisioner.errors import UnknownTenant
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
@@ -86,9 +92,40 @@ class TenantDrift:
 
 
 @dataclass(frozen=True)
+class ServerCheck:
+    """One server's part of a check: its tenants checked (by outcome), or, when it was down,
+    why, and the tenants left unchecked."""
+
+    server: str
+    tenants: int
+    counts: dict[str, int]
+    problem: str | None = None
+    unchecked: tuple[str, ...] = ()
+    #: the tenants checked there
+    checked: tuple[str, ...] = ()
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "reachable": self.problem is None,
+            "problem": self.problem,
+            "tenants": self.tenants,
+            "counts": self.counts,
+            "unchecked": list(self.unchecked),
+        }
+
+
+@dataclass(frozen=True)
 class DriftReport:
     heads: frozenset[str]
     tenants: list[TenantDrift] = field(default_factory=list)
+    #: each server that holds a tenant of the check (the control database as ``control``)
+    servers: list[ServerCheck] = field(default_factory=list)
+
+    @property
+    def down(self) -> list[ServerCheck]:
+        """The servers that could not be reached: their tenants are unchecked."""
+        return [s for s in self.servers if s.problem is not None]
 
     @property
     def drifted(self) -> list[TenantDrift]:
@@ -124,8 +161,9 @@ def check(
     settings: Settings, tenant_ids: list[str] | None = None, *, checked_by: str = "check"
 ) -> DriftReport:
     """Compare each provisioned tenant (all but the purged, or the named ones) with the head,
-    and record each one's result (:mod:`provisioner.tenant.checks`, one statement at the
-    end): the console's and the metrics' drift figures read it."""
+    each on its own server (:mod:`provisioner.servers.fanout`), and record each checked
+    tenant's result (:mod:`provisioner.tenant.checks`, one statement at the end): the console's
+    and the metrics' drift figures read it. A server that is down is reported, not raised."""
     wanted = None if tenant_ids is None else [TenantId(t) for t in tenant_ids]
     heads = migrations.tenant_heads()
     owner = db.connect(settings.owner_url, application_name="check", autocommit=True)
@@ -137,23 +175,61 @@ def check(
         unknown = sorted({t.value for t in wanted or []} - set(known))
         if unknown:
             raise UnknownTenant(f"unknown tenant(s) {', '.join(unknown)}: no provisioning job")
-        head = expected_inventory(settings)
-        results = []
+        placed = servers.servers_of(conn)
+        by_server: dict[str, list[str]] = {}
         for tenant_id in known:
-            result = check_tenant(
-                conn,
-                TenantId(tenant_id),
-                heads,
-                head,
-                settings.app_roles,
-                job=jobs.get(tenant_id),
-                lifecycle=states.get(tenant_id),
-            )
-            if result.state is TenantCheck.DELETED and wanted is None:
-                continue  # purged tenants are out of the fleet's view
-            results.append(result)
+            by_server.setdefault(placed.get(tenant_id, servers.CONTROL), []).append(tenant_id)
+        found = servers.directory(conn) if placed else servers.Directory([], 0)
+        head = expected_inventory(settings)
+
+        def check_server(on: psycopg.Connection[Any], target: servers.Target) -> list[TenantDrift]:
+            return [
+                check_tenant(
+                    on,
+                    TenantId(tenant_id),
+                    heads,
+                    head,
+                    settings.app_roles,
+                    job=jobs.get(tenant_id),
+                    lifecycle=states.get(tenant_id),
+                )
+                for tenant_id in by_server[target.name]
+            ]
+
+        reached = servers.fan_out(
+            servers.targets(found, settings.owner_url, by_server),
+            check_server,
+            application_name="check",
+            control=conn,
+        )
+        results, sections = _gathered(reached, by_server, every=wanted is None)
         checks.record(conn, [stored(r) for r in results if r.state in STORED], checked_by)
-    return DriftReport(heads, results)
+    return DriftReport(heads, sorted(results, key=lambda r: r.tenant_id), sections)
+
+
+def _gathered(
+    reached: dict[str, servers.Reached[list[TenantDrift]]],
+    by_server: dict[str, list[str]],
+    *,
+    every: bool,
+) -> tuple[list[TenantDrift], list[ServerCheck]]:
+    """The checked tenants (purged ones left out of ``--all``), and each server's section."""
+    results: list[TenantDrift] = []
+    sections = []
+    for name, outcome in reached.items():
+        if outcome.result is None:
+            unchecked = tuple(by_server[name])
+            sections.append(ServerCheck(name, 0, {}, outcome.problem, unchecked))
+            continue
+        kept = [
+            r for r in outcome.result if not (r.state is TenantCheck.DELETED and every)
+        ]  # purged tenants are out of the fleet's view
+        results.extend(kept)
+        found = Counter(r.state for r in kept)
+        counts = {s.value: found[s] for s in TenantCheck}
+        checked = tuple(r.tenant_id for r in kept)
+        sections.append(ServerCheck(name, len(kept), counts, checked=checked))
+    return results, sections
 
 
 #: Outcomes recorded in ``control.tenant_checks`` (a purged tenant has nothing to check).
@@ -231,8 +307,15 @@ def plans(settings: Settings, report: DriftReport) -> list[TenantPlan]:
     owner = db.connect(settings.owner_url, application_name="repair", autocommit=True)
     with closing(owner) as conn, db.translated():
         me = tenant_schema.schema_owner(conn, "")[1]
+        placed = servers.servers_of(conn)
         for tenant in report.drifted:
-            out.append(TenantPlan(tenant.tenant_id, tenant, _plan(conn, tenant, me)))
+            server = placed.get(tenant.tenant_id)
+            if server is not None:  # its catalog is on its own server, read by check only
+                why = f"it lives on tenant server {server}: repair runs on the control database"
+                plan = repairs.Plan([], [repairs.LeftAlone("every difference", why)])
+            else:
+                plan = _plan(conn, tenant, me)
+            out.append(TenantPlan(tenant.tenant_id, tenant, plan))
     return out
 
 

@@ -10,6 +10,10 @@ whatever the fleet's size, so a tenant never checked is listed as such rather th
 clean. A fresh check (:func:`provisioner.fleet.drift.check`: the head built once in a
 rolled-back transaction, then one catalog query per tenant) runs only when asked for
 (``check_now``); it records its results, which the listing then reads.
+
+A tenant on a tenant server has its version read there (the fan-out of
+:func:`provisioner.fleet.versions.read_versions_by_server`); when that server is down, the
+tenant is listed with its revision unknown and the reason (``server_down``), not dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from datetime import datetime
 from provisioner import db, queue
 from provisioner.control.schema import require_control_at_head
 from provisioner.fleet import drift
-from provisioner.fleet.versions import read_versions
+from provisioner.fleet.versions import read_versions_by_server
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings, tenant_naming
@@ -48,6 +52,8 @@ class TenantEntry:
     server: str | None = None
     #: its last stored drift check (None: not read, or never checked)
     last_check: checks.CheckRecord | None = None
+    #: why its tenant server could not be read (None: read; its revision is then unknown)
+    server_down: str | None = None
 
 
 def list_tenants(
@@ -75,10 +81,13 @@ def list_tenants(
         naming = tenant_naming()  # once: each TenantId below is checked against it
         ids = [TenantId(t.tenant_id, naming) for t in found]
         jobs = {str(j.tenant_id): j for j in queue.latest_jobs(conn, PROVISION_JOB_TYPE, ids)}
-    versions = read_versions(settings.owner_url, [t.schema for t in ids]) if ids else {}
+    by_server: dict[str | None, list[str]] = {}
+    for tenant in found:
+        by_server.setdefault(tenant.server, []).append(naming.schema(tenant.tenant_id))
+    read = read_versions_by_server(settings.owner_url, by_server)
     entries = []
     for tenant in found:
-        recorded = versions.get(naming.schema(tenant.tenant_id))  # checked above
+        recorded = read.found.get(naming.schema(tenant.tenant_id))  # checked above
         job = jobs.get(tenant.tenant_id)
         entries.append(
             TenantEntry(
@@ -89,6 +98,7 @@ def list_tenants(
                 job.status if job is not None else None,
                 tenant.updated_at,
                 server=tenant.server,
+                server_down=read.down.get(tenant.server or ""),
             )
         )
     if behind:

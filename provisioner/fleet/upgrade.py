@@ -5,6 +5,12 @@ A worker then re-runs the migration step alone for each queued tenant, replaying
 revisions' DDL when :mod:`provisioner.templates.upgrade` can verify it, else through Alembic.
 Tenants whose lifecycle state is suspended, archived or deleted are left alone and reported
 (deleted ones only when asked: a purged tenant has left the fleet for good).
+
+A tenant on a tenant server has its version read on that server (the fan-out of
+:func:`provisioner.fleet.versions.read_versions_by_server`), and is queued like any other (its
+job runs on its server). A tenant server that is down is reported per server
+(:attr:`UpgradeReport.servers`): its tenants are neither checked nor queued, and a later
+``upgrade --all`` finds them.
 """
 
 from __future__ import annotations
@@ -12,16 +18,22 @@ from __future__ import annotations
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from provisioner import db, queue
+from provisioner import db, queue, servers
 from provisioner.control.schema import require_control_at_head
 from provisioner.errors import InvalidInput, UnknownTenant, WrongState
 from provisioner.fleet import rollout
-from provisioner.fleet.versions import UPGRADE_SETTINGS, read_versions, schema_versions
+from provisioner.fleet.versions import (
+    UPGRADE_SETTINGS,
+    ServerVersions,
+    read_versions,
+    read_versions_by_server,
+    schema_versions,
+)
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.settings import Settings, tenant_naming
@@ -54,6 +66,28 @@ class SkippedTenant:
 
 
 @dataclass(frozen=True)
+class ServerUpgrade:
+    """One server's part of a fleet upgrade: its provisioned tenants read and found behind, or,
+    when it was down, why, and how many were left unread (neither checked nor queued)."""
+
+    server: str
+    checked: int
+    behind: int
+    problem: str | None = None
+    unread: int = 0
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "reachable": self.problem is None,
+            "problem": self.problem,
+            "checked": self.checked,
+            "behind": self.behind,
+            "unread": self.unread,
+        }
+
+
+@dataclass(frozen=True)
 class UpgradeReport:
     heads: frozenset[str]
     checked: int
@@ -64,6 +98,12 @@ class UpgradeReport:
     skipped: list[SkippedTenant]
     #: the rollout recorded for the queued tenants (None with ``dry_run`` or nothing behind)
     rollout_id: int | None = None
+    #: each server's part (empty: every tenant on the control database)
+    servers: list[ServerUpgrade] = field(default_factory=list)
+
+    @property
+    def down(self) -> list[ServerUpgrade]:
+        return [s for s in self.servers if s.problem is not None]
 
     def versions_behind(self) -> dict[str, int]:
         """How many tenants are at each older revision, for a summary line."""
@@ -124,17 +164,26 @@ def upgrade(
             skipped = [s for s in skipped if s.state is not TenantState.DELETED]
         jobs = [j for j in jobs if j.tenant_id not in states]
         finished = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
+        placed = servers.servers_of(conn)
+        here = [j for j in finished if j.tenant_id not in placed]
         if early is not None:
             versions = early.result()
         else:
             versions = read_versions(
-                settings.owner_url, [TenantId(str(j.tenant_id), naming).schema for j in finished]
+                settings.owner_url, [TenantId(str(j.tenant_id), naming).schema for j in here]
             )
+        versions = {
+            s: versions[s] for s in (naming.schema(str(j.tenant_id)) for j in here) if s in versions
+        }
+        elsewhere = _read_elsewhere(settings.owner_url, finished, placed)
+        versions.update(elsewhere.found)
+        reachable = [j for j in finished if placed.get(str(j.tenant_id)) not in elsewhere.down]
         behind = [
             (job, versions.get(TenantId(str(job.tenant_id), naming).schema, frozenset()))
-            for job in finished
+            for job in reachable
             if versions.get(TenantId(str(job.tenant_id), naming).schema) != heads
         ]
+        per_server = _per_server(finished, behind, placed, elsewhere.down)
         rollout_id = None
         if dry_run or not behind:
             action = "would queue" if dry_run else "queued"
@@ -157,7 +206,42 @@ def upgrade(
                 for job, v in behind
             ]
     unfinished = [j for j in jobs if j.status is not JobStatus.SUCCEEDED]
-    return UpgradeReport(heads, len(finished), upgrades, unfinished, skipped, rollout_id)
+    return UpgradeReport(
+        heads, len(reachable), upgrades, unfinished, skipped, rollout_id, per_server
+    )
+
+
+def _read_elsewhere(owner_url: str, finished: list[Job], placed: dict[str, str]) -> ServerVersions:
+    """The versions of the tenants on tenant servers, each read on its server (a server down
+    is named, its tenants absent)."""
+    naming = tenant_naming()
+    by_server: dict[str | None, list[str]] = {}
+    for job in finished:
+        server = placed.get(str(job.tenant_id))
+        if server is not None:
+            by_server.setdefault(server, []).append(naming.schema(str(job.tenant_id)))
+    if not by_server:
+        return ServerVersions({}, {})
+    return read_versions_by_server(owner_url, by_server)
+
+
+def _per_server(
+    finished: list[Job],
+    behind: list[tuple[Job, frozenset[str]]],
+    placed: dict[str, str],
+    down: dict[str, str],
+) -> list[ServerUpgrade]:
+    """Each server's provisioned tenants read, found behind, or left unread (server down);
+    the control database first. Empty when every tenant is on the control database."""
+    if not placed:
+        return []
+    on = Counter(placed.get(str(j.tenant_id), servers.CONTROL) for j in finished)
+    late = Counter(placed.get(str(j.tenant_id), servers.CONTROL) for j, _ in behind)
+    names = sorted(on, key=lambda n: (n != servers.CONTROL, n))
+    return [
+        ServerUpgrade(n, 0, 0, down[n], on[n]) if n in down else ServerUpgrade(n, on[n], late[n])
+        for n in names
+    ]
 
 
 def _owner(settings: Settings, name: str) -> psycopg.Connection[dict[str, Any]]:

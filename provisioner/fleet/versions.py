@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from provisioner import db
+from provisioner import db, servers
 from provisioner.db import copy_out
 from provisioner.settings import tenant_naming
 
@@ -158,3 +158,38 @@ def read_versions(url: str, schemas: list[str] | None) -> dict[str, frozenset[st
         for result in pool.map(part, range(shares)):
             found.update(result)
     return found
+
+
+@dataclass(frozen=True)
+class ServerVersions:
+    """The versions read on each server (by schema), and the servers that were down (why)."""
+
+    found: dict[str, frozenset[str]]
+    down: dict[str, str]
+
+
+def read_versions_by_server(owner_url: str, schemas: dict[str | None, list[str]]) -> ServerVersions:
+    """The recorded revisions of the schemas of each server (``schemas``: by server name, None
+    for the control database), each server's read on that server: the control database's by
+    :func:`read_versions` as ever, the tenant servers' through the fan-out
+    (:mod:`provisioner.servers.fanout`: one session each, a few at once). A tenant server that
+    is down is named in ``down``; its schemas are absent from ``found``."""
+    found = read_versions(owner_url, schemas[None]) if schemas.get(None) else {}
+    elsewhere = {name: listed for name, listed in schemas.items() if name is not None}
+    if not elsewhere:
+        return ServerVersions(found, {})
+    owner = db.connect(owner_url, application_name="upgrade", autocommit=True)
+    with closing(owner) as conn, db.translated():
+        directory = servers.directory(conn)
+    plan = servers.targets(directory, owner_url, elsewhere)
+
+    def there(conn: psycopg.Connection[Any], target: servers.Target) -> dict[str, frozenset[str]]:
+        return _read_chunks(conn, versioned(conn, elsewhere[target.name]))
+
+    down = {}
+    for name, outcome in servers.fan_out(plan, there, application_name="upgrade").items():
+        if outcome.result is None:
+            down[name] = outcome.problem or "not reached"
+        else:
+            found.update(outcome.result)
+    return ServerVersions(found, down)

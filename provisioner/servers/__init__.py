@@ -1,7 +1,8 @@
 """Tenants on several PostgreSQL servers: the directory in ``control`` (:mod:`.directory`) and
-its export for PgBouncer (:mod:`.pgbouncer`), and whether the owner reaches each server
-(:mod:`.reach`). Placement itself is the control database's
-trigger, fired by the enqueue (control revision ``20261202_h29servers``)."""
+its export for PgBouncer (:mod:`.pgbouncer`), whether the owner reaches each server
+(:mod:`.reach`), and the fleet commands' bounded fan-out over the servers (:mod:`.fanout`).
+Placement itself is the control database's trigger, fired by the enqueue (control revision
+``20261202_h29servers``)."""
 
 from provisioner.servers.directory import (
     CONTROL,
@@ -20,21 +21,26 @@ from provisioner.servers.directory import (
     servers_of,
     set_status,
 )
+from provisioner.servers.fanout import SERVERS_AT_ONCE, Reached, Target, fan_out, targets
 from provisioner.servers.pgbouncer import databases_section
 from provisioner.servers.reach import Reach, reach, reach_active
 
 __all__ = [
     "CONTROL",
+    "SERVERS_AT_ONCE",
     "Directory",
     "Location",
     "Reach",
+    "Reached",
     "ServerLoad",
     "ServerStatus",
+    "Target",
     "TenantServer",
     "add",
     "connection_reference",
     "databases_section",
     "directory",
+    "fan_out",
     "get",
     "loads",
     "locate",
@@ -43,4 +49,5 @@ __all__ = [
     "server_name",
     "servers_of",
     "set_status",
+    "targets",
 ]

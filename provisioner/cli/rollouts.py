@@ -184,6 +184,8 @@ def frame_lines(frame: Progress, *, live: bool) -> list[str]:
         return [f"{time.strftime('%H:%M:%S')} {head}: {settled}/{total}; {counts}; {rate}, {eta}"]
     lines = [f"{head} {bar(settled, total)} {settled}/{total}  {rate}  {eta}", f"  {counts}"]
     lines += [f"  {_failure_head(f)}: {f.error}" for f in frame.failures[:5]]
+    for server, by_phase in frame.servers.items():
+        lines.append(f"  server {server}: " + ", ".join(f"{n} {p}" for p, n in by_phase.items()))
     return lines
 
 
@@ -269,6 +271,7 @@ def progress_view(frame: Progress) -> dict[str, Any]:
             "paused_at": rollout.paused_at,
         },
         "phases": frame.phases,
+        **({"servers": frame.servers} if frame.servers else {}),
         "rate_per_minute": frame.rate_per_minute,
         "eta_minutes": frame.eta_minutes,
         "failures": [

@@ -179,6 +179,7 @@ def run_batch(
     )
     failed = [o for o in report.tenants if not o.ok and not report.queued]
     already = [o for o in report.tenants if o.already]
+    per_server = report.by_server()
     if as_json:
         emit_json(
             {
@@ -189,6 +190,7 @@ def run_batch(
                 "failed": len(failed),
                 "already": len(already),
             }
+            | ({"servers": [b.view() for b in per_server]} if per_server else {})
         )
     elif queue_only:
         for outcome in report.tenants:
@@ -207,6 +209,13 @@ def run_batch(
             f"{len(report.tenants) - len(failed) - len(already)} succeeded, {len(failed)} failed "
             f"in {time.monotonic() - started:.2f} s"
         )
+    if not as_json:
+        for part in per_server:
+            click.echo(
+                f"server {part.server}: {part.tenants} tenant(s)"
+                + ("" if queue_only else f", {part.succeeded} succeeded, {part.failed} failed")
+                + f", {part.already} already"
+            )
     sys.exit(1 if failed else 0)
 
 

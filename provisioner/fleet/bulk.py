@@ -6,7 +6,8 @@ statement, one transaction: :func:`provisioner.queue.batch.ensure_batch`), then 
 process by one engine, job after job (or left to the workers with ``queue_only``). A bad id,
 an unknown tenant or a tenant whose state does not allow the change refuses the whole batch,
 naming them, before anything is queued. Each job runs exactly as a one-off command runs it:
-the same kind, steps, checkpoints and history.
+the same kind, steps, checkpoints and history. A batch over tenants on several servers is
+reported per server as well (:meth:`BatchReport.by_server`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from provisioner import db, kinds, queue
 from provisioner.control.schema import require_control_at_head
@@ -23,6 +24,7 @@ from provisioner.engine.holder import holder_id
 from provisioner.errors import InvalidInput, ProvisionerError, UnknownTenant, WrongState
 from provisioner.kinds import lifecycle
 from provisioner.models import Job, JobStatus, TenantId
+from provisioner.servers import CONTROL
 from provisioner.settings import Settings, tenant_naming
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import TenantState
@@ -42,6 +44,8 @@ class TenantOutcome:
     #: the job's error, or why it could not run here
     error: str | None = None
     seconds: float = 0.0
+    #: the tenant server it lives on (None: the control database)
+    server: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -59,6 +63,44 @@ class BatchReport:
     batch_size: int
     #: seconds the checks and the one-transaction queueing took
     queue_seconds: float
+
+    def by_server(self) -> list[ServerBatch]:
+        """Each server's tenants of the batch and how they ended, the control database first;
+        empty when every tenant lives on the control database (a report as it always was)."""
+        if all(o.server is None for o in self.tenants):
+            return []
+        out: dict[str, ServerBatch] = {}
+        for o in sorted(self.tenants, key=lambda o: (o.server is not None, o.server or "")):
+            name = o.server or CONTROL
+            was = out.get(name, ServerBatch(name))
+            out[name] = ServerBatch(
+                name,
+                was.tenants + 1,
+                was.succeeded + (o.ok and not o.already and not self.queued),
+                was.failed + (not o.ok and not self.queued),
+                was.already + o.already,
+            )
+        return list(out.values())
+
+
+@dataclass(frozen=True)
+class ServerBatch:
+    """One server's part of a batch: its tenants, and how many ended each way."""
+
+    server: str
+    tenants: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    already: int = 0
+
+    def view(self) -> dict[str, int | str]:
+        return {
+            "server": self.server,
+            "tenants": self.tenants,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "already": self.already,
+        }
 
 
 def parse_ids(raw: list[str]) -> list[TenantId]:
@@ -130,7 +172,11 @@ def change_many(
                 if engine.missing_effects(TenantId(tenant.tenant_id), job_type):
                     todo.append(tenant)
                 else:
-                    already.append(TenantOutcome(tenant.tenant_id, job, tenant.state, True))
+                    already.append(
+                        TenantOutcome(
+                            tenant.tenant_id, job, tenant.state, True, server=tenant.server
+                        )
+                    )
             else:
                 wrong.append(f"{tenant.tenant_id} ({tenant.state})")
         if wrong:
@@ -153,6 +199,8 @@ def change_many(
             ]
         else:
             outcomes = _drain(settings, engine, jobs, on_tenant, concurrency)
+    placed = {t.tenant_id: t.server for t in todo}
+    outcomes = [replace(o, server=placed.get(o.tenant_id)) for o in outcomes]
     every = sorted([*outcomes, *already], key=lambda o: o.tenant_id)
     return BatchReport(job_type, every, queue_only, len(jobs), queued_in)
 

@@ -457,6 +457,8 @@ class Progress:
     #: every failed tenant (up to the limit asked), then those retrying or held after an error
     failures: list[Failure]
     summary: Summary | None = None
+    #: the phases per server, when a tenant of the rollout lives on a tenant server
+    servers: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -505,7 +507,9 @@ def progress(conn: Conn, failures: int = 100) -> Progress:
         Failure(str(r["tenant_id"]), str(r["phase"]), int(r["attempts"]), str(r["error_detail"]))
         for r in queue.failures(conn, rollout.id, failures)
     ]
-    return Progress(rollout, phases, rate, eta, listed, _summary(conn, rollout, phases))
+    per_server = queue.phases_by_server(conn, rollout.id)
+    spread = per_server if set(per_server) - {"control"} else {}
+    return Progress(rollout, phases, rate, eta, listed, _summary(conn, rollout, phases), spread)
 
 
 def _summary(conn: Conn, rollout: Rollout, phases: dict[str, int]) -> Summary:

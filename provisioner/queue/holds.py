@@ -121,6 +121,23 @@ SELECT CASE
  GROUP BY 1
 """
 
+# PROGRESS by the server each tenant lives on (control: the control database), for a rollout
+# whose tenants are spread over tenant servers.
+PROGRESS_BY_SERVER = f"""
+SELECT coalesce(s.server, 'control') AS server,
+       CASE
+         WHEN t.state <> 'queued' THEN t.state
+         WHEN j.status = 'queued' AND j.available_at = {HELD_UNTIL} THEN 'held'
+         WHEN j.status = 'succeeded' THEN 'done'
+         ELSE j.status
+       END AS phase,
+       count(*) AS n
+  FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
+  LEFT JOIN control.tenants s ON s.tenant_id = j.tenant_id
+ WHERE t.rollout_id = %(rollout)s
+ GROUP BY 1, 2
+"""
+
 FINISHED_SPAN = """
 SELECT count(*) AS done, min(j.finished_at) AS first, max(j.finished_at) AS last
   FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
@@ -215,6 +232,14 @@ def skip_departed_tenant(conn: Conn, tenant_id: str, steps: list[str], ended_by:
 def phases(conn: Conn, rollout_id: int) -> dict[str, int]:
     """The rollout's tenants by phase (done, running, queued, held, failed, pending, dropped)."""
     return {r["phase"]: int(r["n"]) for r in _by_rollout(conn, PROGRESS, rollout_id)}
+
+
+def phases_by_server(conn: Conn, rollout_id: int) -> dict[str, dict[str, int]]:
+    """:func:`phases` per server (``control``: the control database)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in _by_rollout(conn, PROGRESS_BY_SERVER, rollout_id):
+        out.setdefault(str(r["server"]), {})[r["phase"]] = int(r["n"])
+    return out
 
 
 def finished_span(conn: Conn, rollout_id: int, since: Any) -> dict[str, Any] | None:

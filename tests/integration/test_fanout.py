@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from provisioner import servers
+from provisioner.fleet import upgrade
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli
 from tests.tenant_servers import TenantServer, clusters, place, register, tenant_servers
@@ -154,13 +155,38 @@ def test_upgrade_all_queues_the_tenants_behind_on_every_server_and_reports_per_s
     per = {s["server"]: s for s in report["servers"]}
     assert (per["west"]["behind"], per["east"]["behind"], per["control"]["behind"]) == (1, 0, 0)
     assert per["east"]["reachable"] is True
+    text = run_cli(settings, "upgrade", "--all", "--dry-run").stdout
+    assert "server west: 1 tenant(s) checked, 1 behind" in text
+    queued = run_cli(settings, "upgrade", "--all", "--json")
+    assert queued.returncode == 0, queued.stderr
+    report = json.loads(queued.stdout)
+    assert report["rollout_id"] is not None
+    assert [(t["tenant_id"], t["action"]) for t in report["behind"]] == [("w1", "queued")]
+    assert upgrade.progress(settings).servers == {"west": {"queued": 1}}  # --watch's frame
     fleet["east"].stop()
     down = run_cli(settings, "upgrade", "--all", "--dry-run", "--json")
     assert down.returncode == 1, down.stderr
     report = json.loads(down.stdout)
     per = {s["server"]: s for s in report["servers"]}
     assert per["east"]["reachable"] is False and per["east"]["unread"] == 2
-    assert [t["tenant_id"] for t in report["behind"]] == ["w1"]
+    assert report["behind"] == [] and report["checked"] == 2  # w1's job is queued already
+
+
+def test_a_lifecycle_batch_over_several_servers_is_reported_per_server(
+    settings: Settings, fleet: dict[str, TenantServer]
+) -> None:
+    out = run_cli(settings, "suspend", "home1", "e1", "e2", "w1", "--queue", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["batch_size"] == 4
+    assert [(s["server"], s["tenants"]) for s in report["servers"]] == [
+        ("control", 1),
+        ("east", 2),
+        ("west", 1),
+    ]
+    alone = run_cli(settings, "suspend", "home1", "home2", "--queue", "--json")
+    assert alone.returncode == 0, alone.stderr
+    assert "servers" not in json.loads(alone.stdout)  # the control database alone: as it was
 
 
 def test_the_fan_out_holds_one_session_per_server_and_a_few_servers_at_once(

@@ -1,6 +1,8 @@
 """The fleet: every tenant at once. Who is behind the template's head (:mod:`.versions`), the
 upgrade that queues them (:mod:`.upgrade`) under a rollout with a canary and brakes
-(:mod:`.rollout`), and the drift check (:mod:`.drift`).
+(:mod:`.rollout`), the drift check (:mod:`.drift`), and ``health`` across the tenant servers
+(:mod:`.health`). Each reads tenants on their own server through the fan-out
+(:mod:`provisioner.servers.fanout`).
 """
 
 from provisioner.fleet.upgrade import (

@@ -19,6 +19,7 @@ import psycopg
 from provisioner import db, kinds, servers
 from provisioner.control import heartbeats
 from provisioner.control.schema import app_connection
+from provisioner.errors import ProvisionerError
 from provisioner.settings import Settings
 
 # Enough to know the owner is in: the session's own role.
@@ -38,10 +39,14 @@ def health(settings: Settings) -> heartbeats.HealthReport:
 
 
 def reach_servers(settings: Settings) -> dict[str, str | None]:
-    """Each server not retired: None when the owner reached it, else why not (one line)."""
-    owner = db.connect(settings.owner_url, application_name="health", autocommit=True)
-    with closing(owner) as conn, db.translated():
-        found = servers.directory(conn)
+    """Each server not retired: None when the owner reached it, else why not (one line).
+    Empty (not tried) when the owner cannot read the directory: readiness is still reported."""
+    try:
+        owner = db.connect(settings.owner_url, application_name="health", autocommit=True)
+        with closing(owner) as conn, db.translated():
+            found = servers.directory(conn)
+    except ProvisionerError:
+        return {}
     plan = [t for t in servers.targets(found, settings.owner_url) if t.name != servers.CONTROL]
 
     def who(conn: psycopg.Connection[Any], target: servers.Target) -> bool:

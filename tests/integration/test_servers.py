@@ -391,10 +391,17 @@ def test_tenants_list_and_health_show_the_servers(settings: Settings, database: 
     assert [line.split()[-1] for line in text.stdout.splitlines()[1:3]] == ["east", "control"]
     health = run_cli(settings, "health", "--json")
     assert health.returncode == 1  # no worker runs: not ready, but the servers are shown
-    assert json.loads(health.stdout)["servers"] == [
-        {"name": "east", "status": "active", "capacity": 10, "tenants": 1}
-    ]
-    assert "tenant server east: active, 1 of 10 tenants" in run_cli(settings, "health").stdout
+    (east,) = json.loads(health.stdout)["servers"]
+    assert {k: east[k] for k in ("name", "status", "capacity", "tenants", "reachable")} == {
+        "name": "east",
+        "status": "active",
+        "capacity": 10,
+        "tenants": 1,
+        "reachable": False,  # nothing listens on its port: reported, not fatal
+    }
+    assert "database unavailable" in east["problem"]
+    shown = run_cli(settings, "health").stdout
+    assert "tenant server east: active, 1 of 10 tenants, DOWN (" in shown
 
 
 def test_with_no_server_the_lists_are_as_they_were(settings: Settings, database: Database) -> None:

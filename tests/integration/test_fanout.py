@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from provisioner import servers
-from provisioner.fleet import upgrade
+from provisioner.fleet import progress
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli
 from tests.tenant_servers import TenantServer, clusters, place, register, tenant_servers
@@ -162,7 +162,7 @@ def test_upgrade_all_queues_the_tenants_behind_on_every_server_and_reports_per_s
     report = json.loads(queued.stdout)
     assert report["rollout_id"] is not None
     assert [(t["tenant_id"], t["action"]) for t in report["behind"]] == [("w1", "queued")]
-    assert upgrade.progress(settings).servers == {"west": {"queued": 1}}  # --watch's frame
+    assert progress(settings).servers == {"west": {"queued": 1}}  # --watch's frame
     fleet["east"].stop()
     down = run_cli(settings, "upgrade", "--all", "--dry-run", "--json")
     assert down.returncode == 1, down.stderr

@@ -3,11 +3,11 @@
 One builder at a time per database (worker replicas share the pool): the builders' session
 lock is tried, never waited for (:func:`builder_lock`). Under it the keeper drops the schemas
 of builds whose process died (:func:`drop_unfinished`), then builds one spare unless enough are
-ready (:func:`build_spare_if_short`); outside it, it drops one spare of another tree state at a
-time (:func:`drop_stale_spare`). After the build that fills the pool it tells the worker
-(``on_built``), which has its idle engine children warm their sessions: the builds' schemas
-reset every plan of every session, and warming after each build of a refill only made the
-children reload their caches while the next build ran (and emptied them again)
+ready (:func:`build_spare_if_short`); outside it, it drops one spare of another tree state (or
+role set) at a time (:func:`drop_stale_spare`). After the build that fills the pool it tells the
+worker (``on_built``), which has its idle engine children warm their sessions: the builds'
+schemas reset every plan of every session, and warming after each build of a refill only made
+the children reload their caches while the next build ran (and emptied them again)
 (``tests/integration/test_pool.py::test_a_spare_build_warms_the_idle_engine_sessions``).
 
 Spare builds yield to sign-ups. Invariant: a build makes no progress while the worker has a
@@ -58,6 +58,7 @@ from provisioner.pool.spares import (
     counts,
     drop_schema,
     foreign_schemas,
+    roles_key,
 )
 from provisioner.roles import AppRoles
 from provisioner.templates import migrations
@@ -133,21 +134,42 @@ def build_spare_if_short(
             return Tended(None)
         dropped = tuple(drop_unfinished(session))
         with session.transaction() as tx:
-            ready = counts(tx.pg).ready
+            ready = counts(tx.pg, app_roles).ready
         if ready >= size:
             return Tended(None, dropped)
         return Tended(build_spare(session, created_by, app_roles, stop=stop), dropped)
 
 
-def drop_stale_spare(tx: Transaction) -> str | None:
-    """Drop one useless spare (row and schema, if any); its name, or None."""
+@dataclass(frozen=True)
+class Dropped:
+    """A useless spare :func:`drop_stale_spare` dropped, and why it was useless."""
+
+    schema: str
+    reason: str
+
+
+def drop_stale_spare(tx: Transaction, app_roles: AppRoles | None = None) -> Dropped | None:
+    """Drop one spare that no take may hand out (row and schema, if any): built for another
+    tree state, or for another role set than ``app_roles`` (None: spares without grants only),
+    or whose schema is gone; what was dropped and why, or None."""
+    wanted = roles_key(app_roles)
     with tx.pg.cursor() as cur:
-        cur.execute(CLAIM_STALE_SPARE, {"digest": migrations.tenant_tree_state().digest})
+        cur.execute(
+            CLAIM_STALE_SPARE,
+            {"digest": migrations.tenant_tree_state().digest, "roles": wanted},
+        )
         row = cur.fetchone()
         if row is None:
             return None
-    drop_schema(tx, str(row[0]))
-    return str(row[0])
+    name, same_tree, built_for = str(row[0]), bool(row[1]), str(row[2])
+    drop_schema(tx, name)
+    if not same_tree:
+        reason = "stale head"
+    elif built_for not in (wanted, ""):
+        reason = f"built for roles {built_for or 'none'}, configured {wanted or 'none'}"
+    else:
+        reason = "schema gone"
+    return Dropped(name, reason)
 
 
 # -- the keeper ---------------------------------------------------------------------------------
@@ -217,7 +239,7 @@ class PoolKeeper(threading.Thread):
         """One unit of work; True when there may be more to do at once."""
         try:
             with self._db.transaction() as tx:
-                found = counts(tx.pg)
+                found = counts(tx.pg, self.app_roles)
             self._status.update(asdict(found), size=self.size, error=self._problem)
             if set(found.foreign) - self._reported:
                 self._report_foreign()
@@ -225,9 +247,11 @@ class PoolKeeper(threading.Thread):
                 return False
             if found.stale:
                 with self._db.transaction() as tx:
-                    dropped = drop_stale_spare(tx)
+                    dropped = drop_stale_spare(tx, self.app_roles)
                 if dropped:
-                    event(self.log, "pool_spare_dropped", schema=dropped, reason="stale head")
+                    event(
+                        self.log, "pool_spare_dropped", schema=dropped.schema, reason=dropped.reason
+                    )
                 return dropped is not None
             if found.ready >= self.size and not found.unfinished:
                 return False

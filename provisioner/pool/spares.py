@@ -30,9 +30,14 @@ USAGE on it in one statement; the job's later steps then join that transaction (
 provisioning kind's ``SpareMemo``, ``RunMemo.one_transaction``), each with its own record, and
 the grant step checks what the take found. A crash or a failed step before the commit leaves
 the spare (row and schema); after it, the tenant (pinned by ``tests/crash/test_pool_crash.py``).
-A spare built for another tree state (the template's head changed, or its files) is never
-handed out: the keeper drops it and builds a new one. When no spare is ready the step creates
-an empty schema as it always did.
+A spare built for another tree state (the template's head changed, or its files) or another
+set of application roles (its row records them, :func:`roles_key`: a role added, removed or
+given another privilege set) is never handed out: the keeper drops it, says why
+(``pool_spare_dropped``), and builds a new one. The tenant naming is not recorded: nothing in a
+spare depends on it (the replay is schema-less, the take renames the spare to the schema the
+configured naming gives and re-points any pinned ``search_path``; pinned by
+``tests/integration/test_pool_roles.py``). When no spare is ready the step creates an empty
+schema as it always did.
 
 Every schema created, renamed or granted on makes PostgreSQL drop all cached plans of every
 session of the database, so the take reads the spare's grants before its rename, with plans
@@ -52,7 +57,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from provisioner import db, naming
+from provisioner import db, naming, roles
 from provisioner.db import DatabaseError, Transaction
 from provisioner.db.plans import PlanAhead, keeping_prepared_statements, prepare_ahead
 from provisioner.errors import BuildStopped, PermanentError, ProvisionerError, SpareRejected
@@ -77,15 +82,16 @@ NAME_ATTEMPTS = 5
 
 # -- statements ---------------------------------------------------------------------------------
 
-# Take the oldest spare of this tree state whose schema exists, unless the tenant's schema
-# already does (a resume): its rows go (the ready row and the record of the schema, which is
-# about to become the tenant's), the caller renames the schema in the same transaction.
+# Take the oldest spare of this tree state and role set (or built without grants) whose schema
+# exists, unless the tenant's schema already does (a resume): its rows go (the ready row and the
+# record of the schema, which is about to become the tenant's), the caller renames the schema
+# in the same transaction.
 TAKE_SPARE = """
 WITH taken AS (
     DELETE FROM control.tenant_pool
      WHERE schema_name = (
            SELECT p.schema_name FROM control.tenant_pool p
-            WHERE p.tree_digest = %(digest)s
+            WHERE p.tree_digest = %(digest)s AND p.app_roles IN (%(roles)s, '')
               AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
               AND NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = %(tenant)s)
             ORDER BY p.created_at
@@ -115,10 +121,10 @@ RETURNING EXISTS (SELECT 1 FROM pg_namespace n
           AS ours
 """
 
-# Record a spare built (and verified) in the same transaction.
+# Record a spare built (and verified) in the same transaction, with the roles it was granted for.
 ADD_SPARE = """
-INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by)
-VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s)
+INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by, app_roles)
+VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s, %(roles)s)
 """
 
 # Schemas the pool recorded that hold no ready spare: being built, or left by a build whose
@@ -142,26 +148,27 @@ SELECT n.nspname AS schema_name, pg_get_userbyid(n.nspowner) AS owner FROM pg_na
  ORDER BY n.nspname
 """
 
-# Spares ready for this tree state, the useless ones (built for another tree state, or whose
-# schema is gone: dropped by hand), and the unfinished ones.
+# Spares ready for this tree state and role set, the useless ones (built for another tree state
+# or role set, or whose schema is gone: dropped by hand), and the unfinished ones.
 COUNT_SPARES = f"""
 SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usable) AS stale,
        (SELECT count(*) FROM ({UNFINISHED_SPARES}) u) AS unfinished,
        ARRAY(SELECT f.schema_name FROM ({FOREIGN_SCHEMAS}) f) AS foreign_schemas
-  FROM (SELECT tree_digest = %(digest)s
+  FROM (SELECT tree_digest = %(digest)s AND app_roles IN (%(roles)s, '')
                AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name) AS usable
           FROM control.tenant_pool p) s
 """
 
-# One useless spare, to drop (with its schema, if any) in the same transaction.
+# One useless spare, to drop (with its schema, if any) in the same transaction; what it was
+# built for, to say why.
 CLAIM_STALE_SPARE = """
 DELETE FROM control.tenant_pool
  WHERE schema_name = (
        SELECT p.schema_name FROM control.tenant_pool p
-        WHERE p.tree_digest <> %(digest)s
+        WHERE p.tree_digest <> %(digest)s OR p.app_roles NOT IN (%(roles)s, '')
            OR NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
         ORDER BY p.created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING schema_name
+RETURNING schema_name, tree_digest = %(digest)s AS same_tree, app_roles
 """
 
 
@@ -171,7 +178,7 @@ WARM_TOUCHES: tuple[str, ...] = ("SELECT 1 FROM control.tenant_pool WHERE schema
 #: A take's statements before its rename, planned ahead on the steps' idle session after a
 #: spare build (:func:`plan_take`): parameters that match nothing.
 TAKE_PLANS: tuple[PlanAhead, ...] = (
-    (TAKE_SPARE, {"digest": "", "tenant": ""}),
+    (TAKE_SPARE, {"digest": "", "roles": "", "tenant": ""}),
     *((query, {"schema": "", "role": ""}) for query in GRANTS_HELD.values()),
 )
 
@@ -187,9 +194,9 @@ BATCH = 10
 
 @dataclass(frozen=True)
 class PoolCounts:
-    #: spares at the tree state on disk: what provisioning can take
+    #: spares at the tree state on disk, for the configured roles: what provisioning can take
     ready: int
-    #: spares at another tree state: never handed out, rebuilt by the keeper
+    #: spares at another tree state or role set: never handed out, rebuilt by the keeper
     stale: int
     #: schemas the pool recorded with no ready row: being built, or left by a build that died
     #: (dropped by the next builder)
@@ -230,7 +237,10 @@ def take(tx: Transaction, tenant_schema_name: str, app_roles: AppRoles) -> Taken
     the tenant's schema already exists)."""
     digest = migrations.tenant_tree_state().digest
     with tx.pg.cursor() as cur:
-        cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
+        cur.execute(
+            TAKE_SPARE,
+            {"digest": digest, "roles": roles_key(app_roles), "tenant": tenant_schema_name},
+        )
         row = cur.fetchone()
         if row is None:
             return None
@@ -288,10 +298,23 @@ def plan_take(conn: Any) -> None:
     prepare_ahead(conn, TAKE_PLANS)
 
 
-def counts(conn: Any) -> PoolCounts:
-    """How many spares are ready for the tree on disk, and how many are stale."""
+def roles_key(app_roles: AppRoles | None) -> str:
+    """What a spare's row records of the application roles it was granted for
+    (:func:`provisioner.roles.identity`), ``''`` when built without grants: such a spare suits
+    any role set (the grant step grants it in full at the take); one built for another set is
+    never handed out (its grants are the old set's: a removed role's, a readonly role's
+    readwrite ones) and the keeper drops it."""
+    return "" if app_roles is None else roles.identity(app_roles)
+
+
+def counts(conn: Any, app_roles: AppRoles | None = None) -> PoolCounts:
+    """How many spares are ready for the tree on disk and ``app_roles`` (the roles a take
+    grants; None: spares without grants only), and how many are stale."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(COUNT_SPARES, {"digest": migrations.tenant_tree_state().digest})
+        cur.execute(
+            COUNT_SPARES,
+            {"digest": migrations.tenant_tree_state().digest, "roles": roles_key(app_roles)},
+        )
         row = cur.fetchone()
     assert row is not None
     return PoolCounts(
@@ -355,6 +378,7 @@ def build_spare(
                     "digest": reference.digest,
                     "heads": sorted(reference.heads),
                     "created_by": created_by,
+                    "roles": roles_key(app_roles),
                 },
             )
     except BaseException:

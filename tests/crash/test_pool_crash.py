@@ -161,7 +161,7 @@ def test_a_spare_build_killed_before_its_record_leaves_no_spare_and_the_next_bui
     with database.owner() as conn:
         tables, _ = tenant_schema.relations(conn, left)
         assert "members" in tables  # every batch of the replay was committed
-        assert pool.counts(conn) == pool.PoolCounts(ready=0, stale=0, unfinished=1)
+        assert pool.counts(conn, fast.app_roles) == pool.PoolCounts(ready=0, stale=0, unfinished=1)
     with database.app() as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(left, "members")))
 
@@ -170,7 +170,7 @@ def test_a_spare_build_killed_before_its_record_leaves_no_spare_and_the_next_bui
     built = second.wait_for("pool_spare_built", 60)
     assert unfinished(database) == []
     with database.owner() as conn:
-        assert pool.counts(conn) == pool.PoolCounts(ready=1, stale=0, unfinished=0)
+        assert pool.counts(conn, fast.app_roles) == pool.PoolCounts(ready=1, stale=0, unfinished=0)
         row = conn.execute(
             "SELECT schema_name FROM control.tenant_pool WHERE schema_name = %s", (built["schema"],)
         ).fetchone()

@@ -285,7 +285,7 @@ def test_a_spare_whose_schema_was_dropped_by_hand_is_not_counted_and_is_cleared(
                 conn.execute(f'DROP SCHEMA "{gone}" CASCADE')
             with session.transaction() as tx:
                 assert pool.counts(tx.pg) == pool.PoolCounts(ready=1, stale=1)
-                assert pool.drop_stale_spare(tx) == gone
+                assert pool.drop_stale_spare(tx) == pool.Dropped(gone, "schema gone")
                 assert pool.drop_stale_spare(tx) is None
             # Already full: nothing more is built.
             assert pool.build_spare_if_short(session, 1, "test") == pool.Tended(None)

@@ -26,10 +26,10 @@ from provisioner.pool.keeper import (
     Dropped,
     PoolKeeper,
     Tended,
-    build_spare_if_short,
     builder_lock,
     drop_stale_spare,
     drop_unfinished,
+    refill,
 )
 from provisioner.pool.spares import (
     ADD_SPARE,
@@ -81,7 +81,6 @@ __all__ = [
     "Taken",
     "Tended",
     "build_spare",
-    "build_spare_if_short",
     "builder_lock",
     "check_spare_grants",
     "counts",
@@ -92,6 +91,7 @@ __all__ = [
     "grant_usage_if_in_place",
     "grants_held",
     "plan_take",
+    "refill",
     "roles_key",
     "spare_grant_batches",
     "take",

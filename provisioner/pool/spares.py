@@ -338,36 +338,52 @@ def build_spare(
     app_roles: AppRoles | None = None,
     *,
     stop: Callable[[], bool] = lambda: False,
+    go_on: Callable[[], bool] = lambda: False,
+    references: dict[str, template_reference.Reference] | None = None,
 ) -> str:
     """Build one spare at the head and record it; its name. The caller holds the builders'
     lock (:func:`builder_lock`).
 
     The reference is read (or computed once, see :mod:`provisioner.templates.reference`) in the
-    transaction that creates the schema; its statements are replayed :data:`BATCH` per
-    transaction; the schema's fingerprint must then equal the reference's. With ``app_roles``
-    the spare gets those roles' grants but USAGE, batched the same way, and they are checked
-    (:func:`check_spare_grants`) in the last transaction, which records the spare. Raises
-    :class:`SpareRejected` when the replay (or the grants) do not match, :class:`TemplateUnusable`
-    when the tree cannot be replayed, :class:`BuildStopped` when ``stop()`` says so between
-    two transactions: the schema is then dropped (by the next builder, if this process dies).
+    transaction that creates the schema (``references``: the ones a refill already read, by
+    tree digest, kept there); its statements are replayed :data:`BATCH` per transaction; the
+    schema's fingerprint must then equal the reference's. With ``app_roles`` the spare gets
+    those roles' grants but USAGE, batched the same way, and they are checked
+    (:func:`check_spare_grants`) in the last transaction, which records the spare. Batches are
+    sent as :func:`_run_batches` says (``go_on``: whether a commit may begin the next batch).
+    Raises :class:`SpareRejected` when the replay (or the grants) do not match,
+    :class:`TemplateUnusable` when the tree cannot be replayed, :class:`BuildStopped` when
+    ``stop()`` says so between two transactions: the schema is then dropped (by the next
+    builder, if this process dies).
     """
     tree = migrations.tenant_tree_state()
+    known = {} if references is None else references
     with session.transaction() as tx:
-        reference, _ = template_reference.obtain(tx, tree, created_by)
+        reference = known.get(tree.digest)
+        if reference is None:
+            reference, _ = template_reference.obtain(tx, tree, created_by)
+            known[tree.digest] = reference
         name = _create_recorded_schema(tx, created_by)
     try:
-        _replay_batches(session, name, reference.template.statements, stop)
+        search_path = sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(name))
+        statements = reference.template.statements
+        replay = [
+            sql.SQL("{};\n{}").format(search_path, sql.SQL("\n".join(statements[at : at + BATCH])))
+            for at in range(0, len(statements), BATCH)
+        ]
+        try:
+            _run_batches(session, replay, stop, go_on)
+        except DatabaseError as exc:
+            raise SpareRejected(f"replay failed: {exc}") from exc
         with session.transaction() as tx:
             problem = mismatch(reference.fingerprint, tenant_schema.fingerprint(tx.pg, name))
+            # After the fingerprint: the reference has no grants.
+            batches = (
+                [] if app_roles is None else spare_grant_batches(name, app_roles, tx.pg, BATCH)
+            )
         if problem is not None:
             raise SpareRejected(problem)
-        if app_roles is not None:  # after the fingerprint check: the reference has no grants
-            with session.transaction() as tx:
-                batches = spare_grant_batches(name, app_roles, tx.pg, BATCH)
-            for batch in batches:
-                _between_batches(stop)
-                with session.transaction() as tx:
-                    tx.pg.execute(batch)
+        _run_batches(session, batches, stop, go_on)
         with session.transaction() as tx:
             if app_roles is not None:
                 check_spare_grants(tx.pg, name, app_roles)
@@ -387,20 +403,30 @@ def build_spare(
     return name
 
 
-def _replay_batches(
-    session: db.Session, schema: str, statements: tuple[str, ...], stop: Callable[[], bool]
+def _run_batches(
+    session: db.Session,
+    batches: list[sql.Composed],
+    stop: Callable[[], bool],
+    go_on: Callable[[], bool],
 ) -> None:
-    """The reference's statements into ``schema``, :data:`BATCH` per transaction, each batch
-    one simple query under the schema as ``search_path`` (as Alembic's env.py sets it)."""
-    search_path = sql.SQL("SET LOCAL search_path TO {};\n").format(sql.Identifier(schema))
-    for start in range(0, len(statements), BATCH):
-        _between_batches(stop)
-        try:
-            with session.transaction() as tx, keeping_prepared_statements(tx.pg):
-                text = search_path.as_string(tx.pg) + "\n".join(statements[start : start + BATCH])
-                tx.pg.execute(text.encode())
-        except DatabaseError as exc:
-            raise SpareRejected(f"replay failed: {exc}") from exc
+    """Each batch its own transaction, one simple query. While ``go_on()`` says so (the
+    keeper: the worker is idle), a batch's commit begins the next batch's transaction with its
+    statements in the same round trip (``COMMIT; BEGIN; <next batch>``,
+    :meth:`provisioner.db.Session.transaction`'s ``then``): one round trip per batch, where
+    a ``BEGIN``, the batch and a ``COMMIT`` were three. When it does not, the commit goes
+    alone and ``stop()`` runs before the next batch (it pauses while the worker has a job:
+    nothing of the build runs meanwhile). A chained batch that fails after its predecessor's
+    commit is begun again by the next transaction, which meets the error. psycopg keeps the
+    session's prepared statements (:func:`keeping_prepared_statements`)."""
+    chained = False
+    with keeping_prepared_statements(session.driver):
+        for at, batch in enumerate(batches):
+            if not chained:
+                _between_batches(stop)
+            following = batches[at + 1] if at + 1 < len(batches) else None
+            with session.transaction(batch) as tx:
+                chained = following is not None and go_on()
+                tx.begin_next_with(following if chained else None)
 
 
 def _between_batches(stop: Callable[[], bool]) -> None:

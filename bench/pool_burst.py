@@ -26,6 +26,7 @@ from bench import burst, worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from provisioner import db, pool, service
+from provisioner.roles import DEFAULT_APP_ROLES
 
 POOL_SIZE = 10
 #: How often the bench looks at the database while it waits, on one open session (a new
@@ -152,7 +153,7 @@ def _builds(database: BenchDatabase, rounds: int) -> dict[str, list[float]]:
                 began = time.perf_counter()
                 with database_.session() as session, pool.builder_lock(session) as locked:
                     assert locked
-                    pool.build_spare(session, "bench", "app_rw")
+                    pool.build_spare(session, "bench", DEFAULT_APP_ROLES)
                 out[key].append((time.perf_counter() - began) * 1000)
             ms, _ = burst.raw(database, 1, 1, f"b{i}", counted=False)
             out["raw"].append(ms)

@@ -37,6 +37,7 @@ __all__ = [
     "control_role",
     "from_env",
     "from_mapping",
+    "identity",
     "parse",
     "render",
 ]
@@ -113,6 +114,13 @@ def control_role(roles: AppRoles) -> AppRole:
 def render(roles: AppRoles) -> str:
     """The roles as :data:`APP_ROLES_ENV` spells them: ``app_rw=readwrite,app_ro=readonly``."""
     return ",".join(str(role) for role in roles)
+
+
+def identity(roles: AppRoles) -> str:
+    """What the roles grant, whatever order they were written in (``app_ro=readonly,
+    app_rw=readwrite``): recorded with what was built for a role set (a warm spare, an upgrade's
+    reference), so that a build for another set is told apart and never used."""
+    return ",".join(sorted(str(role) for role in roles))
 
 
 def parse(raw: str, where: str = APP_ROLES_ENV) -> AppRoles:

@@ -264,7 +264,7 @@ def change_lifecycle(
     command = started_by or f"{kind.command or job_type}{' (queued)' if queue_only else ''}"
     with Engine.from_settings(settings, holder) as engine:
         conn = engine.control
-        require_control_at_head(conn)
+        require_control_at_head(conn, tenant.naming)  # and the recorded naming, as a worker
         with db.translated():
             app_role.check(conn, settings.app_roles)  # ones a revoke cuts off, or refused
             found = tenants.get_tenant(conn, tenant)
@@ -591,7 +591,7 @@ def health(settings: Settings) -> heartbeats.HealthReport:
 def overview(settings: Settings) -> fleet_overview.Overview:
     """The fleet at a glance (:mod:`provisioner.fleet.overview`), read as the owner."""
     with writer_connection(settings, "console") as conn, conn.transaction():
-        return fleet_overview.read(conn)
+        return fleet_overview.read(conn, settings.app_roles)
 
 
 def rollout_history(settings: Settings, limit: int = 20) -> list[rollout.PastRollout]:

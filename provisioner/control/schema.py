@@ -15,7 +15,9 @@ from typing import Any
 import psycopg
 
 from provisioner import db
+from provisioner.control import naming as control_naming
 from provisioner.errors import ConfigurationError
+from provisioner.naming import TenantNaming
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 
@@ -23,14 +25,22 @@ from provisioner.templates import migrations
 NOT_AT_HEAD = "the control schema is not at this release's head: run `provisioner migrate`"
 
 
-def require_control_at_head(conn: psycopg.Connection[Any]) -> None:
-    """Refuse to work on a control schema older (or newer) than this release's tree.
+def require_control_at_head(
+    conn: psycopg.Connection[Any], naming: TenantNaming | None = None
+) -> None:
+    """Refuse to work on a control schema older (or newer) than this release's tree, and, with
+    ``naming`` (the configured one), under a tenant naming other than the one the control
+    database records (:func:`provisioner.control.naming.check`, as a worker refuses to start):
+    a command that works on existing tenants (suspend, restore, deprovision, purge) would
+    otherwise name their schemas another way. Nothing is changed.
 
     ``conn`` is the owner's: the application role cannot read the version table.
     """
     with db.translated():
         if not migrations.control_at_head(conn):
             raise ConfigurationError(NOT_AT_HEAD)
+        if naming is not None:  # its table is known to exist at the head
+            control_naming.check(conn, naming)
 
 
 @contextmanager

@@ -145,7 +145,7 @@ def change_many(
     began = time.monotonic()
     with Engine.from_settings(settings, holder or holder_id("cli")) as engine:
         conn = engine.control
-        require_control_at_head(conn)
+        require_control_at_head(conn, tenant_naming())  # and the recorded naming, as a worker
         with db.translated():
             found = tenants.select_tenants(conn, [t.value for t in named], states)
             by_id = {t.tenant_id: t for t in found}

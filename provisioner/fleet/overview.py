@@ -16,6 +16,7 @@ from provisioner import pool
 from provisioner.control import heartbeats
 from provisioner.fleet import rollout
 from provisioner.queue import stats
+from provisioner.roles import AppRoles
 from provisioner.tenant import checks
 
 # Tenants by lifecycle state.
@@ -42,14 +43,15 @@ def tenants_by_state(conn: Conn) -> dict[str, int]:
     return {row["state"]: int(row["n"]) for row in conn.execute(TENANTS_BY_STATE).fetchall()}
 
 
-def read(conn: Conn) -> Overview:
-    """Everything at once, in one transaction's snapshot when the caller opened one."""
+def read(conn: Conn, app_roles: AppRoles | None = None) -> Overview:
+    """Everything at once, in one transaction's snapshot when the caller opened one; the pool's
+    spares counted ready for ``app_roles`` (the configured ones)."""
     latest = rollout.latest(conn)
     phases = stats.rollout_phases(conn, [latest.id]).get(latest.id, {}) if latest else {}
     return Overview(
         queue=stats.figures(conn),
         tenants=tenants_by_state(conn),
-        pool=pool.counts(conn),
+        pool=pool.counts(conn, app_roles),
         rollout=latest,
         rollout_phases=phases,
         heartbeats=heartbeats.ages(conn),

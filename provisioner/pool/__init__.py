@@ -23,12 +23,13 @@ from provisioner.pool.keeper import (
     POOL_LOCK_CLASS,
     RELEASE_BUILD_LOCK,
     TRY_BUILD_LOCK,
+    Dropped,
     PoolKeeper,
     Tended,
-    build_spare_if_short,
     builder_lock,
     drop_stale_spare,
     drop_unfinished,
+    refill,
 )
 from provisioner.pool.spares import (
     ADD_SPARE,
@@ -50,6 +51,7 @@ from provisioner.pool.spares import (
     drop_schema,
     foreign_schemas,
     plan_take,
+    roles_key,
     take,
 )
 
@@ -71,6 +73,7 @@ __all__ = [
     "UNFINISHED_SPARES",
     "WARM_TOUCHES",
     "BuildStopped",
+    "Dropped",
     "GrantsHeld",
     "PoolCounts",
     "PoolKeeper",
@@ -78,7 +81,6 @@ __all__ = [
     "Taken",
     "Tended",
     "build_spare",
-    "build_spare_if_short",
     "builder_lock",
     "check_spare_grants",
     "counts",
@@ -89,6 +91,8 @@ __all__ = [
     "grant_usage_if_in_place",
     "grants_held",
     "plan_take",
+    "refill",
+    "roles_key",
     "spare_grant_batches",
     "take",
     "usage_held",

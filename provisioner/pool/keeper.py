@@ -2,12 +2,12 @@
 
 One builder at a time per database (worker replicas share the pool): the builders' session
 lock is tried, never waited for (:func:`builder_lock`). Under it the keeper drops the schemas
-of builds whose process died (:func:`drop_unfinished`), then builds one spare unless enough are
-ready (:func:`build_spare_if_short`); outside it, it drops one spare of another tree state at a
-time (:func:`drop_stale_spare`). After the build that fills the pool it tells the worker
-(``on_built``), which has its idle engine children warm their sessions: the builds' schemas
-reset every plan of every session, and warming after each build of a refill only made the
-children reload their caches while the next build ran (and emptied them again)
+of builds whose process died (:func:`drop_unfinished`), then builds spares until enough are
+ready (:func:`refill`); outside it, it drops one spare of another tree state (or
+role set) at a time (:func:`drop_stale_spare`). After the build that fills the pool it tells the
+worker (``on_built``), which has its idle engine children warm their sessions: the builds'
+schemas reset every plan of every session, and warming after each build of a refill only made
+the children reload their caches while the next build ran (and emptied them again)
 (``tests/integration/test_pool.py::test_a_spare_build_warms_the_idle_engine_sessions``).
 
 Spare builds yield to sign-ups. Invariant: a build makes no progress while the worker has a
@@ -19,6 +19,15 @@ statements), never a whole build, and the work already done is not thrown away. 
 than :data:`PAUSE_LIMIT_SECONDS` (a long fleet upgrade) stops the build and drops its schema, so
 that the builders' lock does not keep an idle replica from building
 (``tests/integration/test_pool.py::test_a_spare_build_pauses_while_the_worker_has_a_job``).
+
+A refill is one pass under the builders' lock: the lock, the look for unfinished builds, the
+count and the template's reference once, then spares one after the other; within a spare, while
+the worker stays idle, each batch's commit begins the next batch in the same round trip
+(:func:`provisioner.pool.spares._run_batches`). Per spare that left the build's own round
+trips, instead of five more transactions of bookkeeping and three round trips per batch. A
+SIGKILL anywhere in it leaves the spares recorded before it whole and the one under way
+unfinished (``tests/crash/test_pool_crash.py::
+test_a_refill_killed_between_chained_batches_keeps_its_recorded_spares_whole``).
 
 The keeper's sessions commit without waiting for the disk (``synchronous_commit = off``): a
 build is a handful of transactions, and waiting for each flush made a refill cost about
@@ -58,9 +67,11 @@ from provisioner.pool.spares import (
     counts,
     drop_schema,
     foreign_schemas,
+    roles_key,
 )
 from provisioner.roles import AppRoles
 from provisioner.templates import migrations
+from provisioner.templates.reference import Reference
 
 # One builder at a time per database (worker replicas share the pool): try, never wait. Held
 # by the session for the whole build, across its transactions.
@@ -109,45 +120,87 @@ def drop_unfinished(session: db.Session) -> list[str]:
 
 @dataclass(frozen=True)
 class Tended:
-    """What :func:`build_spare_if_short` did."""
+    """What :func:`refill` did."""
 
-    #: the spare built, or None
-    built: str | None
+    #: the spares built, in order
+    built: tuple[str, ...] = ()
     #: schemas of unfinished builds it dropped first
     dropped: tuple[str, ...] = ()
 
 
-def build_spare_if_short(
+def refill(
     session: db.Session,
     size: int,
     created_by: str,
     app_roles: AppRoles | None = None,
     *,
     stop: Callable[[], bool] = lambda: False,
+    go_on: Callable[[], bool] = lambda: False,
+    on_built: Callable[[str, int], None] = lambda name, ready: None,
+    on_dropped: Callable[[str], None] = lambda name: None,
 ) -> Tended:
     """Under the builders' lock (unless another builder holds it: nothing is done), drop the
-    schemas of unfinished builds, then build one spare unless the pool already holds ``size``
-    ready ones (counted again under the lock)."""
+    schemas of unfinished builds, count the ready spares, then build spares one after the other
+    until ``size`` are ready (``on_dropped(name)`` after the drops, ``on_built(name, ready)``
+    after each build).
+
+    The lock, the look for unfinished builds, the count and the template's reference are taken
+    once per refill, not once per spare: each was its own transaction, a round trip or three,
+    and a refill paid them for every spare. Between two spares (as between two batches of one)
+    ``stop()`` is asked: a refill makes no progress while the worker has a job. A spare taken
+    meanwhile leaves the pool short after the refill: the keeper's next look counts again."""
     with builder_lock(session) as locked:
         if not locked:
-            return Tended(None)
+            return Tended()
         dropped = tuple(drop_unfinished(session))
+        for name in dropped:
+            on_dropped(name)
         with session.transaction() as tx:
-            ready = counts(tx.pg).ready
-        if ready >= size:
-            return Tended(None, dropped)
-        return Tended(build_spare(session, created_by, app_roles, stop=stop), dropped)
+            ready = counts(tx.pg, app_roles).ready
+        built: list[str] = []
+        references: dict[str, Reference] = {}
+        while ready < size:
+            if built and stop():
+                raise BuildStopped("the refill was stopped")
+            name = build_spare(
+                session, created_by, app_roles, stop=stop, go_on=go_on, references=references
+            )
+            ready += 1
+            built.append(name)
+            on_built(name, ready)
+        return Tended(tuple(built), dropped)
 
 
-def drop_stale_spare(tx: Transaction) -> str | None:
-    """Drop one useless spare (row and schema, if any); its name, or None."""
+@dataclass(frozen=True)
+class Dropped:
+    """A useless spare :func:`drop_stale_spare` dropped, and why it was useless."""
+
+    schema: str
+    reason: str
+
+
+def drop_stale_spare(tx: Transaction, app_roles: AppRoles | None = None) -> Dropped | None:
+    """Drop one spare that no take may hand out (row and schema, if any): built for another
+    tree state, or for another role set than ``app_roles`` (None: spares without grants only),
+    or whose schema is gone; what was dropped and why, or None."""
+    wanted = roles_key(app_roles)
     with tx.pg.cursor() as cur:
-        cur.execute(CLAIM_STALE_SPARE, {"digest": migrations.tenant_tree_state().digest})
+        cur.execute(
+            CLAIM_STALE_SPARE,
+            {"digest": migrations.tenant_tree_state().digest, "roles": wanted},
+        )
         row = cur.fetchone()
         if row is None:
             return None
-    drop_schema(tx, str(row[0]))
-    return str(row[0])
+    name, same_tree, built_for = str(row[0]), bool(row[1]), str(row[2])
+    drop_schema(tx, name)
+    if not same_tree:
+        reason = "stale head"
+    elif built_for not in (wanted, ""):
+        reason = f"built for roles {built_for or 'none'}, configured {wanted or 'none'}"
+    else:
+        reason = "schema gone"
+    return Dropped(name, reason)
 
 
 # -- the keeper ---------------------------------------------------------------------------------
@@ -156,10 +209,11 @@ def drop_stale_spare(tx: Transaction) -> str | None:
 class PoolKeeper(threading.Thread):
     """The worker's pool thread: keeps ``size`` spares ready while the worker is idle.
 
-    One spare at a time, and between two of a build's transactions it asks again whether the
-    worker is idle, so a job that arrives waits for no more than one of the build's
-    transactions. It runs Alembic only to compute a missing
-    reference, and it is the only thread of the worker's parent process that does.
+    One refill at a time (:func:`refill`), and at each of a build's commits it asks again
+    whether the worker is idle (:meth:`_may_go_on`; when it is not, the commit goes alone and
+    :meth:`yield_to_jobs` pauses), so a job that arrives waits for no more than one of the
+    build's transactions. It runs Alembic only to compute a missing reference, and it is the
+    only thread of the worker's parent process that does.
     """
 
     #: How often a full (or busy) pool is looked at again.
@@ -217,7 +271,7 @@ class PoolKeeper(threading.Thread):
         """One unit of work; True when there may be more to do at once."""
         try:
             with self._db.transaction() as tx:
-                found = counts(tx.pg)
+                found = counts(tx.pg, self.app_roles)
             self._status.update(asdict(found), size=self.size, error=self._problem)
             if set(found.foreign) - self._reported:
                 self._report_foreign()
@@ -225,24 +279,26 @@ class PoolKeeper(threading.Thread):
                 return False
             if found.stale:
                 with self._db.transaction() as tx:
-                    dropped = drop_stale_spare(tx)
+                    dropped = drop_stale_spare(tx, self.app_roles)
                 if dropped:
-                    event(self.log, "pool_spare_dropped", schema=dropped, reason="stale head")
+                    event(
+                        self.log, "pool_spare_dropped", schema=dropped.schema, reason=dropped.reason
+                    )
                 return dropped is not None
             if found.ready >= self.size and not found.unfinished:
                 return False
             with self._db.session() as session:
-                tended = build_spare_if_short(
-                    session, self.size, self.holder, self.app_roles, stop=self.yield_to_jobs
+                tended = refill(
+                    session,
+                    self.size,
+                    self.holder,
+                    self.app_roles,
+                    stop=self.yield_to_jobs,
+                    go_on=self._may_go_on,
+                    on_built=self._built,
+                    on_dropped=self._dropped_unfinished,
                 )
-            for name in tended.dropped:
-                event(self.log, "pool_spare_dropped", schema=name, reason="unfinished build")
-            if tended.built is None:
-                return bool(tended.dropped)
-            event(self.log, "pool_spare_built", schema=tended.built, ready=found.ready + 1)
-            if found.ready + 1 >= self.size:  # the next build would empty the caches again
-                self.on_built()
-            return True
+            return bool(tended.built or tended.dropped)
         except BuildStopped:
             return False
         except (SpareRejected, TemplateUnusable) as exc:
@@ -259,6 +315,18 @@ class PoolKeeper(threading.Thread):
             event(self.log, "pool_error", logging.WARNING, error=str(exc))
             self.halt.wait(2.0)
             return False
+
+    def _dropped_unfinished(self, name: str) -> None:
+        event(self.log, "pool_spare_dropped", schema=name, reason="unfinished build")
+
+    def _built(self, name: str, ready: int) -> None:
+        event(self.log, "pool_spare_built", schema=name, ready=ready)
+        if ready >= self.size:  # the next build would empty the caches again
+            self.on_built()
+
+    def _may_go_on(self) -> bool:
+        """A batch's commit may begin the next batch: the worker is idle and not stopping."""
+        return not self.halt.is_set() and self.is_idle()
 
     def yield_to_jobs(self) -> bool:
         """Between two of a build's transactions: wait while the worker has a job (the build

@@ -30,9 +30,14 @@ USAGE on it in one statement; the job's later steps then join that transaction (
 provisioning kind's ``SpareMemo``, ``RunMemo.one_transaction``), each with its own record, and
 the grant step checks what the take found. A crash or a failed step before the commit leaves
 the spare (row and schema); after it, the tenant (pinned by ``tests/crash/test_pool_crash.py``).
-A spare built for another tree state (the template's head changed, or its files) is never
-handed out: the keeper drops it and builds a new one. When no spare is ready the step creates
-an empty schema as it always did.
+A spare built for another tree state (the template's head changed, or its files) or another
+set of application roles (its row records them, :func:`roles_key`: a role added, removed or
+given another privilege set) is never handed out: the keeper drops it, says why
+(``pool_spare_dropped``), and builds a new one. The tenant naming is not recorded: nothing in a
+spare depends on it (the replay is schema-less, the take renames the spare to the schema the
+configured naming gives and re-points any pinned ``search_path``; pinned by
+``tests/integration/test_pool_roles.py``). When no spare is ready the step creates an empty
+schema as it always did.
 
 Every schema created, renamed or granted on makes PostgreSQL drop all cached plans of every
 session of the database, so the take reads the spare's grants before its rename, with plans
@@ -52,7 +57,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from provisioner import db, naming
+from provisioner import db, naming, roles
 from provisioner.db import DatabaseError, Transaction
 from provisioner.db.plans import PlanAhead, keeping_prepared_statements, prepare_ahead
 from provisioner.errors import BuildStopped, PermanentError, ProvisionerError, SpareRejected
@@ -77,15 +82,16 @@ NAME_ATTEMPTS = 5
 
 # -- statements ---------------------------------------------------------------------------------
 
-# Take the oldest spare of this tree state whose schema exists, unless the tenant's schema
-# already does (a resume): its rows go (the ready row and the record of the schema, which is
-# about to become the tenant's), the caller renames the schema in the same transaction.
+# Take the oldest spare of this tree state and role set (or built without grants) whose schema
+# exists, unless the tenant's schema already does (a resume): its rows go (the ready row and the
+# record of the schema, which is about to become the tenant's), the caller renames the schema
+# in the same transaction.
 TAKE_SPARE = """
 WITH taken AS (
     DELETE FROM control.tenant_pool
      WHERE schema_name = (
            SELECT p.schema_name FROM control.tenant_pool p
-            WHERE p.tree_digest = %(digest)s
+            WHERE p.tree_digest = %(digest)s AND p.app_roles IN (%(roles)s, '')
               AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
               AND NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = %(tenant)s)
             ORDER BY p.created_at
@@ -115,10 +121,10 @@ RETURNING EXISTS (SELECT 1 FROM pg_namespace n
           AS ours
 """
 
-# Record a spare built (and verified) in the same transaction.
+# Record a spare built (and verified) in the same transaction, with the roles it was granted for.
 ADD_SPARE = """
-INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by)
-VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s)
+INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by, app_roles)
+VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s, %(roles)s)
 """
 
 # Schemas the pool recorded that hold no ready spare: being built, or left by a build whose
@@ -142,26 +148,27 @@ SELECT n.nspname AS schema_name, pg_get_userbyid(n.nspowner) AS owner FROM pg_na
  ORDER BY n.nspname
 """
 
-# Spares ready for this tree state, the useless ones (built for another tree state, or whose
-# schema is gone: dropped by hand), and the unfinished ones.
+# Spares ready for this tree state and role set, the useless ones (built for another tree state
+# or role set, or whose schema is gone: dropped by hand), and the unfinished ones.
 COUNT_SPARES = f"""
 SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usable) AS stale,
        (SELECT count(*) FROM ({UNFINISHED_SPARES}) u) AS unfinished,
        ARRAY(SELECT f.schema_name FROM ({FOREIGN_SCHEMAS}) f) AS foreign_schemas
-  FROM (SELECT tree_digest = %(digest)s
+  FROM (SELECT tree_digest = %(digest)s AND app_roles IN (%(roles)s, '')
                AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name) AS usable
           FROM control.tenant_pool p) s
 """
 
-# One useless spare, to drop (with its schema, if any) in the same transaction.
+# One useless spare, to drop (with its schema, if any) in the same transaction; what it was
+# built for, to say why.
 CLAIM_STALE_SPARE = """
 DELETE FROM control.tenant_pool
  WHERE schema_name = (
        SELECT p.schema_name FROM control.tenant_pool p
-        WHERE p.tree_digest <> %(digest)s
+        WHERE p.tree_digest <> %(digest)s OR p.app_roles NOT IN (%(roles)s, '')
            OR NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
         ORDER BY p.created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING schema_name
+RETURNING schema_name, tree_digest = %(digest)s AS same_tree, app_roles
 """
 
 
@@ -171,7 +178,7 @@ WARM_TOUCHES: tuple[str, ...] = ("SELECT 1 FROM control.tenant_pool WHERE schema
 #: A take's statements before its rename, planned ahead on the steps' idle session after a
 #: spare build (:func:`plan_take`): parameters that match nothing.
 TAKE_PLANS: tuple[PlanAhead, ...] = (
-    (TAKE_SPARE, {"digest": "", "tenant": ""}),
+    (TAKE_SPARE, {"digest": "", "roles": "", "tenant": ""}),
     *((query, {"schema": "", "role": ""}) for query in GRANTS_HELD.values()),
 )
 
@@ -187,9 +194,9 @@ BATCH = 10
 
 @dataclass(frozen=True)
 class PoolCounts:
-    #: spares at the tree state on disk: what provisioning can take
+    #: spares at the tree state on disk, for the configured roles: what provisioning can take
     ready: int
-    #: spares at another tree state: never handed out, rebuilt by the keeper
+    #: spares at another tree state or role set: never handed out, rebuilt by the keeper
     stale: int
     #: schemas the pool recorded with no ready row: being built, or left by a build that died
     #: (dropped by the next builder)
@@ -230,7 +237,10 @@ def take(tx: Transaction, tenant_schema_name: str, app_roles: AppRoles) -> Taken
     the tenant's schema already exists)."""
     digest = migrations.tenant_tree_state().digest
     with tx.pg.cursor() as cur:
-        cur.execute(TAKE_SPARE, {"digest": digest, "tenant": tenant_schema_name})
+        cur.execute(
+            TAKE_SPARE,
+            {"digest": digest, "roles": roles_key(app_roles), "tenant": tenant_schema_name},
+        )
         row = cur.fetchone()
         if row is None:
             return None
@@ -288,10 +298,23 @@ def plan_take(conn: Any) -> None:
     prepare_ahead(conn, TAKE_PLANS)
 
 
-def counts(conn: Any) -> PoolCounts:
-    """How many spares are ready for the tree on disk, and how many are stale."""
+def roles_key(app_roles: AppRoles | None) -> str:
+    """What a spare's row records of the application roles it was granted for
+    (:func:`provisioner.roles.identity`), ``''`` when built without grants: such a spare suits
+    any role set (the grant step grants it in full at the take); one built for another set is
+    never handed out (its grants are the old set's: a removed role's, a readonly role's
+    readwrite ones) and the keeper drops it."""
+    return "" if app_roles is None else roles.identity(app_roles)
+
+
+def counts(conn: Any, app_roles: AppRoles | None = None) -> PoolCounts:
+    """How many spares are ready for the tree on disk and ``app_roles`` (the roles a take
+    grants; None: spares without grants only), and how many are stale."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(COUNT_SPARES, {"digest": migrations.tenant_tree_state().digest})
+        cur.execute(
+            COUNT_SPARES,
+            {"digest": migrations.tenant_tree_state().digest, "roles": roles_key(app_roles)},
+        )
         row = cur.fetchone()
     assert row is not None
     return PoolCounts(
@@ -315,36 +338,52 @@ def build_spare(
     app_roles: AppRoles | None = None,
     *,
     stop: Callable[[], bool] = lambda: False,
+    go_on: Callable[[], bool] = lambda: False,
+    references: dict[str, template_reference.Reference] | None = None,
 ) -> str:
     """Build one spare at the head and record it; its name. The caller holds the builders'
     lock (:func:`builder_lock`).
 
     The reference is read (or computed once, see :mod:`provisioner.templates.reference`) in the
-    transaction that creates the schema; its statements are replayed :data:`BATCH` per
-    transaction; the schema's fingerprint must then equal the reference's. With ``app_roles``
-    the spare gets those roles' grants but USAGE, batched the same way, and they are checked
-    (:func:`check_spare_grants`) in the last transaction, which records the spare. Raises
-    :class:`SpareRejected` when the replay (or the grants) do not match, :class:`TemplateUnusable`
-    when the tree cannot be replayed, :class:`BuildStopped` when ``stop()`` says so between
-    two transactions: the schema is then dropped (by the next builder, if this process dies).
+    transaction that creates the schema (``references``: the ones a refill already read, by
+    tree digest, kept there); its statements are replayed :data:`BATCH` per transaction; the
+    schema's fingerprint must then equal the reference's. With ``app_roles`` the spare gets
+    those roles' grants but USAGE, batched the same way, and they are checked
+    (:func:`check_spare_grants`) in the last transaction, which records the spare. Batches are
+    sent as :func:`_run_batches` says (``go_on``: whether a commit may begin the next batch).
+    Raises :class:`SpareRejected` when the replay (or the grants) do not match,
+    :class:`TemplateUnusable` when the tree cannot be replayed, :class:`BuildStopped` when
+    ``stop()`` says so between two transactions: the schema is then dropped (by the next
+    builder, if this process dies).
     """
     tree = migrations.tenant_tree_state()
+    known = {} if references is None else references
     with session.transaction() as tx:
-        reference, _ = template_reference.obtain(tx, tree, created_by)
+        reference = known.get(tree.digest)
+        if reference is None:
+            reference, _ = template_reference.obtain(tx, tree, created_by)
+            known[tree.digest] = reference
         name = _create_recorded_schema(tx, created_by)
     try:
-        _replay_batches(session, name, reference.template.statements, stop)
+        search_path = sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(name))
+        statements = reference.template.statements
+        replay = [
+            sql.SQL("{};\n{}").format(search_path, sql.SQL("\n".join(statements[at : at + BATCH])))
+            for at in range(0, len(statements), BATCH)
+        ]
+        try:
+            _run_batches(session, replay, stop, go_on)
+        except DatabaseError as exc:
+            raise SpareRejected(f"replay failed: {exc}") from exc
         with session.transaction() as tx:
             problem = mismatch(reference.fingerprint, tenant_schema.fingerprint(tx.pg, name))
+            # After the fingerprint: the reference has no grants.
+            batches = (
+                [] if app_roles is None else spare_grant_batches(name, app_roles, tx.pg, BATCH)
+            )
         if problem is not None:
             raise SpareRejected(problem)
-        if app_roles is not None:  # after the fingerprint check: the reference has no grants
-            with session.transaction() as tx:
-                batches = spare_grant_batches(name, app_roles, tx.pg, BATCH)
-            for batch in batches:
-                _between_batches(stop)
-                with session.transaction() as tx:
-                    tx.pg.execute(batch)
+        _run_batches(session, batches, stop, go_on)
         with session.transaction() as tx:
             if app_roles is not None:
                 check_spare_grants(tx.pg, name, app_roles)
@@ -355,6 +394,7 @@ def build_spare(
                     "digest": reference.digest,
                     "heads": sorted(reference.heads),
                     "created_by": created_by,
+                    "roles": roles_key(app_roles),
                 },
             )
     except BaseException:
@@ -363,20 +403,30 @@ def build_spare(
     return name
 
 
-def _replay_batches(
-    session: db.Session, schema: str, statements: tuple[str, ...], stop: Callable[[], bool]
+def _run_batches(
+    session: db.Session,
+    batches: list[sql.Composed],
+    stop: Callable[[], bool],
+    go_on: Callable[[], bool],
 ) -> None:
-    """The reference's statements into ``schema``, :data:`BATCH` per transaction, each batch
-    one simple query under the schema as ``search_path`` (as Alembic's env.py sets it)."""
-    search_path = sql.SQL("SET LOCAL search_path TO {};\n").format(sql.Identifier(schema))
-    for start in range(0, len(statements), BATCH):
-        _between_batches(stop)
-        try:
-            with session.transaction() as tx, keeping_prepared_statements(tx.pg):
-                text = search_path.as_string(tx.pg) + "\n".join(statements[start : start + BATCH])
-                tx.pg.execute(text.encode())
-        except DatabaseError as exc:
-            raise SpareRejected(f"replay failed: {exc}") from exc
+    """Each batch its own transaction, one simple query. While ``go_on()`` says so (the
+    keeper: the worker is idle), a batch's commit begins the next batch's transaction with its
+    statements in the same round trip (``COMMIT; BEGIN; <next batch>``,
+    :meth:`provisioner.db.Session.transaction`'s ``then``): one round trip per batch, where
+    a ``BEGIN``, the batch and a ``COMMIT`` were three. When it does not, the commit goes
+    alone and ``stop()`` runs before the next batch (it pauses while the worker has a job:
+    nothing of the build runs meanwhile). A chained batch that fails after its predecessor's
+    commit is begun again by the next transaction, which meets the error. psycopg keeps the
+    session's prepared statements (:func:`keeping_prepared_statements`)."""
+    chained = False
+    with keeping_prepared_statements(session.driver):
+        for at, batch in enumerate(batches):
+            if not chained:
+                _between_batches(stop)
+            following = batches[at + 1] if at + 1 < len(batches) else None
+            with session.transaction(batch) as tx:
+                chained = following is not None and go_on()
+                tx.begin_next_with(following if chained else None)
 
 
 def _between_batches(stop: Callable[[], bool]) -> None:

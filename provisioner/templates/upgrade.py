@@ -22,7 +22,8 @@ The checks, in order:
    (:mod:`provisioner.templates.recording`): when what the revisions sent differs from the
    offline SQL, or a revision read the database, the reference says the replay is refused and
    why, and every tenant runs through Alembic. No revision declares anything. It is computed
-   once per database, tree state and starting revision, under an advisory lock, stored in
+   once per database, tree state, starting revision and set of application roles (its grants
+   are in the fingerprint: :func:`upgrade_reference_key`), under an advisory lock, stored in
    ``control.tenant_upgrade_references`` and the scratch schema rolled back: every process,
    one-off or worker, replays from its first tenant, and no tenant's drift can become the
    reference.
@@ -53,7 +54,7 @@ from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from provisioner import naming
+from provisioner import naming, roles
 from provisioner.db import Transaction, translated
 from provisioner.errors import NotReplayable
 from provisioner.roles import AppRoles
@@ -239,9 +240,21 @@ class UpgradeReference:
     refused: str | None = None
 
 
-def _load_reference(tx: Transaction, digest: str, start: str) -> UpgradeReference | None:
+def upgrade_reference_key(digest: str, app_roles: AppRoles) -> str:
+    """Where the reference of an upgrade of the tree state ``digest`` is stored: the template
+    reference's key and the role set the scratch schema was granted for
+    (:func:`provisioner.roles.identity`). The grants are part of the fingerprint: a reference of
+    another role set would refuse every replay as a mismatch, so a change of roles computes a
+    new one instead."""
+    return f"{reference_key(digest)}/roles={roles.identity(app_roles)}"
+
+
+def _load_reference(
+    tx: Transaction, digest: str, start: str, app_roles: AppRoles
+) -> UpgradeReference | None:
     with tx.pg.cursor(row_factory=dict_row) as cur:
-        cur.execute(SELECT_REFERENCE, {"key": reference_key(digest), "start": start})
+        key = upgrade_reference_key(digest, app_roles)
+        cur.execute(SELECT_REFERENCE, {"key": key, "start": start})
         row = cur.fetchone()
     if row is None:
         return None
@@ -260,14 +273,16 @@ def obtain_reference(
     """The stored reference of an upgrade from ``start``, computed and stored in ``tx`` when
     nobody did it yet (the caller's transaction holds the advisory lock until it ends)."""
     label = migrations.head_label(start)
-    found = _load_reference(tx, tree.digest, label)
+    found = _load_reference(tx, tree.digest, label, app_roles)
     if found is not None:
         return found
     with tx.pg.cursor() as cur:
         cur.execute(
             LOCK_REFERENCE, {"class": REFERENCE_LOCK_CLASS, "digest": tree.digest, "start": label}
         )
-    found = _load_reference(tx, tree.digest, label)  # computed by the lock's previous holder
+    found = _load_reference(
+        tx, tree.digest, label, app_roles
+    )  # computed by the lock's previous holder
     if found is not None:
         return found
     reference = _compute_reference(tx, label, tree, app_roles, script)
@@ -275,7 +290,7 @@ def obtain_reference(
         cur.execute(
             INSERT_REFERENCE,
             {
-                "key": reference_key(tree.digest),
+                "key": upgrade_reference_key(tree.digest, app_roles),
                 "start": label,
                 "heads": sorted(tree.heads),
                 "fingerprint": Jsonb(reference.fingerprint),
@@ -325,7 +340,7 @@ class UpgradeCache:
     def __init__(self) -> None:
         self.scripts: dict[tuple[str, frozenset[str]], UpgradeScript | str] = {}
         self.references: dict[ReferenceKey, UpgradeReference] = {}
-        #: (tree digest, database key) -> the last replay proven there (see :meth:`migrate`)
+        #: (reference key, database key) -> the last replay proven there (see :meth:`migrate`)
         self.plans: dict[tuple[str, tuple[str, ...]], ReplayPlan] = {}
         self._lock = threading.Lock()
 
@@ -403,7 +418,7 @@ class UpgradeCache:
         if script.digest != tree.digest:
             del self.scripts[(tree.digest, start)]
             return self._alembic(tx, schema, start, reason="the tree changed since the capture")
-        key = (tree.digest, start, database_key(tx))
+        key = (upgrade_reference_key(tree.digest, app_roles), start, database_key(tx))
         reference = self.references.get(key)
         if reference is None:
             try:
@@ -415,7 +430,7 @@ class UpgradeCache:
             return self._alembic(tx, schema, start, reason=reference.refused)
         problem = self._replay(tx, schema, script, reference.fingerprint)
         if problem is None:
-            self.plans[(tree.digest, key[2])] = ReplayPlan(script, reference.fingerprint)
+            self.plans[(key[0], key[2])] = ReplayPlan(script, reference.fingerprint)
             return UpgradeOutcome("replay", start, tree.heads)
         return self._alembic(tx, schema, start, reason=problem)
 
@@ -430,7 +445,7 @@ class UpgradeCache:
         which says why in the step record if the replay is refused there too). A lock timeout
         propagates, as from any replay."""
         tree = migrations.tenant_tree_state()
-        plan = self.plans.get((tree.digest, database_key(tx)))
+        plan = self.plans.get((upgrade_reference_key(tree.digest, app_roles), database_key(tx)))
         if plan is None:
             return None
         before = sql.SQL(PLAN_SETTINGS).format(

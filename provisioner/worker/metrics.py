@@ -43,6 +43,7 @@ class FleetCollector(Collector):
 
     def __init__(self, settings: Settings, application_name: str) -> None:
         self._url = settings.owner_url
+        self._app_roles = settings.app_roles
         self._name = application_name
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()  # one scrape at a time on the one connection
@@ -66,7 +67,7 @@ class FleetCollector(Collector):
         if self._conn is None:
             self._conn = db.connect(self._url, application_name=self._name, autocommit=True)
         with db.translated(), self._conn.transaction():
-            return overview.read(self._conn)
+            return overview.read(self._conn, self._app_roles)
 
     def close(self) -> None:
         if self._conn is not None:

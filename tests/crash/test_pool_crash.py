@@ -161,7 +161,7 @@ def test_a_spare_build_killed_before_its_record_leaves_no_spare_and_the_next_bui
     with database.owner() as conn:
         tables, _ = tenant_schema.relations(conn, left)
         assert "members" in tables  # every batch of the replay was committed
-        assert pool.counts(conn) == pool.PoolCounts(ready=0, stale=0, unfinished=1)
+        assert pool.counts(conn, fast.app_roles) == pool.PoolCounts(ready=0, stale=0, unfinished=1)
     with database.app() as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(left, "members")))
 
@@ -170,9 +170,73 @@ def test_a_spare_build_killed_before_its_record_leaves_no_spare_and_the_next_bui
     built = second.wait_for("pool_spare_built", 60)
     assert unfinished(database) == []
     with database.owner() as conn:
-        assert pool.counts(conn) == pool.PoolCounts(ready=1, stale=0, unfinished=0)
+        assert pool.counts(conn, fast.app_roles) == pool.PoolCounts(ready=1, stale=0, unfinished=0)
         row = conn.execute(
             "SELECT schema_name FROM control.tenant_pool WHERE schema_name = %s", (built["schema"],)
         ).fetchone()
         assert row is not None
     assert second.stop() == 0, second.output()
+
+
+def ready_and_mid_build(database: Database) -> tuple[list[str], list[str]] | None:
+    """(ready spares, unfinished schemas holding at least one relation) once the keeper has
+    recorded a spare and committed a batch of the next one; None before."""
+    with database.owner() as conn:
+        ready = [
+            str(r[0])
+            for r in conn.execute("SELECT schema_name FROM control.tenant_pool ORDER BY created_at")
+        ]
+        building = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT u.schema_name FROM (" + pool.UNFINISHED_SPARES + ") u "
+                "WHERE EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = u.schema_name)"
+            )
+        ]
+    return (ready, building) if ready and building else None
+
+
+def test_a_refill_killed_between_chained_batches_keeps_its_recorded_spares_whole(
+    fast: Settings, database: Database, workers: Workers, clean_fingerprint: dict
+) -> None:
+    """A refill builds its spares one after the other under one lock, and each spare's batches
+    back to back, a batch's commit beginning the next one (``COMMIT; BEGIN; <batch>``). Killed
+    with one spare recorded and the next one's batches under way, the recorded spare is whole
+    (a tenant takes it and matches a clean provisioning) and the unfinished schema is never
+    counted ready, is refused to the application role, and is dropped by the next builder."""
+    size = {"PROVISIONER_POOL_SIZE": "6"}
+    first = workers.start(env=size)
+    found = wait_until(
+        lambda: ready_and_mid_build(database), 120, "a spare recorded, the next mid-build", 0.005
+    )
+    first.send(signal.SIGKILL)
+    assert first.wait() == -signal.SIGKILL
+    ready, building = found
+    (left,) = unfinished(database)
+    assert left in building
+    with database.owner() as conn:
+        counted = pool.counts(conn, fast.app_roles)
+        assert counted.unfinished == 1 and counted.ready >= len(ready)
+    with database.app() as conn:
+        refused = conn.execute(
+            "SELECT has_schema_privilege(current_user, %(s)s, 'USAGE'), "
+            "has_schema_privilege(current_user, %(s)s, 'CREATE')",
+            {"s": left},
+        ).fetchone()
+        assert refused == (False, False)
+
+    assert service.provision(fast, TENANT).job.status.value == "succeeded"
+    taken = [
+        r["detail"]
+        for r in step_runs(database, TENANT)
+        if r["step"] == "create_schema" and r["outcome"] == "succeeded"
+    ]
+    assert taken == [f"taken from the warm pool: {ready[0]}"]  # the oldest, recorded before
+    assert fingerprint(database, TENANT) == clean_fingerprint
+
+    second = workers.start(env=size)
+    second.wait_for("pool_spare_dropped", 60, schema=left, reason="unfinished build")
+    second.wait_for("pool_spare_built", 60)
+    assert second.stop() == 0, second.output()
+    assert left not in unfinished(database)

@@ -285,10 +285,10 @@ def test_a_spare_whose_schema_was_dropped_by_hand_is_not_counted_and_is_cleared(
                 conn.execute(f'DROP SCHEMA "{gone}" CASCADE')
             with session.transaction() as tx:
                 assert pool.counts(tx.pg) == pool.PoolCounts(ready=1, stale=1)
-                assert pool.drop_stale_spare(tx) == gone
+                assert pool.drop_stale_spare(tx) == pool.Dropped(gone, "schema gone")
                 assert pool.drop_stale_spare(tx) is None
             # Already full: nothing more is built.
-            assert pool.build_spare_if_short(session, 1, "test") == pool.Tended(None)
+            assert pool.refill(session, 1, "test") == pool.Tended()
     finally:
         owner.close()
     assert [s["schema_name"] for s in spares(database)] == [kept]
@@ -501,13 +501,19 @@ class BusyAtTheFirstBatch:
     """A worker's ``idle()`` for the keeper: idle when asked whether to build, then busy from
     the first time a build asks between two of its transactions, until released."""
 
-    def __init__(self) -> None:
+    def __init__(self, database: Database | None = None) -> None:
         self.calls = 0
         self.busy = threading.Event()
+        self.database = database
+        #: the unfinished schemas when it turned busy (read then: a short pause limit may
+        #: drop the schema before the test looks)
+        self.seen: list[str] = []
 
     def __call__(self) -> bool:
         self.calls += 1
         if self.calls == 2:  # the first call let the build start; this one is between batches
+            if self.database is not None:
+                self.seen = _unfinished(self.database)
             self.busy.set()
         return not self.busy.is_set()
 
@@ -541,7 +547,7 @@ def test_a_spare_build_pauses_while_the_worker_has_a_job(
 def test_a_build_paused_past_its_limit_gives_up_and_drops_its_schema(
     fast: Settings, database: Database
 ) -> None:
-    idle = BusyAtTheFirstBatch()
+    idle = BusyAtTheFirstBatch(database)
     keeper = pool.PoolKeeper(
         fast.owner_url,
         1,
@@ -554,7 +560,7 @@ def test_a_build_paused_past_its_limit_gives_up_and_drops_its_schema(
     keeper.start()
     try:
         wait_until(lambda: idle.busy.is_set(), 60, "the build to reach its first batch")
-        (paused,) = _unfinished(database)
+        (paused,) = idle.seen
         wait_until(lambda: _unfinished(database) == [], 30, "the build to give up")
         assert ready_spares(database) == [] and keeper.pauses == 0
         with psycopg.connect(database.owner_url) as conn:

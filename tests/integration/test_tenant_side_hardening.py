@@ -315,7 +315,7 @@ def test_a_spare_name_already_taken_is_skipped_for_another(
     assert rows_in(database, "pool_abababababababab.kept") == 0
     with database.owner() as conn:
         assert [n for n, _ in pool.foreign_schemas(conn)] == ["pool_abababababababab"]
-        assert pool.counts(conn) == pool.PoolCounts(
+        assert pool.counts(conn, settings.app_roles) == pool.PoolCounts(
             ready=1, stale=0, unfinished=0, foreign=("pool_abababababababab",)
         )
 

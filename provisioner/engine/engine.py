@@ -14,7 +14,8 @@ For one claimed job it
 3. completes the job in the transaction of its last step (so a job is never left with every
    step done but not complete), or hands the failure to the queue (backoff, or failed at once
    when :func:`errors.is_permanent` says so). A worker child's engine also claims its next job
-   in that transaction (:meth:`Engine.claim`).
+   in that transaction (:meth:`Engine.claim`), opens that job's first journal row and begins its
+first transaction (:mod:`provisioner.engine.handoff`).
 
 The engine knows no kind by name: a job's kind (:class:`kinds.JobKind`) gives its steps, the
 states it refuses, its scope, its memo and its plans made ahead.
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ from provisioner.engine.events import (
     ignore_progress,
     never_stop,
 )
+from provisioner.engine.handoff import HandOff, first_steps, usable
 from provisioner.engine.sessions import EngineSessions
 from provisioner.errors import (
     ConnectionLost,
@@ -123,6 +125,8 @@ class JobRun:
     should_stop: StopRequested
     #: the job types whose next job the last step claims with its commit (empty: none)
     claim_next: tuple[str, ...]
+    #: each of those kinds' steps, for the claim to open the next job's first one
+    first_steps: Mapping[str, Sequence[str]]
     #: every step transaction's first statement: the tenant's lock, the commit mode
     lock: sql.Composed
 
@@ -197,7 +201,9 @@ class Engine:
             owner_url, holder=holder, stale_after_seconds=stale_after_seconds
         )
         #: the next job, claimed by the last step of the previous one (``claim_next``)
-        self._claimed: queue.Claim | None = None
+        self._claimed: HandOff | None = None
+        #: the journal row that claim opened for the claimed job's first step, until it runs
+        self._opened: queue.OpenedRun | None = None
         #: the job whose last step's commit failed after claiming the next one (unknown fate)
         self._unsure_after: UUID | None = None
 
@@ -264,8 +270,9 @@ class Engine:
         claimed by a live holder that does not know it.
         """
         if self._claimed is not None:
-            claimed, self._claimed = self._claimed, None
-            return claimed
+            handed, self._claimed = self._claimed, None
+            self._opened = handed.opened
+            return handed.claim
         with db.translated():
             if self._unsure_after is not None:
                 queue.release_unreported(self.control, self.holder, [self._unsure_after])
@@ -274,9 +281,10 @@ class Engine:
 
     def close(self) -> None:
         if self._claimed is not None:  # claimed by the last job, never started: hand it back
-            claimed, self._claimed = self._claimed, None
+            handed, self._claimed = self._claimed, None
+            self._opened = handed.opened
             with suppress(ProvisionerError):
-                self.release(claimed.job)
+                self.release(handed.claim.job)
         self.sessions.close()
 
     def __enter__(self) -> Engine:
@@ -335,7 +343,8 @@ class Engine:
                     on_progress=on_progress,
                     should_stop=should_stop,
                     claim_next=claim_next,
-                    lock=_tenant_lock(tenant),
+                    first_steps=first_steps(self.kinds, claim_next),
+                    lock=_tenant_lock(tenant.value),
                 )
                 return self._run_steps(run, job, (tenant_state, tenant_server))
             except LeaseLost:
@@ -360,7 +369,8 @@ class Engine:
 
     def _run_steps(self, run: JobRun, job: Job, claimed: tuple[ClaimRead, ClaimRead]) -> Job:
         current = "resume check"
-        state = RunState(job)
+        opened = self._take_opened(job.id)
+        state = RunState(job, opened=None if opened is None else opened.run_id)
         try:
             self._check_state(run, *claimed)
             # A scope of the pending steps alone (a fleet upgrade's job: its migration step)
@@ -371,6 +381,9 @@ class Engine:
                 self._forget_vanished(run, state)
             recorded = set(state.job.steps_completed)
             pending = [step for step in run.kind.steps if step.name not in recorded]
+            if state.opened is not None and not usable(opened, pending):
+                self._discard_run(run.journal, state.opened)  # the run begins elsewhere
+                state.opened = None
             for step in run.kind.steps:
                 if step.name in recorded:
                     if scope is Scope.ALL:
@@ -487,9 +500,10 @@ class Engine:
                     finished.append(StepEvent(job, step.name, outcome, seconds, detail))
                     if following is None or not run.context.memo.one_transaction:
                         break
-                tx.begin_next_with(None if following is None else run.lock)
+                # the job's next step, or the next job's first (engine/handoff.py)
+                tx.begin_next_with(run.lock if following else _next_lock(closed.claimed))
                 # leaving the block commits
-            self._claimed = closed.claimed
+            self._claimed = HandOff.of(closed)
         except BaseException as exc:
             self._failed(run, job, trace, exc)
             if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
@@ -549,6 +563,7 @@ class Engine:
             last=last,
             claim_next=run.claim_next if last else (),
             open_next=None if following is None else queue.NextStep(ctx.tenant.value, following),
+            first_steps=run.first_steps,
         )
         return closed, detail
 
@@ -586,18 +601,31 @@ class Engine:
             pass  # the journal is best effort when the database itself is failing
 
     def release(self, job: Job) -> Job:
-        """Hand the held job back to the queue, untouched (its attempt is not counted)."""
-        return self._release(job.lease, None)
+        """Hand the held job back to the queue, untouched (its attempt is not counted), with
+        the journal row its claim opened."""
+        opened = self._take_opened(job.id)
+        return self._release(job.lease, None if opened is None else opened.run_id)
+
+    def _take_opened(self, job_id: UUID) -> queue.OpenedRun | None:
+        """The journal row the claim of ``job_id`` opened for its first step, taken once."""
+        opened, self._opened = self._opened, None
+        return opened if opened is not None and opened.job_id == job_id else None
 
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self.sessions.transaction() as tx:
             return write(tx.pg)
 
 
-def _tenant_lock(tenant: TenantId) -> sql.Composed:
+def _tenant_lock(tenant: str) -> sql.Composed:
     """A step's first statement: the tenant's lock and the step's commit mode, in one statement,
     sent with the transaction's BEGIN."""
-    return LOCK_ASYNC_COMMIT.format(sql.Literal(tenant.value))
+    return LOCK_ASYNC_COMMIT.format(sql.Literal(tenant))
+
+
+def _next_lock(claimed: queue.Claim | None) -> sql.Composed | None:
+    """The first statement of the claimed next job's first step (None: no job, or no tenant)."""
+    tenant = None if claimed is None else claimed.job.tenant_id
+    return None if tenant is None else _tenant_lock(tenant)
 
 
 def _failure(exc: BaseException, failed: Step, first: Step) -> str:

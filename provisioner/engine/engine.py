@@ -21,9 +21,10 @@ The engine knows no kind by name: a job's kind (:class:`kinds.JobKind`) gives it
 states it refuses, its scope, its memo and its plans made ahead.
 
 Every step but a job's last commits asynchronously; the last one commits durably, and that
-flush makes the earlier ones durable with it (see :data:`LOCK_ASYNC_COMMIT`). Each step's
-journal row is opened by the step before it, and each commit begins the next step's
-transaction (one round trip fewer per step each): pinned by
+flush makes the earlier ones durable with it (see :mod:`provisioner.engine.step_lock`). Each
+step's journal row is opened by the step before it (the first one by the job before it, or
+just before its transaction), and each commit begins the next step's transaction (one round
+trip fewer per step each): pinned by
 ``tests/integration/test_job_kinds.py::
 test_each_step_after_the_first_starts_in_the_journal_when_the_one_before_finished`` and
 ``tests/integration/test_pool.py::test_a_taken_spares_steps_commit_together_or_leave_the_spare``.
@@ -57,6 +58,7 @@ from provisioner.engine.events import (
 )
 from provisioner.engine.handoff import HandOff, first_steps, usable
 from provisioner.engine.sessions import EngineSessions
+from provisioner.engine.step_lock import next_lock, tenant_lock
 from provisioner.errors import (
     ConnectionLost,
     LeaseLost,
@@ -88,27 +90,6 @@ class Unread:
 UNREAD = Unread()
 #: What a claim read of the tenant's row (its state, its server), or UNREAD.
 ClaimRead = str | Unread | None
-
-
-# A step's transaction starts by taking its tenant's lock, in the same simple query as its
-# BEGIN (db.Database.transaction): the values are composed as literals. The lock is the
-# tenant's row in control.tenant_locks, on which the application role has no privilege at all,
-# so no application session can take it or hold it (the advisory lock it replaced could be held
-# by any role, and an app_rw session holding it hung suspend and purge). The upsert locks the
-# row whether it exists or not: ON CONFLICT DO UPDATE locks the row even when its WHERE
-# updates nothing, and writes no new row version. It also sets the
-# transaction to commit without waiting for its WAL flush. Safe: WAL is replayed in order, so a
-# server crash can lose only a tail of such commits, each one atomically (the step's work
-# together with its checkpoint): the job then resumes from an earlier, consistent checkpoint
-# (its claim is asynchronous too). The statement that completes the job, in its last step's
-# transaction, sets the commit back to durable (queue.RECORD_LAST_STEP): what a caller is told
-# succeeded is durable, and that flush makes every earlier step of the job durable with it.
-# One statement, not two: one execute costs psycopg less than a pipeline of two.
-LOCK_ASYNC_COMMIT = sql.SQL(
-    "WITH locked AS (INSERT INTO control.tenant_locks AS l (tenant_id) VALUES ({}) "
-    "ON CONFLICT (tenant_id) DO UPDATE SET tenant_id = l.tenant_id WHERE false) "
-    "SELECT set_config('synchronous_commit', 'off', true)"
-)
 
 
 @dataclass(frozen=True)
@@ -344,7 +325,7 @@ class Engine:
                     should_stop=should_stop,
                     claim_next=claim_next,
                     first_steps=first_steps(self.kinds, claim_next),
-                    lock=_tenant_lock(tenant.value),
+                    lock=tenant_lock(tenant.value),
                 )
                 return self._run_steps(run, job, (tenant_state, tenant_server))
             except LeaseLost:
@@ -501,7 +482,7 @@ class Engine:
                     if following is None or not run.context.memo.one_transaction:
                         break
                 # the job's next step, or the next job's first (engine/handoff.py)
-                tx.begin_next_with(run.lock if following else _next_lock(closed.claimed))
+                tx.begin_next_with(run.lock if following else next_lock(closed.claimed))
                 # leaving the block commits
             self._claimed = HandOff.of(closed)
         except BaseException as exc:
@@ -614,18 +595,6 @@ class Engine:
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self.sessions.transaction() as tx:
             return write(tx.pg)
-
-
-def _tenant_lock(tenant: str) -> sql.Composed:
-    """A step's first statement: the tenant's lock and the step's commit mode, in one statement,
-    sent with the transaction's BEGIN."""
-    return LOCK_ASYNC_COMMIT.format(sql.Literal(tenant))
-
-
-def _next_lock(claimed: queue.Claim | None) -> sql.Composed | None:
-    """The first statement of the claimed next job's first step (None: no job, or no tenant)."""
-    tenant = None if claimed is None else claimed.job.tenant_id
-    return None if tenant is None else _tenant_lock(tenant)
 
 
 def _failure(exc: BaseException, failed: Step, first: Step) -> str:

@@ -7,11 +7,13 @@ The entry is this module's ``JOB_KINDS``; the settings name the module
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 from psycopg.rows import dict_row
 
 from provisioner import db, kinds, queue
@@ -228,7 +230,25 @@ def test_a_handed_off_job_begins_without_a_round_trip_of_its_own(
         (opened,) = journal(database, "second")
         assert (opened["step"], opened["outcome"]) == ("stamp_one", "running")
         assert begun_ahead(database, "drainer", "second")
-        second = drain_once(engine)
+        session = engine.sessions._session  # kept checked out between the two jobs
+        assert session is not None
+        wire = session.driver.pgconn
+        with tempfile.TemporaryFile() as trace:
+            wire.trace(trace.fileno())
+            wire.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                second = drain_once(engine)
+            finally:
+                wire.untrace()
+            trace.seek(0)
+            sent = [
+                line for line in trace.read().decode(errors="replace").splitlines()
+                if line.split("\t")[:3:2] == ["F", "Query"]
+            ]  # fmt: skip
+        # The first step ran in the transaction begun ahead: nothing rolled back, and the one
+        # BEGIN sent is the one its own commit sent for the second step.
+        assert not any("ROLLBACK" in line for line in sent), sent
+        assert sum(line.count("BEGIN") for line in sent) == 1, sent
         assert isinstance(second, runner.Settled) and second.job.status is JobStatus.SUCCEEDED
         assert not begun_ahead(database, "drainer", "second")
     runs = journal(database, "second")

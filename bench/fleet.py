@@ -167,7 +167,7 @@ def _workers(database: BenchDatabase, tenants: int, children: int, tree: Path) -
         env={migrations.TENANT_TREE_ENV: str(tree), "PROVISIONER_POLL_SECONDS": "0.2"},
     )
     try:
-        if not worker_process.wait_for(lambda: '"idle"' in worker.log(), 60, step=0.05):
+        if not worker_process.wait_for(lambda: '"idle"' in worker.log(), 300, step=0.05):
             raise RuntimeError(f"worker never idle: {worker.log()[-2000:]}")
         began = time.perf_counter()
         report = fleet.upgrade(database.settings())

@@ -4,13 +4,14 @@
   :class:`JobRun`, the one value a job's run is;
 * :mod:`provisioner.engine.sessions`: the control and steps sessions, and their warm-up;
 * :mod:`provisioner.engine.events`: :class:`StepEvent` and the progress callbacks;
-* :mod:`provisioner.engine.runner`: claim, run, settle, with a typed :data:`runner.Outcome`.
+* :mod:`provisioner.engine.runner`: claim, run, settle, with a typed :data:`runner.Outcome`;
+* :mod:`provisioner.engine.step_lock`: a step transaction's first statement (tenant lock);
+* :mod:`provisioner.engine.handoff`: one job's final commit handing the next one over.
 """
 
 from __future__ import annotations
 
 from provisioner.engine.engine import (
-    LOCK_ASYNC_COMMIT,
     UNREAD,
     Engine,
     JobRun,
@@ -28,6 +29,7 @@ from provisioner.engine.events import (
     never_stop,
 )
 from provisioner.engine.sessions import EngineSessions, idle_timeout_ms
+from provisioner.engine.step_lock import LOCK_ASYNC_COMMIT
 from provisioner.errors import StepFailed
 
 __all__ = [

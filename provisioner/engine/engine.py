@@ -14,15 +14,17 @@ For one claimed job it
 3. completes the job in the transaction of its last step (so a job is never left with every
    step done but not complete), or hands the failure to the queue (backoff, or failed at once
    when :func:`errors.is_permanent` says so). A worker child's engine also claims its next job
-   in that transaction (:meth:`Engine.claim`).
+   in that transaction (:meth:`Engine.claim`), opens that job's first journal row and begins its
+first transaction (:mod:`provisioner.engine.handoff`).
 
 The engine knows no kind by name: a job's kind (:class:`kinds.JobKind`) gives its steps, the
 states it refuses, its scope, its memo and its plans made ahead.
 
 Every step but a job's last commits asynchronously; the last one commits durably, and that
-flush makes the earlier ones durable with it (see :data:`LOCK_ASYNC_COMMIT`). Each step's
-journal row is opened by the step before it, and each commit begins the next step's
-transaction (one round trip fewer per step each): pinned by
+flush makes the earlier ones durable with it (see :mod:`provisioner.engine.step_lock`). Each
+step's journal row is opened by the step before it (the first one by the job before it, or
+just before its transaction), and each commit begins the next step's transaction (one round
+trip fewer per step each): pinned by
 ``tests/integration/test_job_kinds.py::
 test_each_step_after_the_first_starts_in_the_journal_when_the_one_before_finished`` and
 ``tests/integration/test_pool.py::test_a_taken_spares_steps_commit_together_or_leave_the_spare``.
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +56,9 @@ from provisioner.engine.events import (
     ignore_progress,
     never_stop,
 )
+from provisioner.engine.handoff import HandOff, first_steps, usable
 from provisioner.engine.sessions import EngineSessions
+from provisioner.engine.step_lock import next_lock, tenant_lock
 from provisioner.errors import (
     ConnectionLost,
     LeaseLost,
@@ -88,27 +92,6 @@ UNREAD = Unread()
 ClaimRead = str | Unread | None
 
 
-# A step's transaction starts by taking its tenant's lock, in the same simple query as its
-# BEGIN (db.Database.transaction): the values are composed as literals. The lock is the
-# tenant's row in control.tenant_locks, on which the application role has no privilege at all,
-# so no application session can take it or hold it (the advisory lock it replaced could be held
-# by any role, and an app_rw session holding it hung suspend and purge). The upsert locks the
-# row whether it exists or not: ON CONFLICT DO UPDATE locks the row even when its WHERE
-# updates nothing, and writes no new row version. It also sets the
-# transaction to commit without waiting for its WAL flush. Safe: WAL is replayed in order, so a
-# server crash can lose only a tail of such commits, each one atomically (the step's work
-# together with its checkpoint): the job then resumes from an earlier, consistent checkpoint
-# (its claim is asynchronous too). The statement that completes the job, in its last step's
-# transaction, sets the commit back to durable (queue.RECORD_LAST_STEP): what a caller is told
-# succeeded is durable, and that flush makes every earlier step of the job durable with it.
-# One statement, not two: one execute costs psycopg less than a pipeline of two.
-LOCK_ASYNC_COMMIT = sql.SQL(
-    "WITH locked AS (INSERT INTO control.tenant_locks AS l (tenant_id) VALUES ({}) "
-    "ON CONFLICT (tenant_id) DO UPDATE SET tenant_id = l.tenant_id WHERE false) "
-    "SELECT set_config('synchronous_commit', 'off', true)"
-)
-
-
 @dataclass(frozen=True)
 class JobRun:
     """One run of one job: everything its steps and their records need besides the job row,
@@ -123,6 +106,8 @@ class JobRun:
     should_stop: StopRequested
     #: the job types whose next job the last step claims with its commit (empty: none)
     claim_next: tuple[str, ...]
+    #: each of those kinds' steps, for the claim to open the next job's first one
+    first_steps: Mapping[str, Sequence[str]]
     #: every step transaction's first statement: the tenant's lock, the commit mode
     lock: sql.Composed
 
@@ -197,7 +182,9 @@ class Engine:
             owner_url, holder=holder, stale_after_seconds=stale_after_seconds
         )
         #: the next job, claimed by the last step of the previous one (``claim_next``)
-        self._claimed: queue.Claim | None = None
+        self._claimed: HandOff | None = None
+        #: the journal row that claim opened for the claimed job's first step, until it runs
+        self._opened: queue.OpenedRun | None = None
         #: the job whose last step's commit failed after claiming the next one (unknown fate)
         self._unsure_after: UUID | None = None
 
@@ -264,8 +251,9 @@ class Engine:
         claimed by a live holder that does not know it.
         """
         if self._claimed is not None:
-            claimed, self._claimed = self._claimed, None
-            return claimed
+            handed, self._claimed = self._claimed, None
+            self._opened = handed.opened
+            return handed.claim
         with db.translated():
             if self._unsure_after is not None:
                 queue.release_unreported(self.control, self.holder, [self._unsure_after])
@@ -274,9 +262,10 @@ class Engine:
 
     def close(self) -> None:
         if self._claimed is not None:  # claimed by the last job, never started: hand it back
-            claimed, self._claimed = self._claimed, None
+            handed, self._claimed = self._claimed, None
+            self._opened = handed.opened
             with suppress(ProvisionerError):
-                self.release(claimed.job)
+                self.release(handed.claim.job)
         self.sessions.close()
 
     def __enter__(self) -> Engine:
@@ -335,7 +324,8 @@ class Engine:
                     on_progress=on_progress,
                     should_stop=should_stop,
                     claim_next=claim_next,
-                    lock=_tenant_lock(tenant),
+                    first_steps=first_steps(self.kinds, claim_next),
+                    lock=tenant_lock(tenant.value),
                 )
                 return self._run_steps(run, job, (tenant_state, tenant_server))
             except LeaseLost:
@@ -360,7 +350,8 @@ class Engine:
 
     def _run_steps(self, run: JobRun, job: Job, claimed: tuple[ClaimRead, ClaimRead]) -> Job:
         current = "resume check"
-        state = RunState(job)
+        opened = self._take_opened(job.id)
+        state = RunState(job, opened=None if opened is None else opened.run_id)
         try:
             self._check_state(run, *claimed)
             # A scope of the pending steps alone (a fleet upgrade's job: its migration step)
@@ -371,6 +362,9 @@ class Engine:
                 self._forget_vanished(run, state)
             recorded = set(state.job.steps_completed)
             pending = [step for step in run.kind.steps if step.name not in recorded]
+            if state.opened is not None and not usable(opened, pending):
+                self._discard_run(run.journal, state.opened)  # the run begins elsewhere
+                state.opened = None
             for step in run.kind.steps:
                 if step.name in recorded:
                     if scope is Scope.ALL:
@@ -487,9 +481,10 @@ class Engine:
                     finished.append(StepEvent(job, step.name, outcome, seconds, detail))
                     if following is None or not run.context.memo.one_transaction:
                         break
-                tx.begin_next_with(None if following is None else run.lock)
+                # the job's next step, or the next job's first (engine/handoff.py)
+                tx.begin_next_with(run.lock if following else next_lock(closed.claimed))
                 # leaving the block commits
-            self._claimed = closed.claimed
+            self._claimed = HandOff.of(closed)
         except BaseException as exc:
             self._failed(run, job, trace, exc)
             if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
@@ -549,6 +544,7 @@ class Engine:
             last=last,
             claim_next=run.claim_next if last else (),
             open_next=None if following is None else queue.NextStep(ctx.tenant.value, following),
+            first_steps=run.first_steps,
         )
         return closed, detail
 
@@ -586,18 +582,19 @@ class Engine:
             pass  # the journal is best effort when the database itself is failing
 
     def release(self, job: Job) -> Job:
-        """Hand the held job back to the queue, untouched (its attempt is not counted)."""
-        return self._release(job.lease, None)
+        """Hand the held job back to the queue, untouched (its attempt is not counted), with
+        the journal row its claim opened."""
+        opened = self._take_opened(job.id)
+        return self._release(job.lease, None if opened is None else opened.run_id)
+
+    def _take_opened(self, job_id: UUID) -> queue.OpenedRun | None:
+        """The journal row the claim of ``job_id`` opened for its first step, taken once."""
+        opened, self._opened = self._opened, None
+        return opened if opened is not None and opened.job_id == job_id else None
 
     def _finish(self, write: Callable[[psycopg.Connection[Any]], Job]) -> Job:
         with self.sessions.transaction() as tx:
             return write(tx.pg)
-
-
-def _tenant_lock(tenant: TenantId) -> sql.Composed:
-    """A step's first statement: the tenant's lock and the step's commit mode, in one statement,
-    sent with the transaction's BEGIN."""
-    return LOCK_ASYNC_COMMIT.format(sql.Literal(tenant.value))
 
 
 def _failure(exc: BaseException, failed: Step, first: Step) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from typing import Any
 
 import psycopg
@@ -59,8 +59,9 @@ class EngineSessions:
             idle_in_transaction_timeout_ms=idle_timeout_ms(stale_after_seconds),
         )
         self._control: psycopg.Connection[Any] | None = None
-        #: the steps' session while a job runs (:meth:`job`)
+        #: the steps' session while a job runs, or between two handed-off jobs (:meth:`job`)
         self._session: db.Session | None = None
+        self._held: ExitStack | None = None
 
     @property
     def control(self) -> psycopg.Connection[Any]:
@@ -98,6 +99,7 @@ class EngineSessions:
             return  # opened on first use
         if not _has_input(self._control) and not self._control.broken:
             return
+        self.end_job_session()  # a restart dropped it too, with the transaction begun ahead
         if not db.is_alive(self._control):
             self._control = self._open_control()
         self.db.ensure_alive()
@@ -128,13 +130,28 @@ class EngineSessions:
     @contextmanager
     def job(self) -> Iterator[None]:
         """The steps' pooled session, checked out once for the whole job: its transactions
-        cost no pool checkout each (see :meth:`transaction`)."""
-        with self.db.session() as session:
-            self._session = session
-            try:
-                yield
-            finally:
-                self._session = None
+        cost no pool checkout each (see :meth:`transaction`). A job whose last commit began the
+        next job's first transaction (:mod:`provisioner.engine.handoff`) leaves the session
+        checked out, that transaction open, for the next job; any other end checks it in (a
+        transaction begun ahead is rolled back then)."""
+        if self._session is None:
+            self._held = ExitStack()
+            self._session = self._held.enter_context(self.db.session())
+        handed_on = False
+        try:
+            yield
+            handed_on = self._session.driver.chained is not None
+        finally:
+            if not handed_on:
+                self.end_job_session()
+
+    def end_job_session(self) -> None:
+        """Check the steps' session in (rolling back a transaction begun ahead for a next job);
+        nothing when none is checked out."""
+        held, self._held, self._session = self._held, None, None
+        if held is not None:
+            with suppress(ProvisionerError):
+                held.close()
 
     def transaction(
         self,
@@ -152,6 +169,7 @@ class EngineSessions:
         return self.db.transaction(first)
 
     def close(self) -> None:
+        self.end_job_session()
         if self._control is not None:
             self._control.close()
         self.db.close()

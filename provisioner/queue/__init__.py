@@ -77,6 +77,7 @@ from provisioner.queue.enqueue import (
     notify,
     wake_ups,
 )
+from provisioner.queue.handoff import CLAIM_NEXT_OPENING, OpenedRun
 from provisioner.queue.holds import (
     HELD_UNTIL,
     canary_status,
@@ -173,6 +174,7 @@ __all__ = [
     "CANCEL",
     "CLAIMABLE",
     "CLAIM_NEXT",
+    "CLAIM_NEXT_OPENING",
     "CLAIM_QUEUED_ALONE",
     "CLAIM_QUEUED_JOB",
     "CLOSE_LAST_STEP",
@@ -244,6 +246,7 @@ __all__ = [
     "HolderBeat",
     "JobRunRecord",
     "NextStep",
+    "OpenedRun",
     "OrphanedJobs",
     "PlanAhead",
     "StepRunOutcome",

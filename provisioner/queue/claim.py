@@ -47,15 +47,20 @@ CLAIMABLE = """
 """
 
 
-CLAIM_NEXT = f"""
-WITH next AS ({CLAIMABLE}), claimed AS (
+# The claim's common expressions (``claimed``: the job's row as claimed), which CLAIM_NEXT and
+# the hand-off's claim (queue/handoff.py) select from.
+CLAIMING = f"""next AS ({CLAIMABLE}), claimed AS (
     UPDATE control.platform_jobs AS j
        SET status = 'running', attempts = j.attempts + 1, locked_at = clock_timestamp(),
            locked_by = %(worker)s, updated_at = now()
       FROM next
      WHERE j.id = next.id
     RETURNING j.*
-)
+)"""
+
+
+CLAIM_NEXT = f"""
+WITH {CLAIMING}
 SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """

@@ -6,7 +6,7 @@ checkpoint, the job's end, a retry with backoff, a release.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -21,6 +21,12 @@ from provisioner.models import (
     Lease,
 )
 from provisioner.queue.claim import CLAIM_NEXT, Claim, as_claim, claim_params
+from provisioner.queue.handoff import (
+    CLAIM_NEXT_OPENING,
+    OpenedRun,
+    claim_opening_params,
+    opened_run,
+)
 from provisioner.queue.journal import run_detail
 from provisioner.queue.rows import (
     BACKOFF_CAP_SECONDS,
@@ -151,13 +157,20 @@ RETURNING *
 
 
 # Hand back the jobs a dead engine process claimed but never reported to its worker (it died
-# between its claim and its report): none of their steps started, so the attempt is not counted.
+# between its claim and its report): none of their steps started, so the attempt is not counted,
+# and the journal row the claim opened for the first step (queue/handoff.py) goes with it.
 RELEASE_UNREPORTED = """
-UPDATE control.platform_jobs
-   SET status = 'queued', attempts = greatest(attempts - 1, 0), available_at = now(),
-       locked_at = NULL, locked_by = NULL, updated_at = now()
- WHERE status = 'running' AND locked_by = %(worker)s AND NOT id = ANY(%(reported)s)
-RETURNING *
+WITH released AS (
+    UPDATE control.platform_jobs
+       SET status = 'queued', attempts = greatest(attempts - 1, 0), available_at = now(),
+           locked_at = NULL, locked_by = NULL, updated_at = now()
+     WHERE status = 'running' AND locked_by = %(worker)s AND NOT id = ANY(%(reported)s)
+    RETURNING *
+), unopened AS (
+    DELETE FROM control.job_step_runs s USING released r
+     WHERE s.job_id = r.id AND s.worker = %(worker)s AND s.outcome = 'running'
+)
+SELECT * FROM released
 """
 
 
@@ -229,11 +242,13 @@ def record_step(conn: Conn, lease: Lease, done: list[str], progress: int) -> Job
 @dataclass(frozen=True)
 class ClosedStep:
     """What :func:`close_step` recorded: the job as the checkpoint left it, the next job its
-    commit claims (``claim_next``), and the journal row it opened for the job's next step."""
+    commit claims (``claim_next``), the journal row it opened for the job's next step, and the
+    one it opened for the claimed job's first step (``first_steps``: queue/handoff.py)."""
 
     job: Job
     claimed: Claim | None = None
     next_run_id: int | None = None
+    opened: OpenedRun | None = None
 
 
 @dataclass(frozen=True)
@@ -255,13 +270,16 @@ def close_step(
     last: bool,
     claim_next: Sequence[str] = (),
     open_next: NextStep | None = None,
+    first_steps: Mapping[str, Sequence[str]] | None = None,
 ) -> ClosedStep:
     """End a step inside its own transaction: close its journal row and record the fenced
     checkpoint (``last``: and complete the job) in one statement, and, with ``claim_next``,
     claim the holder's next job of those kinds in the same round trip (pipeline mode), so that
     the claim commits with the step instead of costing a round trip and a commit of its own.
     With ``open_next`` (a step that is not the last), the same statement opens the journal row
-    of the job's next step (:data:`CLOSE_STEP_OPEN_NEXT`).
+    of the job's next step (:data:`CLOSE_STEP_OPEN_NEXT`). With ``first_steps`` too (each
+    kind's steps), the claim also opens the claimed job's first step's journal row
+    (:data:`provisioner.queue.handoff.CLAIM_NEXT_OPENING`).
 
     Raises :class:`LeaseLost` when the fence matched nothing: the caller's transaction then
     rolls back, the step's work, its journal close and the claim with it.
@@ -283,21 +301,34 @@ def close_step(
         params.update(run=lease.run, tenant_id=open_next.tenant_id, next_step=open_next.step)
     else:
         statement = CLOSE_STEP
+    claimed_row = None
     with conn.cursor(row_factory=dict_row) as record:
         if claim_next:
+            claiming, claiming_params = (
+                (CLAIM_NEXT, claim_params(claim_next, lease.locked_by))
+                if first_steps is None
+                else (
+                    CLAIM_NEXT_OPENING,
+                    claim_opening_params(claim_next, lease.locked_by, first_steps),
+                )
+            )
             with conn.cursor(row_factory=dict_row) as claim:
                 with pipeline(conn):
                     record.execute(statement, params)
-                    claim.execute(CLAIM_NEXT, claim_params(claim_next, lease.locked_by))
-                claimed = as_claim(claim.fetchone())
+                    claim.execute(claiming, claiming_params)
+                claimed_row = claim.fetchone()
         else:
             record.execute(statement, params)
-            claimed = None
         row = record.fetchone()
     if row is None:
         raise LeaseLost(_lease_lost(lease))
     next_run = row.get("next_run_id")
-    return ClosedStep(Job.from_row(row), claimed, None if next_run is None else int(next_run))
+    return ClosedStep(
+        Job.from_row(row),
+        as_claim(claimed_row),
+        None if next_run is None else int(next_run),
+        opened_run(claimed_row),
+    )
 
 
 def complete(conn: Conn, lease: Lease) -> Job:

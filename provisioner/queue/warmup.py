@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from provisioner.db.plans import PlanAhead, explain_ahead
 from provisioner.queue.claim import CLAIM_NEXT
+from provisioner.queue.handoff import CLAIM_NEXT_OPENING
 from provisioner.queue.lease import CLOSE_LAST_STEP, CLOSE_STEP_OPEN_NEXT
 from provisioner.queue.rows import TENANT_JOB_LOCK_CLASS, Conn
 
@@ -48,6 +49,7 @@ _NOTHING: dict[str, Any] = {
     "next_step": "",
     "job_types": [""],
     "lock_class": TENANT_JOB_LOCK_CLASS,
+    "first_steps": Jsonb({}),
 }
 
 
@@ -57,6 +59,7 @@ STEP_PLANS: tuple[PlanAhead, ...] = (
     (CLOSE_STEP_OPEN_NEXT, _NOTHING),
     (CLOSE_LAST_STEP, _NOTHING),
     (CLAIM_NEXT, _NOTHING),
+    (CLAIM_NEXT_OPENING, _NOTHING),
 )
 
 

@@ -7,11 +7,13 @@ The entry is this module's ``JOB_KINDS``; the settings name the module
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 from psycopg.rows import dict_row
 
 from provisioner import db, kinds, queue
@@ -178,6 +180,7 @@ def test_a_stop_request_hands_the_claimed_next_job_back_before_its_first_step(
     assert isinstance(stopped, runner.Settled) and stopped.stopped
     assert job_of(database, "second") == {"status": "queued", "attempts": 0, "locked_by": None}
     assert display_name(database, "second") is None  # no step ran
+    assert journal(database, "second") == []  # the row its claim opened went with it
 
 
 def test_closing_an_engine_hands_back_the_job_it_claimed_and_never_started(
@@ -189,6 +192,71 @@ def test_closing_an_engine_hands_back_the_job_it_claimed_and_never_started(
         drain_once(engine)
         assert engine.holds_claim()
     assert job_of(database, "second") == {"status": "queued", "attempts": 0, "locked_by": None}
+    assert journal(database, "second") == []  # the row its claim opened went with it
+    assert not begun_ahead(database, "drainer", "second")  # rolled back with the engine
+
+
+def begun_ahead(database: Database, holder: str, tenant: str) -> bool:
+    """True when a session of ``holder`` sits in an open transaction and the lock row of
+    ``tenant`` (control.tenant_locks) is held: a transaction begun ahead for its next step."""
+    with psycopg.connect(database.owner_url, autocommit=True) as conn:
+        idle = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = %s AND state = 'idle in transaction'",
+            (holder,),
+        ).fetchone()
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT FROM control.tenant_locks WHERE tenant_id = %s FOR UPDATE NOWAIT",
+                    (tenant,),
+                )
+        except psycopg.errors.LockNotAvailable:
+            return bool(idle and idle[0])
+    return False
+
+
+def test_a_handed_off_job_begins_without_a_round_trip_of_its_own(
+    fast: Settings, database: Database
+) -> None:
+    """engine/handoff.py: the first job's final commit opened the second job's first journal
+    row and began its first transaction with its tenant's lock; the second job's first step
+    runs in that transaction and closes that row."""
+    enqueue(database, "first")
+    enqueue(database, "second")
+    with Engine.from_settings(fast, "drainer") as engine:
+        drain_once(engine)
+        assert engine.holds_claim()
+        (opened,) = journal(database, "second")
+        assert (opened["step"], opened["outcome"]) == ("stamp_one", "running")
+        assert begun_ahead(database, "drainer", "second")
+        session = engine.sessions._session  # kept checked out between the two jobs
+        assert session is not None
+        wire = session.driver.pgconn
+        with tempfile.TemporaryFile() as trace:
+            wire.trace(trace.fileno())
+            wire.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                second = drain_once(engine)
+            finally:
+                wire.untrace()
+            trace.seek(0)
+            sent = [
+                line for line in trace.read().decode(errors="replace").splitlines()
+                if line.split("\t")[:3:2] == ["F", "Query"]
+            ]  # fmt: skip
+        # The first step ran in the transaction begun ahead: nothing rolled back, and the one
+        # BEGIN sent is the one its own commit sent for the second step.
+        assert not any("ROLLBACK" in line for line in sent), sent
+        assert sum(line.count("BEGIN") for line in sent) == 1, sent
+        assert isinstance(second, runner.Settled) and second.job.status is JobStatus.SUCCEEDED
+        assert not begun_ahead(database, "drainer", "second")
+    runs = journal(database, "second")
+    assert [(r["step"], r["outcome"]) for r in runs] == [
+        ("stamp_one", "succeeded"),
+        ("stamp_two", "succeeded"),
+    ]
+    assert runs[0]["started_at"] == opened["started_at"]  # the row the first job opened
 
 
 def journal(database: Database, tenant: str) -> list[dict[str, Any]]:

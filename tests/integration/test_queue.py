@@ -697,3 +697,64 @@ def test_a_one_off_claim_reads_the_state_and_respects_a_live_holder(database: Da
     assert claimed is not None and claimed.job.id == second.id
     assert (claimed.job.job_type, claimed.tenant_state) == ("suspend_tenant", "pending")
     assert row(database, second.id)["status"] == "running"
+
+
+def test_the_last_steps_claim_opens_the_next_jobs_first_step(database: Database) -> None:
+    """queue/handoff.py: the claim that rides on a job's last step opens the journal row of the
+    claimed job's first step not yet done, committed with the claim or not at all; a dead
+    holder's unreported claim is handed back with that row."""
+    steps = kinds.BUILTIN["provision_tenant"].step_names
+    job = claim(database, "first")
+    with app(database) as conn:
+        second = enqueue_tenant(conn, "second")
+        conn.execute(
+            "UPDATE control.platform_jobs SET steps_completed = %s WHERE id = %s",
+            (psycopg.types.json.Jsonb(list(steps[:2])), second.id),
+        )
+        conn.commit()
+        run_id = step_run(conn, job)
+        closed = queue.close_step(
+            conn, run_id, "ok", job.lease, list(steps), 100, last=True,
+            claim_next=["provision_tenant"], first_steps={"provision_tenant": steps},
+        )  # fmt: skip
+        assert closed.claimed is not None and closed.claimed.job.id == second.id
+        assert closed.opened is not None and closed.opened.job_id == second.id
+        assert closed.opened.step == steps[2]  # the first step not yet done
+        assert step_runs(database, second) == []  # nothing visible before the commit
+        conn.rollback()
+    assert step_runs(database, second) == [] and row(database, second.id)["status"] == "queued"
+    with app(database) as conn:
+        run_id = step_run(conn, job)
+        closed = queue.close_step(
+            conn, run_id, "ok", job.lease, list(steps), 100, last=True,
+            claim_next=["provision_tenant"], first_steps={"provision_tenant": steps},
+        )  # fmt: skip
+        conn.commit()
+        assert closed.opened is not None
+        (opened,) = step_runs(database, second)
+        assert (opened["id"], opened["step"], opened["outcome"]) == (
+            closed.opened.run_id,
+            steps[2],
+            "running",
+        )
+        assert (opened["worker"], opened["attempt"], opened["finished_at"]) == ("w1", 1, None)
+        # The holder died before reporting the claim: handed back with its row.
+        (released,) = queue.release_unreported(conn, "w1", [])
+        conn.commit()
+    assert released.id == second.id and released.status is JobStatus.QUEUED
+    assert step_runs(database, second) == []
+
+
+def test_a_claimed_job_with_no_step_left_opens_no_run(database: Database) -> None:
+    steps = kinds.BUILTIN["provision_tenant"].step_names
+    job = claim(database, "first")
+    with app(database) as conn:
+        second = enqueue_tenant(conn, "second")
+        run_id = step_run(conn, job)
+        closed = queue.close_step(
+            conn, run_id, "ok", job.lease, list(steps), 100, last=True,
+            claim_next=["provision_tenant"], first_steps={},  # a kind whose steps are unknown
+        )  # fmt: skip
+        conn.commit()
+    assert closed.claimed is not None and closed.claimed.job.id == second.id
+    assert closed.opened is None and step_runs(database, second) == []

@@ -182,6 +182,7 @@ class Engine:
         seeds: tuple[str, ...] = (),
     ) -> None:
         self.holder = holder
+        self.owner_url = owner_url
         #: the project's declared seeds (PROVISIONER_SEEDS), resolved by the seed step
         self.seeds = seeds
         self.lock_timeout_ms = max(1, int(lock_timeout_seconds * 1000))
@@ -404,7 +405,7 @@ class Engine:
                 found = tenants.get_tenant(run.journal, tenant)
             claimed = None if found is None else found.state.value
             server = None if found is None else found.server
-        if server is not None:
+        if server is not None and not kind.any_server:
             raise TenantElsewhere(
                 f"tenant {tenant} lives on tenant server {server}: this release runs jobs on "
                 "the control database only (jobs on a tenant server are not built yet)"
@@ -423,6 +424,7 @@ class Engine:
             lock_timeout_ms=self.lock_timeout_ms,
             seeds=self.seeds,
             memo=kind.memo(),
+            owner_url=self.owner_url,
         )
 
     def _forget_vanished(self, run: JobRun, state: RunState) -> None:

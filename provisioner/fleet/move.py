@@ -6,8 +6,9 @@ abort it (the ``move_tenant`` kind's steps: :mod:`provisioner.kinds.move`).
   without the tenant's schema), then records the move (``control.tenant_moves``) and queues its
   job in one control transaction, and runs it here (or leaves it to a worker). Asked again for
   the same target while the move is under way, it resumes the job, taking over from a holder
-  that died; while a live process runs it, it is refused. A move elsewhere, or a new move
-  before the last one is finished, is refused.
+  that died, or queueing a failed one again; once switched, it reports the move done. While a
+  live process runs it, it is refused. A move elsewhere, or a new move before the last one is
+  finished, is refused.
 * :func:`finish` drops the old copy on the source once the grace period since the switch has
   passed: until then a route cached before the switch fails loudly (the old copy has no
   grants) and the old copy is still there to look at.
@@ -91,7 +92,7 @@ def move(
             source = _movable(conn, tenant)
             current = moves.get_move(conn, tenant)
         if current is not None and current.phase.open:
-            if current.phase is moves.MovePhase.MOVING and current.target == target:
+            if current.target == target:  # asked again: resumed, or already there
                 return _resume(engine, current, queue_only, on_progress, should_stop)
             raise InvalidInput(moves.refusal(current))
         with db.translated():
@@ -160,6 +161,10 @@ def _resume(
     assert current.job_id is not None, "a move's job is recorded with its row"
     with db.translated():
         job = queue.get_job(engine.control, current.job_id)
+        if current.phase is moves.MovePhase.SWITCHED:
+            return MoveResult(current, job, resumed=True)
+        if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            job = queue.retry(engine.control, job.id, started_by="move (resumed)")
     if queue_only:
         return MoveResult(current, job, queued=True, resumed=True)
     return _run(engine, current, job, on_progress, should_stop, resumed=True)

@@ -15,6 +15,7 @@ Goal: ``move_freeze`` median at most 2 s (issue 29).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -45,6 +46,8 @@ def _marker(marks: dict[str, float]) -> Callable[[StepEvent], None]:
     """A progress callback noting when the freeze began and when the switch committed."""
 
     def mark(event: StepEvent) -> None:
+        if event.outcome is StepOutcome.DONE:
+            marks[f"step {event.step}"] = event.seconds * 1000
         if event.step == "freeze_writes" and event.outcome is StepOutcome.STARTED:
             marks["frozen"] = time.perf_counter()
         if event.step == "switch_server" and event.outcome is StepOutcome.DONE:
@@ -56,6 +59,7 @@ def _marker(marks: dict[str, float]) -> Callable[[StepEvent], None]:
 def run(cluster: BenchCluster, results: Results) -> None:
     freeze: list[float] = []
     raw: list[float] = []
+    steps: dict[str, list[float]] = {}
     with (
         cluster.database("move_control") as control,
         cluster.database("move_east") as east,
@@ -84,6 +88,12 @@ def run(cluster: BenchCluster, results: Results) -> None:
             result = moving.move(settings, tenant, "east", on_progress=mark)
             assert result.move.phase.value == "switched", result
             freeze.append((marks["switched"] - marks["frozen"]) * 1000)
+            for key, value in marks.items():
+                if key.startswith("step "):
+                    steps.setdefault(key[5:], []).append(value)
+    results.notes["move: each step's median (ms)"] = ", ".join(
+        f"{step} {statistics.median(values):.0f}" for step, values in steps.items()
+    )
     results.add(
         Figure(
             "move_copy_raw",

@@ -29,6 +29,7 @@ the grace period has passed (:mod:`provisioner.fleet.move`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -115,13 +116,21 @@ def _copied(tx: Transaction, ctx: StepContext) -> bool:
         return move_copy.schema_exists(conn, ctx.tenant.schema)
 
 
+def _snapshot(end: moves.End, schema: str) -> move_copy.Snapshot | None:
+    conn = move_copy.connect(end)
+    try:
+        return move_copy.snapshot(conn, schema)
+    finally:
+        conn.close()
+
+
 def _verify(tx: Transaction, ctx: StepContext) -> str | None:
     move = _moving(tx, ctx)
     schema = ctx.tenant.schema
-    with _session(tx, ctx, move.source) as conn:
-        before = move_copy.snapshot(conn, schema)
-    with _session(tx, ctx, move.target) as conn:
-        after = move_copy.snapshot(conn, schema)
+    ends = [moves.end(tx.pg, server, ctx.owner_url) for server in (move.source, move.target)]
+    # Both ends read at once (each its own session), the writes being frozen meanwhile.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="move-verify") as pool:
+        before, after = pool.map(lambda end: _snapshot(end, schema), ends)
     if before is None or after is None:
         where = move.source if before is None else move.target
         raise PermanentError(f"schema {schema} is missing on {where or CONTROL}")

@@ -112,28 +112,14 @@ def test_a_tenant_moves_under_live_writes_and_loses_nothing(
     ]
     assert service.locate(settings, "big").server == "east"
 
-    lines = {name: log.read_text().split() for name, log in logs.items()}
     router = [line.split() for line in logs["router"].read_text().splitlines()]
     stale = [line.split() for line in logs["stale"].read_text().splitlines()]
-    acknowledged = {f"w{n}" for kind, n, *rest in router + stale if kind == "ok"}
-    assert acknowledged and lines
-    with tenant_server.owner() as conn:
-        on_target = {
-            r[0]
-            for r in conn.execute("SELECT action FROM tenant_big.audit_events WHERE action ~ '^w'")
-        }
-        counted = conn.execute("SELECT count(*) FROM tenant_big.audit_events").fetchone()
+    acknowledged = [r for r in router + stale if r[0] == "ok"]
+    assert acknowledged
     # every write the application was told succeeded, wherever it went, is on the target
-    writes_on = {kind: [r for r in router + stale if r[0] == "ok"] for kind in ("ok",)}
-    assert len(writes_on["ok"]) >= 1
-    router_ok = {f"w{r[1]}" for r in router if r[0] == "ok"}
-    stale_ok = {f"w{r[1]}" for r in stale if r[0] == "ok"}
-    # two writers number their writes alike: compare each one's own through the ids it got
     with tenant_server.owner() as conn:
-        ids = {r[0] for r in conn.execute("SELECT id FROM tenant_big.audit_events")}
-    assert {int(r[2]) for r in router + stale if r[0] == "ok"} <= ids
-    assert router_ok | stale_ok <= on_target
-    assert counted is not None and counted[0] == len(ids)
+        on_target = dict(conn.execute("SELECT id, action FROM tenant_big.audit_events").fetchall())
+    assert all(on_target.get(int(r[2])) == f"w{r[1]}" for r in acknowledged)
     # the stale route was refused once frozen; the router went on on the target
     assert any(r[0] == "denied" and r[2] == "control" for r in stale)
     assert not any(r[0] == "ok" and r[3] != "control" for r in stale)

@@ -397,7 +397,8 @@ class Engine:
     @staticmethod
     def _check_state(run: JobRun, claimed: ClaimRead, server: ClaimRead) -> None:
         """WrongState (the job fails at once) when the tenant's state refuses the kind, and
-        TenantElsewhere when it lives on a tenant server. The claim's state is the column's
+        TenantElsewhere when it lives on a tenant server (unless :attr:`JobKind.any_server`:
+        a move, whose steps open their own sessions). The claim's state is the column's
         text (the queue knows no tenant): typed here. Read here only when the claim did not."""
         kind, tenant = run.kind, run.context.tenant
         if isinstance(claimed, Unread) or isinstance(server, Unread):

@@ -102,6 +102,8 @@ def test_a_tenant_moves_under_live_writes_and_loses_nothing(
         for writer in writers:
             assert writer.wait(timeout=30) == 0
     assert out.returncode == 0, out.stderr
+    secret = psycopg.conninfo.conninfo_to_dict(database.owner_url).get("password")
+    assert not secret or secret not in out.stdout + out.stderr
     result = json.loads(out.stdout)
     assert (result["from"], result["to"], result["phase"]) == ("control", "east", "switched")
     assert result["job"]["steps_completed"] == [
@@ -165,8 +167,19 @@ def test_a_tenant_moves_back_to_the_control_database(
     add_east(database, tenant_server)
     assert move_cli(settings, tenant_server, "back", "--to", "east").returncode == 0
     assert move_cli(settings, tenant_server, "back", "--finish", "--grace", "0").returncode == 0
-    out = move_cli(settings, tenant_server, "back", "--to", "control")
-    assert out.returncode == 0, out.stdout + out.stderr
+    # queued, and run by a worker: the engine runs a move of a tenant on a tenant server
+    queued = move_cli(settings, tenant_server, "back", "--to", "control", "--queue")
+    assert queued.returncode == 0, queued.stderr
+    assert service.locate(settings, "back").server == "east"
+    drained = run_cli(
+        settings,
+        "worker",
+        "--once",
+        env={**tenant_server.env, "PROVISIONER_WORKER_JOB_TYPES": "move_tenant"},
+    )
+    assert drained.returncode == 0, drained.stderr
+    status = json.loads(run_cli(settings, "status", "back", "--json").stdout)
+    assert (status["job_type"], status["status"]) == ("move_tenant", "succeeded")
     assert service.locate(settings, "back").server == "control"
     assert app_write(database.app_url, "back") == "ok"
     assert app_write(tenant_server.app_url, "back") == "denied"

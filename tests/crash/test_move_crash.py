@@ -6,8 +6,11 @@ a tenant server (:mod:`tests.tenant_servers`)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -117,3 +120,47 @@ def test_a_second_move_while_one_runs_is_refused(
     out = run_cli(settings, "move", "twice", "--to", "east", env=tenant_server.env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert service.locate(settings, "twice").server == "east"
+
+
+def test_sigkill_in_the_middle_of_the_restore_leaves_nothing_on_the_target(
+    settings: Settings, database: Database, tenant_server: TenantServer
+) -> None:
+    """The process killed while pg_restore writes: the tools die with it, the restore's one
+    transaction rolls back on the target, and the move run again copies from scratch."""
+    before = seeded(settings, database, tenant_server, "midway")
+    with database.app() as conn:  # enough rows for the restore to be caught under way
+        conn.execute(
+            "INSERT INTO tenant_midway.audit_events (action) "
+            "SELECT repeat('x', 200) FROM generate_series(1, 50000)"
+        )
+    restoring = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_restore' "
+        "AND datname = current_database()"
+    )
+    with (
+        subprocess.Popen(
+            [sys.executable, str(CHILD), "midway", "east", "never", "reported"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**settings_env(settings), **tenant_server.env},
+        ) as child,
+        tenant_server.owner() as watch,
+    ):
+        deadline = time.monotonic() + 120
+        while watch.execute(restoring).fetchone() == (0,):
+            assert child.poll() is None and time.monotonic() < deadline, "no restore seen"
+            time.sleep(0.005)
+        os.kill(child.pid, signal.SIGKILL)
+        child.communicate(timeout=10)
+        deadline = time.monotonic() + 30
+        while watch.execute(restoring).fetchone() != (0,):
+            assert time.monotonic() < deadline, "pg_restore outlived the process"
+            time.sleep(0.05)
+        gone = watch.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'tenant_midway'")
+        assert gone.fetchone() is None
+    assert app_count(database.app_url, "midway") == "denied"  # frozen, not lost
+    out = run_cli(settings, "move", "midway", "--to", "east", "--json", env=tenant_server.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert app_count(tenant_server.app_url, "midway") == (ROWS + 50_000,)
+    with tenant_server.owner() as conn:
+        assert catalog.read(conn, "tenant_midway") == before

@@ -21,7 +21,7 @@ server, a target that takes no tenants, an open move; UnknownTenant or UnknownSe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -108,7 +108,7 @@ def move(
                 if job.status is JobStatus.SUCCEEDED:
                     job = queue.reopen(conn, job.id, wake_workers=queue_only, started_by=command)
                 moves.set_job(conn, tenant, job.id)
-        started = moves.Move(**{**started.__dict__, "job_id": job.id})
+        started = replace(started, job_id=job.id)
         if queue_only:
             return MoveResult(started, job, queued=True)
         return _run(engine, started, job, on_progress, should_stop, resumed=False)

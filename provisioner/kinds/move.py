@@ -28,7 +28,7 @@ the grace period has passed (:mod:`provisioner.fleet.move`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -171,15 +171,11 @@ def _switched(tx: Transaction, ctx: StepContext) -> bool:
     return _past(move.phase) and state is not None and state[0] == move.target
 
 
-def _step(name: str, run: Callable[..., str | None], present: Callable[..., bool]) -> Step:
-    return Step(name, run, present)
-
-
 MOVE_STEPS: tuple[Step, ...] = (
-    _step("freeze_writes", _freeze, _frozen),
-    _step("copy_schema", _copy, _copied),
-    _step("verify_copy", _verify, _copied),
-    _step("switch_server", _switch, _switched),
+    Step("freeze_writes", _freeze, _frozen),
+    Step("copy_schema", _copy, _copied),
+    Step("verify_copy", _verify, _copied),
+    Step("switch_server", _switch, _switched),
 )
 
 JOB_KINDS: tuple[JobKind, ...] = (

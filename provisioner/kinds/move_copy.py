@@ -11,9 +11,10 @@ schema with ``pg_dump | pg_restore``, and compare the two copies.
   ``pg_restore --single-transaction --exit-on-error --no-owner`` on the target, both as the
   owner, binaries of the machine (the newest, as :mod:`provisioner.local.cluster` finds them:
   ``pg_dump`` must be at least the servers' version). Single transaction: a restore killed or
-  failed half-way leaves nothing on the target. Passwords reach the children in their
-  environment (``PGPASSWORD``) or from libpq's own sources, never on a command line; what they
-  print is redacted before it is shown. Each child is killed with its parent (Linux: the
+  failed half-way leaves nothing on the target. The owner URL's password reaches a child in a
+  password file of its own (mode 0600, removed after), a server's from libpq's own sources;
+  never on a command line nor in the environment; what they print is redacted before it is
+  shown. Each child is killed with its parent (Linux: the
   parent-death signal), so a worker killed mid-copy leaves no restore running on its own.
 * **Compare** (:func:`snapshot`, :func:`differences`): the catalog inventory
   (:mod:`provisioner.tenant.catalog`: every object, owner and privilege), the rows of each
@@ -26,12 +27,14 @@ import ctypes
 import os
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import tuple_row
 
 from provisioner import db
@@ -94,15 +97,36 @@ def copy_schema(source: End, target: End, schema: str) -> None:
     """``pg_dump | pg_restore`` of one schema, in one transaction on the target; raises
     :class:`PermanentError` with the children's redacted message when either fails."""
     bin_dir = find_bin_dir()
-    dump = _command(bin_dir, "pg_dump", source, "--format=custom", f"--schema={_pattern(schema)}")
-    restore = _command(
-        bin_dir, "pg_restore", target, "--single-transaction", "--exit-on-error", "--no-owner"
-    )
+    with tempfile.TemporaryDirectory(prefix="provisioner-move-") as folder:
+        dump = _command(
+            bin_dir,
+            "pg_dump",
+            _address(source, Path(folder) / "source"),
+            "--format=custom",
+            f"--schema={_pattern(schema)}",
+        )
+        restore = _command(
+            bin_dir,
+            "pg_restore",
+            _address(target, Path(folder) / "target"),
+            "--single-transaction",
+            "--exit-on-error",
+            "--no-owner",
+        )
+        codes, errors = _pipe(dump, restore)
+    for name, code, err in zip(("pg_dump", "pg_restore"), codes, errors, strict=True):
+        if code != 0:
+            lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
+            message = redact(" ".join(lines[:3]))[:500] or f"exit status {code}"
+            raise PermanentError(f"{name} failed: {message}")
+
+
+def _pipe(dump: list[str], restore: list[str]) -> tuple[tuple[int, int], tuple[bytes, bytes]]:
+    """Run ``dump | restore``; their exit codes and what each wrote on stderr."""
     with subprocess.Popen(
         dump,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=_environment(source),
         preexec_fn=_die_with_parent,
     ) as dumper:
         assert dumper.stdout is not None
@@ -111,18 +135,26 @@ def copy_schema(source: End, target: End, schema: str) -> None:
             stdin=dumper.stdout,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            env=_environment(target),
             preexec_fn=_die_with_parent,
         ) as restorer:
             dumper.stdout.close()  # the restore holds the pipe's reading end alone
             _, restore_err = restorer.communicate()
         dump_err = dumper.stderr.read() if dumper.stderr is not None else b""
         dumper.wait()
-    for name, child, err in (("pg_dump", dumper, dump_err), ("pg_restore", restorer, restore_err)):
-        if child.returncode != 0:
-            lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
-            message = redact(" ".join(lines[:3]))[:500] or f"exit status {child.returncode}"
-            raise PermanentError(f"{name} failed: {message}")
+    return (dumper.returncode, restorer.returncode), (dump_err, restore_err)
+
+
+def _address(end: End, passfile: Path) -> str:
+    """The end's address for a child: with its password (the owner URL's) in a password file
+    of its own, mode 0600, named by the address (never the password itself); libpq's own
+    sources otherwise."""
+    if end.password is None:
+        return end.address
+    escaped = end.password.replace("\\", "\\\\").replace(":", "\\:")
+    fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"*:*:*:*:{escaped}\n")
+    return make_conninfo(end.address, passfile=str(passfile))
 
 
 def snapshot(conn: Conn, schema: str) -> Snapshot | None:
@@ -200,16 +232,9 @@ def _pattern(schema: str) -> str:
     return '"' + schema.replace('"', '""') + '"'
 
 
-def _command(bin_dir: Path, program: str, end: End, *flags: str) -> list[str]:
-    """The child's arguments: the end's address holds no password (:class:`End`)."""
-    return [str(bin_dir / program), f"--dbname={end.address}", "--no-password", *flags]
-
-
-def _environment(end: End) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD" or end.password is None}
-    if end.password is not None:
-        env["PGPASSWORD"] = end.password
-    return env
+def _command(bin_dir: Path, program: str, address: str, *flags: str) -> list[str]:
+    """The child's arguments: the address holds no password (:func:`_address`)."""
+    return [str(bin_dir / program), f"--dbname={address}", "--no-password", *flags]
 
 
 def _die_with_parent() -> None:

@@ -20,6 +20,7 @@ from bench import (
     claim,
     fleet,
     fleet_scale,
+    move,
     placement,
     pool,
     pool_burst,
@@ -45,7 +46,7 @@ SCENARIOS = (
     "fleet",
 )
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
-OPT_IN = ("fleet-scale", "bulk", "placement")
+OPT_IN = ("fleet-scale", "bulk", "placement", "move")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                     "a new tenant's enqueue: placement off, no tenant server, two servers",
                     lambda: placement.run(cluster, results),
                 ),
+                "move": (
+                    f"a {move.ROWS:,}-row tenant moved to a tenant server: the writes' freeze",
+                    lambda: move.run(cluster, results),
+                ),
                 "fleet-scale": (
                     f"{args.fleet_scale_tenants} tenants at t004 built in bulk, who is behind, "
                     "upgrade --all to t005 by 1 worker with 2 children, by block",
@@ -207,6 +212,17 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
         )
     else:
         out.append(_scale_from_file())
+    if "move_freeze" in results.figures:
+        median = results.figures["move_freeze"].median
+        out.append(
+            Goal(
+                "a 10,000-row tenant's move freezes writes <= 2 s",
+                "<= 2000 ms median (pg_dump | pg_restore)",
+                f"median {median:.0f} ms",
+                median <= 2000.0,
+                "" if median <= 2000.0 else f"gap: {median - 2000:.0f} ms",
+            )
+        )
     if "wake_notify" in results.figures:
         p50 = results.figures["wake_notify"].p(50)
         out.append(

@@ -14,6 +14,7 @@ named for what it is about:
     worker        worker, health
     jobs          jobs list / retry / cancel
     servers       servers add / list / drain / full / retire / activate / pgbouncer, locate
+    moves         move a tenant to another server (--finish, --abort)
     local         local stop / status / env
     console       console (the web console, the [console] extra)
     render        output, progress and the error -> exit code mapping every command shares
@@ -32,6 +33,7 @@ from provisioner.cli import (
     fleet,
     jobs,
     local,
+    moves,
     provisioning,
     rollouts,
     servers,
@@ -94,6 +96,7 @@ for _command in (
     jobs.jobs,
     servers.servers_group,
     servers.locate,
+    moves.move,
     local.local,
     config_command.config,
     init_command.init,

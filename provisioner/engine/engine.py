@@ -167,6 +167,7 @@ class Engine:
         seeds: tuple[str, ...] = (),
     ) -> None:
         self.holder = holder
+        self.owner_url = owner_url
         #: the project's declared seeds (PROVISIONER_SEEDS), resolved by the seed step
         self.seeds = seeds
         self.lock_timeout_ms = max(1, int(lock_timeout_seconds * 1000))
@@ -390,7 +391,8 @@ class Engine:
     @staticmethod
     def _check_state(run: JobRun, claimed: ClaimRead, server: ClaimRead) -> None:
         """WrongState (the job fails at once) when the tenant's state refuses the kind, and
-        TenantElsewhere when it lives on a tenant server. The claim's state is the column's
+        TenantElsewhere when it lives on a tenant server (unless :attr:`JobKind.any_server`:
+        a move, whose steps open their own sessions). The claim's state is the column's
         text (the queue knows no tenant): typed here. Read here only when the claim did not."""
         kind, tenant = run.kind, run.context.tenant
         if isinstance(claimed, Unread) or isinstance(server, Unread):
@@ -398,7 +400,7 @@ class Engine:
                 found = tenants.get_tenant(run.journal, tenant)
             claimed = None if found is None else found.state.value
             server = None if found is None else found.server
-        if server is not None:
+        if server is not None and not kind.any_server:
             raise TenantElsewhere(
                 f"tenant {tenant} lives on tenant server {server}: this release runs jobs on "
                 "the control database only (jobs on a tenant server are not built yet)"
@@ -417,6 +419,7 @@ class Engine:
             lock_timeout_ms=self.lock_timeout_ms,
             seeds=self.seeds,
             memo=kind.memo(),
+            owner_url=self.owner_url,
         )
 
     def _forget_vanished(self, run: JobRun, state: RunState) -> None:

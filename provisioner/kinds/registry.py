@@ -41,6 +41,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "provisioner.kinds.lifecycle",
     "provisioner.kinds.product",
     "provisioner.kinds.repair",
+    "provisioner.kinds.move",
 )
 
 
@@ -101,6 +102,10 @@ class JobKind:
     #: run by the product's worker as the application role (its rows are app_rw's to write, it
     #: keeps no step journal; control c005's row-level security names the same kinds)
     by_application: bool = False
+    #: its steps open their own sessions on the servers they need (a move's source and
+    #: target), so it runs whichever server the tenant lives on; the engine refuses every
+    #: other kind for a tenant on a tenant server (TenantElsewhere)
+    any_server: bool = False
 
     @property
     def handled(self) -> bool:

@@ -68,6 +68,9 @@ class StepContext:
     seeds: tuple[str, ...] = ()
     #: this run's memo (a new one per run of a job: the kind's :attr:`JobKind.memo`)
     memo: RunMemo = field(default_factory=RunMemo)
+    #: the owner's address, for a step that opens sessions of its own on other servers (a
+    #: move's); never shown
+    owner_url: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Tenants on several PostgreSQL servers: the directory in ``control`` (:mod:`.directory`) and
 its export for PgBouncer (:mod:`.pgbouncer`), whether the owner reaches each server
-(:mod:`.reach`), and the fleet commands' bounded fan-out over the servers (:mod:`.fanout`).
-Placement itself is the control database's trigger, fired by the enqueue (control revision
+(:mod:`.reach`), the fleet commands' bounded fan-out over the servers (:mod:`.fanout`), and the
+record of a tenant's move between them (:mod:`.moves`). Placement itself is the control
+database's trigger, fired by the enqueue (control revision
 ``20261202_h29servers``)."""
 
 from provisioner.servers.directory import (

@@ -1,0 +1,114 @@
+"""A tenant's move to a tenant server, and how long its writes are frozen (opt-in:
+``python -m bench --only move``).
+
+Each round moves one tenant of ``ROWS`` audit events from the control database to a tenant
+server (another database of the bench cluster, reached through a reference with no password:
+the cluster's password file), by :func:`provisioner.fleet.move.move` in this process:
+
+* ``move_freeze``: from the freeze step's start (the revoke) to the switch step's commit (the
+  target granted, the directory switched): the time the application's writes are refused;
+* ``move_copy_raw``: the same schema's ``pg_dump | pg_restore`` alone, into a third database,
+  timed the same round (the baseline: the copy's floor with PostgreSQL's own tools).
+
+Goal: ``move_freeze`` median at most 2 s (issue 29).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from bench.cluster import BenchCluster, BenchDatabase
+from bench.figures import Figure, Results
+from provisioner import servers, service
+from provisioner.engine import StepEvent, StepOutcome
+from provisioner.fleet import move as moving
+from provisioner.kinds import move_copy
+from provisioner.servers.moves import End
+
+ROWS = 10_000
+ROUNDS = 5
+
+
+def _reference(cluster: BenchCluster, database: BenchDatabase) -> str:
+    params = conninfo_to_dict(database.owner_url)
+    return (
+        f"host={params['host']} port={params['port']} dbname={database.name} "
+        f"user={params['user']} passfile={cluster.cluster.passfile}"
+    )
+
+
+def _marker(marks: dict[str, float]) -> Callable[[StepEvent], None]:
+    """A progress callback noting when the freeze began and when the switch committed."""
+
+    def mark(event: StepEvent) -> None:
+        if event.outcome is StepOutcome.DONE:
+            marks[f"step {event.step}"] = event.seconds * 1000
+        if event.step == "freeze_writes" and event.outcome is StepOutcome.STARTED:
+            marks["frozen"] = time.perf_counter()
+        if event.step == "switch_server" and event.outcome is StepOutcome.DONE:
+            marks["switched"] = time.perf_counter()
+
+    return mark
+
+
+def run(cluster: BenchCluster, results: Results) -> None:
+    freeze: list[float] = []
+    raw: list[float] = []
+    steps: dict[str, list[float]] = {}
+    with (
+        cluster.database("move_control") as control,
+        cluster.database("move_east") as east,
+        cluster.database("move_raw") as spare,
+    ):
+        settings = control.settings()
+        tenants = [f"m{n}" for n in range(ROUNDS)]
+        for tenant in tenants:
+            service.provision(settings, tenant)
+            with psycopg.connect(control.app_url, autocommit=True) as conn:
+                conn.execute(
+                    f"INSERT INTO tenant_{tenant}.audit_events (action) "
+                    "SELECT 'seed ' || g FROM generate_series(1, %s) g",
+                    (ROWS,),
+                )
+        with psycopg.connect(control.owner_url, autocommit=True) as conn:
+            servers.add(conn, "east", _reference(cluster, east))
+        source = End("control", _reference(cluster, control))
+        target = End("raw", _reference(cluster, spare))
+        for tenant in tenants:
+            began = time.perf_counter()
+            move_copy.copy_schema(source, target, f"tenant_{tenant}")
+            raw.append((time.perf_counter() - began) * 1000)
+            marks: dict[str, float] = {}
+            mark = _marker(marks)
+            result = moving.move(settings, tenant, "east", on_progress=mark)
+            assert result.move.phase.value == "switched", result
+            freeze.append((marks["switched"] - marks["frozen"]) * 1000)
+            for key, value in marks.items():
+                if key.startswith("step "):
+                    steps.setdefault(key[5:], []).append(value)
+    results.notes["move: each step's median (ms)"] = ", ".join(
+        f"{step} {statistics.median(values):.0f}" for step, values in steps.items()
+    )
+    results.add(
+        Figure(
+            "move_copy_raw",
+            f"pg_dump | pg_restore of a {ROWS:,}-row tenant schema alone",
+            "ms",
+            raw,
+            note="baseline",
+        )
+    )
+    results.add(
+        Figure(
+            "move_freeze",
+            f"move of a {ROWS:,}-row tenant: writes frozen (revoke -> switch committed)",
+            "ms",
+            freeze,
+            baseline="move_copy_raw",
+        )
+    )

@@ -1,0 +1,191 @@
+"""The ``move_tenant`` kind: a tenant's schema moved to another server (issue 29).
+
+Its four steps run in the engine like every kind's, each recorded in the engine's control
+transaction (which holds the tenant's lock), but their work happens on the move's two ends,
+through owner sessions of their own (:mod:`provisioner.kinds.move_copy`); the move's source
+and target are its ``control.tenant_moves`` row (:mod:`provisioner.servers.moves`), read in
+the step's transaction. So the kind runs whichever server the tenant lives on
+(:attr:`JobKind.any_server`). Each step is safe to run again after a SIGKILL anywhere:
+
+1. ``freeze_writes``: the application roles lose every privilege on the source's schema
+   (committed there), then the writes begun before are waited for. Effect: the source frozen.
+2. ``copy_schema``: ``pg_dump | pg_restore`` in one transaction on the target. A copy already
+   there is the move's own (``move`` refused a target that had the schema, and nothing else
+   creates it): a restore committed just before its step was recorded. Effect: the target
+   has the schema.
+3. ``verify_copy``: both ends' catalog inventory (every object, owner and privilege), rows per
+   table and sequence values equal, or the job fails and the tenant stays frozen on the source
+   (``move --abort`` drops the copy and gives the source its grants back).
+4. ``switch_server``: the application roles granted on the target (committed there, the
+   grants checked), then the directory's switch (the tenant's server, the move's phase, the
+   servers' counts) commits with the step's record. A crash between the two leaves the target
+   granted and the directory on the frozen source: the resume switches it. At no point do
+   both copies serve. A suspended or archived tenant is moved without grants.
+
+The source's old copy stays, frozen, until ``provisioner move TENANT --finish`` drops it once
+the grace period has passed (:mod:`provisioner.fleet.move`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from provisioner.db import Transaction
+from provisioner.errors import PermanentError
+from provisioner.kinds import move_copy
+from provisioner.kinds.registry import JobKind, keyed_by_tenant
+from provisioner.kinds.step import Step, StepContext
+from provisioner.servers import moves
+from provisioner.servers.directory import CONTROL
+from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.state import INACTIVE, TenantState
+
+MOVE_JOB_TYPE = "move_tenant"
+
+
+def _move(tx: Transaction, ctx: StepContext) -> moves.Move:
+    """The tenant's move, as its row stands in the step's transaction."""
+    found = moves.get_move(tx.pg, ctx.tenant)
+    if found is None:
+        raise PermanentError(f"tenant {ctx.tenant} has no move: start one with `provisioner move`")
+    return found
+
+
+def _moving(tx: Transaction, ctx: StepContext) -> moves.Move:
+    found = _move(tx, ctx)
+    if found.phase is not moves.MovePhase.MOVING:
+        raise PermanentError(f"tenant {ctx.tenant}'s move is {found.phase}: nothing to do")
+    return found
+
+
+@contextmanager
+def _session(tx: Transaction, ctx: StepContext, server: str | None) -> Iterator[Any]:
+    """An owner session on ``server`` (None: the control database), closed on leaving."""
+    end = moves.end(tx.pg, server, ctx.owner_url)
+    conn: psycopg.Connection[Any] = move_copy.connect(end)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _past(phase: moves.MovePhase) -> bool:
+    """The move went past its copy (switched or finished): the earlier steps are done."""
+    return phase in (moves.MovePhase.SWITCHED, moves.MovePhase.FINISHED)
+
+
+def _freeze(tx: Transaction, ctx: StepContext) -> str | None:
+    move = _moving(tx, ctx)
+    with _session(tx, ctx, move.source) as conn:
+        tables = move_copy.freeze(
+            conn, ctx.tenant.schema, ctx.app_roles, lock_timeout_ms=ctx.lock_timeout_ms
+        )
+    return f"{move.source or CONTROL}: writes frozen ({tables} tables)"
+
+
+def _frozen(tx: Transaction, ctx: StepContext) -> bool:
+    move = _move(tx, ctx)
+    if _past(move.phase):
+        return True
+    with _session(tx, ctx, move.source) as conn, conn.transaction():
+        return move_copy.frozen(conn, ctx.tenant.schema, ctx.app_roles)
+
+
+def _copy(tx: Transaction, ctx: StepContext) -> str | None:
+    move = _moving(tx, ctx)
+    schema = ctx.tenant.schema
+    with _session(tx, ctx, move.target) as conn:
+        if move_copy.schema_exists(conn, schema):
+            return f"{move.target or CONTROL}: the copy was already there"
+    source = moves.end(tx.pg, move.source, ctx.owner_url)
+    target = moves.end(tx.pg, move.target, ctx.owner_url)
+    move_copy.copy_schema(source, target, schema)
+    return f"copied from {source.server} to {target.server}"
+
+
+def _copied(tx: Transaction, ctx: StepContext) -> bool:
+    move = _move(tx, ctx)
+    if _past(move.phase):
+        return True
+    with _session(tx, ctx, move.target) as conn:
+        return move_copy.schema_exists(conn, ctx.tenant.schema)
+
+
+def _snapshot(end: moves.End, schema: str) -> move_copy.Snapshot | None:
+    conn = move_copy.connect(end)
+    try:
+        return move_copy.snapshot(conn, schema)
+    finally:
+        conn.close()
+
+
+def _verify(tx: Transaction, ctx: StepContext) -> str | None:
+    move = _moving(tx, ctx)
+    schema = ctx.tenant.schema
+    ends = [moves.end(tx.pg, server, ctx.owner_url) for server in (move.source, move.target)]
+    # Both ends read at once (each its own session), the writes being frozen meanwhile.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="move-verify") as pool:
+        before, after = pool.map(lambda end: _snapshot(end, schema), ends)
+    if before is None or after is None:
+        where = move.source if before is None else move.target
+        raise PermanentError(f"schema {schema} is missing on {where or CONTROL}")
+    lines = move_copy.differences(before, after)
+    if lines:
+        raise PermanentError(
+            f"the copy on {move.target or CONTROL} differs from the source: "
+            + "; ".join(lines[:10])
+            + (f" (and {len(lines) - 10} more)" if len(lines) > 10 else "")
+        )
+    rows = sum(before.rows.values())
+    return (
+        f"{len(before.inventory)} catalog objects, {len(before.rows)} tables ({rows} rows), "
+        f"{len(before.sequences)} sequences equal"
+    )
+
+
+def _switch(tx: Transaction, ctx: StepContext) -> str | None:
+    move = _move(tx, ctx)
+    state = moves.tenant_server(tx.pg, ctx.tenant)
+    granted = state is not None and TenantState(state[1]) not in INACTIVE
+    if move.phase is moves.MovePhase.MOVING and granted:
+        with _session(tx, ctx, move.target) as conn, conn.transaction():
+            tenant_schema.grant_app_roles(conn, ctx.tenant.schema, ctx.app_roles)
+    if not moves.switch(tx.pg, ctx.tenant) and not _switched(tx, ctx):
+        where = CONTROL if state is None or state[0] is None else state[0]
+        raise PermanentError(
+            f"tenant {ctx.tenant} lives on {where}, not on the move's source "
+            f"{move.source or CONTROL}: the directory was changed under the move"
+        )
+    target = move.target or CONTROL
+    return f"lives on {target}" + ("; app roles granted there" if granted else "")
+
+
+def _switched(tx: Transaction, ctx: StepContext) -> bool:
+    move = _move(tx, ctx)
+    state = moves.tenant_server(tx.pg, ctx.tenant)
+    return _past(move.phase) and state is not None and state[0] == move.target
+
+
+MOVE_STEPS: tuple[Step, ...] = (
+    Step("freeze_writes", _freeze, _frozen),
+    Step("copy_schema", _copy, _copied),
+    Step("verify_copy", _verify, _copied),
+    Step("switch_server", _switch, _switched),
+)
+
+JOB_KINDS: tuple[JobKind, ...] = (
+    JobKind(
+        MOVE_JOB_TYPE,
+        f"{__name__}:MOVE_STEPS",
+        idempotency_key=keyed_by_tenant(MOVE_JOB_TYPE),
+        command="move",
+        description="freeze, copy, verify and switch a tenant to another server",
+        refused_states=(TenantState.PENDING, TenantState.PROVISIONING, TenantState.DELETED),
+        any_server=True,
+    ),
+)

@@ -1,0 +1,253 @@
+"""The work of a move's steps on the two servers: freeze the application's writes, copy the
+schema with ``pg_dump | pg_restore``, and compare the two copies.
+
+* **Freeze** (:func:`freeze`): every application role's privileges on the schema revoked and
+  committed, so a stale route fails loudly (``permission denied``); then, in a second
+  transaction, each table locked ``IN SHARE MODE`` and released: that waits for every write
+  begun before the revoke to commit or roll back, so the copy that follows holds every write
+  the application was told succeeded. Bounded by the lock timeout (a long application
+  transaction makes the step wait its turn and retry, without spending an attempt).
+* **Copy** (:func:`copy_schema`): ``pg_dump --schema --format=custom`` on the source piped into
+  ``pg_restore --single-transaction --exit-on-error --no-owner`` on the target, both as the
+  owner, binaries of the machine (the newest, as :mod:`provisioner.local.cluster` finds them:
+  ``pg_dump`` must be at least the servers' version). Single transaction: a restore killed or
+  failed half-way leaves nothing on the target. The owner URL's password reaches a child in a
+  password file of its own (mode 0600, removed after), a server's from libpq's own sources;
+  never on a command line nor in the environment; what they print is redacted before it is
+  shown. Each child is killed with its parent (Linux: the
+  parent-death signal), so a worker killed mid-copy leaves no restore running on its own.
+* **Compare** (:func:`snapshot`, :func:`differences`): the catalog inventory
+  (:mod:`provisioner.tenant.catalog`: every object, owner and privilege), the rows of each
+  table and each sequence's value, on both ends.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import tuple_row
+
+from provisioner import db
+from provisioner.errors import PermanentError
+from provisioner.local.cluster import find_bin_dir
+from provisioner.redact import redact
+from provisioner.roles import AppRoles
+from provisioner.servers.moves import End
+from provisioner.tenant import catalog
+from provisioner.tenant import schema as tenant_schema
+
+Conn = psycopg.Connection[Any]
+
+#: Linux's prctl option: the signal a child gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+# The schema's tables (partitioned ones and their partitions alike) and sequences, by name.
+TABLES_AND_SEQUENCES = """
+SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'S')
+ ORDER BY c.relname
+"""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a copy must equal: the catalog inventory, rows per table, each sequence's
+    ``(last_value, is_called)``."""
+
+    inventory: catalog.Inventory
+    rows: dict[str, int]
+    sequences: dict[str, tuple[int, bool]]
+
+
+def freeze(conn: Conn, schema: str, roles: AppRoles, *, lock_timeout_ms: int) -> int:
+    """Revoke the application roles' privileges on the schema (committed), then wait for the
+    writes begun before it; returns the number of tables waited on. ``conn`` is an owner
+    session on the source, autocommit off."""
+    with conn.transaction():
+        tenant_schema.revoke_app_roles(conn, schema, roles)
+    tables, _ = _relations(conn, schema)
+    if tables:
+        names = sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables)
+        timeout = sql.Literal(f"{max(1, lock_timeout_ms)}ms")
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute(
+                sql.SQL(
+                    "SELECT set_config('lock_timeout', {}, true); LOCK TABLE {} IN SHARE MODE"
+                ).format(timeout, names)
+            )
+    return len(tables)
+
+
+def frozen(conn: Conn, schema: str, roles: AppRoles) -> bool:
+    """No application role can use the schema (or there is no schema to use)."""
+    return tenant_schema.app_roles_cut_off(conn, schema, roles)
+
+
+def copy_schema(source: End, target: End, schema: str) -> None:
+    """``pg_dump | pg_restore`` of one schema, in one transaction on the target; raises
+    :class:`PermanentError` with the children's redacted message when either fails."""
+    bin_dir = find_bin_dir()
+    with tempfile.TemporaryDirectory(prefix="provisioner-move-") as folder:
+        dump = _command(
+            bin_dir,
+            "pg_dump",
+            _address(source, Path(folder) / "source"),
+            "--format=custom",
+            f"--schema={_pattern(schema)}",
+        )
+        restore = _command(
+            bin_dir,
+            "pg_restore",
+            _address(target, Path(folder) / "target"),
+            "--single-transaction",
+            "--exit-on-error",
+            "--no-owner",
+        )
+        codes, errors = _pipe(dump, restore)
+    for name, code, err in zip(("pg_dump", "pg_restore"), codes, errors, strict=True):
+        if code != 0:
+            lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
+            message = redact(" ".join(lines[:3]))[:500] or f"exit status {code}"
+            raise PermanentError(f"{name} failed: {message}")
+
+
+def _pipe(dump: list[str], restore: list[str]) -> tuple[tuple[int, int], tuple[bytes, bytes]]:
+    """Run ``dump | restore``; their exit codes and what each wrote on stderr."""
+    with subprocess.Popen(
+        dump,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_die_with_parent,
+    ) as dumper:
+        assert dumper.stdout is not None
+        with subprocess.Popen(
+            restore,
+            stdin=dumper.stdout,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+        ) as restorer:
+            dumper.stdout.close()  # the restore holds the pipe's reading end alone
+            _, restore_err = restorer.communicate()
+        dump_err = dumper.stderr.read() if dumper.stderr is not None else b""
+        dumper.wait()
+    return (dumper.returncode, restorer.returncode), (dump_err, restore_err)
+
+
+def _address(end: End, passfile: Path) -> str:
+    """The end's address for a child: with its password (the owner URL's) in a password file
+    of its own, mode 0600, named by the address (never the password itself); libpq's own
+    sources otherwise."""
+    if end.password is None:
+        return end.address
+    escaped = end.password.replace("\\", "\\\\").replace(":", "\\:")
+    fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"*:*:*:*:{escaped}\n")
+    return make_conninfo(end.address, passfile=str(passfile))
+
+
+def snapshot(conn: Conn, schema: str) -> Snapshot | None:
+    """The schema's :class:`Snapshot`, read in one repeatable-read transaction; None when
+    there is no such schema."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        inventory = catalog.read(conn, schema)
+        if inventory is None:
+            return None
+        tables, sequences = _relations(conn, schema)
+        parts = [
+            sql.SQL("SELECT 't', {}, count(*), NULL::boolean FROM {}").format(
+                sql.Literal(t), sql.Identifier(schema, t)
+            )
+            for t in tables
+        ] + [
+            sql.SQL("SELECT 's', {}, last_value, is_called FROM {}").format(
+                sql.Literal(s), sql.Identifier(schema, s)
+            )
+            for s in sequences
+        ]
+        found: list[tuple[Any, ...]] = []
+        if parts:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(sql.SQL(" UNION ALL ").join(parts))
+                found = cur.fetchall()
+    rows = {str(name): int(n) for kind, name, n, _ in found if kind == "t"}
+    values = {str(name): (int(n), bool(called)) for kind, name, n, called in found if kind == "s"}
+    return Snapshot(inventory, rows, values)
+
+
+def differences(source: Snapshot, target: Snapshot) -> list[str]:
+    """How the target's copy differs from the source's, one line each (empty: equal)."""
+    lines = [
+        f"{d.change} {d.kind} {d.name}" for d in catalog.compare(source.inventory, target.inventory)
+    ]
+    for table in sorted(set(source.rows) | set(target.rows)):
+        if source.rows.get(table) != target.rows.get(table):
+            lines.append(
+                f"table {table}: {source.rows.get(table)} rows, {target.rows.get(table)} copied"
+            )
+    for seq in sorted(set(source.sequences) | set(target.sequences)):
+        if source.sequences.get(seq) != target.sequences.get(seq):
+            lines.append(
+                f"sequence {seq}: {source.sequences.get(seq)} on the source, "
+                f"{target.sequences.get(seq)} copied"
+            )
+    return lines
+
+
+def schema_exists(conn: Conn, schema: str) -> bool:
+    """The schema is there (in a transaction of its own, ended here)."""
+    with conn.transaction():
+        return tenant_schema.object_count(conn, schema) is not None
+
+
+def drop(conn: Conn, schema: str, *, lock_timeout_ms: int) -> None:
+    """``DROP SCHEMA ... CASCADE`` of a copy the move owns, committed, bounded by the lock
+    timeout."""
+    with conn.transaction():
+        tenant_schema.drop_schema(conn, schema, lock_timeout_ms=lock_timeout_ms)
+
+
+def _relations(conn: Conn, schema: str) -> tuple[list[str], list[str]]:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(TABLES_AND_SEQUENCES, {"schema": schema})
+        rows = cur.fetchall()
+    return [n for n, kind in rows if kind in ("r", "p")], [n for n, kind in rows if kind == "S"]
+
+
+def _pattern(schema: str) -> str:
+    """The schema as a ``pg_dump`` pattern that matches its name alone (double-quoted: no
+    wildcard, no case folding)."""
+    return '"' + schema.replace('"', '""') + '"'
+
+
+def _command(bin_dir: Path, program: str, address: str, *flags: str) -> list[str]:
+    """The child's arguments: the address holds no password (:func:`_address`)."""
+    return [str(bin_dir / program), f"--dbname={address}", "--no-password", *flags]
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: die when the process that started it dies (Linux only;
+    elsewhere nothing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def connect(end: End) -> Conn:
+    """An owner session on ``end`` with every failure translated (:mod:`provisioner.db`)."""
+    with db.translated():
+        return end.connect()

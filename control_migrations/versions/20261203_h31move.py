@@ -13,7 +13,7 @@ run at once, and its job history keeps the earlier moves. The application role h
 privilege here.
 
 Revision ID: 20261203_h31move
-Revises: 20261202_hgaps
+Revises: 20261203_h31pool
 Create Date: 2026-12-03
 """
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from bench.cluster import say
@@ -37,7 +38,9 @@ def _one(concurrency: int, crash_after: int) -> CrashDrain:
             formation, tmp, env, crash_after=crash_after, concurrency=concurrency
         )
     finally:
+        stopping = time.monotonic()
         formation.stop()
+        say(f"failover: formation stopped in {time.monotonic() - stopping:.1f} s")
         shutil.rmtree(formation.root, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -135,10 +135,12 @@ class Formation:
         for node in [*self.nodes.values(), self.monitor]:
             if node.proc is not None and node.proc.poll() is None:
                 os.killpg(node.proc.pid, signal.SIGTERM)
+        # One deadline for all: a busy machine had the three stops take 116 s one after another.
+        deadline = time.monotonic() + 10
         for node in [*self.nodes.values(), self.monitor]:
             if node.proc is not None:
                 try:
-                    node.proc.wait(30)
+                    node.proc.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     os.killpg(node.proc.pid, signal.SIGKILL)
                     node.proc.wait(10)

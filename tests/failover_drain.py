@@ -36,8 +36,8 @@ TENANTS = 300
 DRAIN_DEADLINE_SECONDS = 240
 #: The lane's worker: two engine children per core (a worker's default is one per core; the
 #: suite's own workers run one each). One child's round trips and commits overlap another's
-#: work: with the machine shared (load 25-28), 4 children drained 3.7 jobs/s after the crash
-#: where 2 drained 2.4. At most 8, for a bigger CI machine.
+#: work: with the machine shared, 4 children drained 3.7 jobs/s after the crash (load 25-28)
+#: and 2.7 (load 30-34) where 2 drained 2.3-2.7 (load 11-28). At most 8, for a bigger machine.
 CONCURRENCY = min(8, 2 * max(2, os.cpu_count() or 2))
 #: The crash comes mid-drain: once this many jobs succeeded.
 CRASH_AFTER = 150

@@ -18,6 +18,7 @@ from bench import (
     bulk,
     burst,
     claim,
+    failover,
     fleet,
     fleet_scale,
     move,
@@ -46,7 +47,7 @@ SCENARIOS = (
     "fleet",
 )
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
-OPT_IN = ("fleet-scale", "bulk", "placement", "move")
+OPT_IN = ("fleet-scale", "bulk", "placement", "move", "failover")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--bulk-tenants", type=int, default=405, help="tenants the opt-in bulk scenario purges"
+    )
+    parser.add_argument("--failover-runs", type=int, default=1)
+    parser.add_argument(
+        "--failover-concurrency", type=int, default=0, help="the failover worker's children"
+    )
+    parser.add_argument(
+        "--failover-crash-after", type=int, default=0, help="succeeded jobs before the crash"
     )
     parser.add_argument(
         "--only",
@@ -146,6 +154,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"a {move.ROWS:,}-row tenant moved to a tenant server: the writes' freeze",
                     lambda: move.run(cluster, results),
                 ),
+                "failover": (
+                    "a pg_auto_failover primary SIGKILLed while a worker drains 300 tenants",
+                    lambda: failover.run(
+                        results,
+                        args.failover_runs,
+                        args.failover_concurrency or failover.CONCURRENCY,
+                        args.failover_crash_after or failover.CRASH_AFTER,
+                    ),
+                ),
                 "fleet-scale": (
                     f"{args.fleet_scale_tenants} tenants at t004 built in bulk, who is behind, "
                     "upgrade --all to t005 by 1 worker with 2 children, by block",
@@ -162,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             results.notes["machine load (1-minute load average, start -> end of each scenario)"] = (
                 ", ".join(f"{name} {value}" for name, value in load.items())
             )
-    results.goals = goals(results, scale_ran=args.scale)
+    results.goals = goals(results, scale_ran=args.scale) + failover.goals(results)
     results.extra["elapsed_seconds"] = round(time.monotonic() - started, 1)
     head = header(server)
     output = args.output or RESULTS_DIR / ("latest-scale.json" if args.scale else "latest.json")

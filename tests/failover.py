@@ -5,8 +5,8 @@ Debian's ``postgresql-15-auto-failover`` and ``pg-auto-failover-cli`` (``make ha
 processes run as the ``postgres`` user when the tests run as root, each ``pg_autoctl run`` in
 its own process group, so that :meth:`Formation.crash` kills a node whole (its keeper and its
 PostgreSQL) with SIGKILL, as a lost machine would, and the monitor fails over to the standby.
-The monitor's detection timeouts are shortened (a failover in about ten seconds instead of
-about fifty); everything else is pg_auto_failover's defaults.
+The monitor's detection timeouts are shortened (writes refused for about seven seconds
+instead of about fifty); everything else is pg_auto_failover's defaults.
 """
 
 from __future__ import annotations
@@ -38,12 +38,26 @@ MONITOR_SETTINGS = {
     "pgautofailover.node_considered_unhealthy_timeout": 3000,
     "pgautofailover.startup_grace_period": 3000,
     # How long the monitor waits for a lost primary to demote itself before promoting the
-    # standby (30 s by default). Kept above the keepers' network partition timeout (below),
-    # after which a primary cut off from the monitor and its standby demotes itself.
-    "pgautofailover.primary_demote_timeout": 5000,
+    # standby (30 s by default), counted from when it declared the primary unhealthy (no
+    # report for node_considered_unhealthy_timeout, above). Kept above the keepers' network
+    # partition timeout (below), after which a primary cut off from the monitor and its
+    # standby demotes itself: a cut-off primary has stopped writing 3 + 3 - 2 = 4 s before
+    # the standby is promoted. Most of the failover: 5 s here refused writes 9.2 s, 3 s 6.2 s.
+    "pgautofailover.primary_demote_timeout": 3000,
 }
 #: Each keeper's settings (``pg_autoctl config set``), seconds.
-KEEPER_SETTINGS = {"timeout.network_partition_timeout": 3}
+KEEPER_SETTINGS = {"timeout.network_partition_timeout": 2}
+#: Every node's PostgreSQL (the monitor's too), as every test cluster of the suite runs: the
+#: lane kills processes, never the machine, so what a process wrote survives in the page cache.
+#: With fsync on, the checkpoint the keeper takes right after promoting the standby (before
+#: the new primary takes writes) took 6 s with the machine busy. The old primary rejoins by a
+#: ``pg_basebackup`` that waits for a spread checkpoint (0.9 x checkpoint_timeout: 4.5 min by
+#: default): an immediate-paced one, every 30 s, keeps that wait short.
+NODE_SETTINGS = {
+    "fsync": "off",
+    "checkpoint_timeout": "30s",
+    "checkpoint_completion_target": "0",
+}
 
 
 @dataclass
@@ -121,10 +135,12 @@ class Formation:
         for node in [*self.nodes.values(), self.monitor]:
             if node.proc is not None and node.proc.poll() is None:
                 os.killpg(node.proc.pid, signal.SIGTERM)
+        # One deadline for all: a busy machine had the three stops take 116 s one after another.
+        deadline = time.monotonic() + 10
         for node in [*self.nodes.values(), self.monitor]:
             if node.proc is not None:
                 try:
-                    node.proc.wait(30)
+                    node.proc.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     os.killpg(node.proc.pid, signal.SIGKILL)
                     node.proc.wait(10)
@@ -199,7 +215,16 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
         time.sleep(0.2)
 
 
-def start_formation() -> Formation:
+def _configure(conn: psycopg.Connection, settings: dict[str, str]) -> None:
+    for name, value in settings.items():
+        conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+    conn.execute("SELECT pg_reload_conf()")
+
+
+def start_formation(node_settings: dict[str, str] | None = None) -> Formation:
+    """A monitor, node1 primary and node2 its synchronous standby; ``node_settings`` for every
+    node's PostgreSQL (default :data:`NODE_SETTINGS`)."""
+    node_settings = NODE_SETTINGS if node_settings is None else node_settings
     if shutil.which("pg_autoctl") is None:
         raise AssertionError("pg_autoctl is not installed: `make test` installs it (make ha-tools)")
     root = Path(tempfile.mkdtemp(prefix="provisioner-failover-"))
@@ -237,7 +262,7 @@ def start_formation() -> Formation:
         ) as conn:
             for name, value in MONITOR_SETTINGS.items():
                 conn.execute(f"ALTER SYSTEM SET {name} = {int(value)}")
-            conn.execute("SELECT pg_reload_conf()")
+            _configure(conn, node_settings)
         for name in ("node1", "node2"):
             node = Node(name, local_pg.free_port(), root / name)
             formation.nodes[name] = node
@@ -258,6 +283,10 @@ def start_formation() -> Formation:
                 formation.autoctl("config", "set", "--pgdata", str(node.pgdata), key, str(value))
             formation.run(node)
             _wait(lambda n=name: n in formation.states(), 120, f"{name} to register")
+            if name == "node1":  # node2's base backup copies postgresql.auto.conf
+                _wait(lambda: _accepts(formation.superuser_url()), 120, "node1 to start")
+                with psycopg.connect(formation.superuser_url(), autocommit=True) as conn:
+                    _configure(conn, node_settings)
         _wait(lambda: formation.settled("node1"), 180, "node1 primary, node2 secondary")
     except BaseException:
         formation.stop()

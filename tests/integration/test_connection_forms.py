@@ -4,7 +4,9 @@ A second throwaway cluster, started here, refuses every TCP login without the ri
 (``scram-sha-256`` in ``pg_hba.conf``). Its roles share a password made of the characters that
 break URL and key=value parsing (``@ : / = ' \\`` and spaces). Each form reaches it through
 real ``provisioner`` processes (``migrate``, ``provision``, ``enqueue`` + ``worker --once``
-and its children, ``status``) and through the pytest plugin in a pytest subprocess:
+and its children, ``status``) and through the pytest plugin in a pytest subprocess (the forms
+with the password inside the address on a server of their own: the plugin then gives the
+roles passwords of their own):
 
 * a multi-host URL (the first host down) with ``target_session_attrs=read-write``, the
   password percent-encoded in it;
@@ -26,6 +28,7 @@ import tempfile
 import textwrap
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -93,8 +96,8 @@ class ScramServer:
         return name
 
 
-@pytest.fixture(scope="module")
-def scram_server() -> Iterator[ScramServer]:
+@contextmanager
+def _started_scram_server() -> Iterator[ScramServer]:
     cluster = local_pg.Cluster(Path(tempfile.mkdtemp(prefix="provisioner-scram-")), durable=False)
     cluster.ensure_running()
     try:
@@ -117,6 +120,21 @@ def scram_server() -> Iterator[ScramServer]:
     finally:
         cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def scram_server() -> Iterator[ScramServer]:
+    with _started_scram_server() as server:
+        yield server
+
+
+@pytest.fixture
+def own_scram_server() -> Iterator[ScramServer]:
+    """A server of its own: the plugin, given the superuser's password in the address, gives
+    the bootstrap roles passwords of their own (derived from it), which the other forms'
+    tests on the shared server do not know."""
+    with _started_scram_server() as server:
+        yield server
 
 
 @dataclass
@@ -299,6 +317,19 @@ PLUGIN_TEST = textwrap.dedent(
 def test_the_pytest_plugin_works_with_the_form(
     scram_server: ScramServer, form: Form, tmp_path: Path
 ) -> None:
+    _run_plugin(scram_server, form, tmp_path)
+
+
+@pytest.mark.parametrize("form", [f for f in FORMS if not f.for_plugin], ids=lambda f: f.name)
+def test_the_pytest_plugin_works_with_the_password_in_the_address(
+    own_scram_server: ScramServer, form: Form, tmp_path: Path
+) -> None:
+    """The superuser's password inside a multi-host URL or a key=value string: the plugin
+    gives the roles passwords derived from it and connects them through the same host list."""
+    _run_plugin(own_scram_server, form, tmp_path)
+
+
+def _run_plugin(scram_server: ScramServer, form: Form, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
     (project / "test_signup.py").write_text(PLUGIN_TEST)

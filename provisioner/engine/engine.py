@@ -221,12 +221,15 @@ class Engine:
         self.sessions.warm(self.kinds.prepared_plans, self.kinds.warm_touches)
 
     def load_tree(self) -> None:
-        """Read the tenant tree now: Alembic's import (~0.3 s) and the heads. A worker child
-        does it before it says it is ready, so that its first job (the first tenant of a
-        rollout, a sign-up) does not pay for it. A tree that cannot be read is left for that
-        job to report (the worker's start-up checked it already)."""
+        """Read the tenant tree now (Alembic's import, ~0.3 s, and the heads) and its template
+        reference (read, or computed and stored the first time the database meets this tree
+        state). A worker child does it before it says it is ready, so that neither its first
+        job nor its sibling children, waiting on the reference's lock, pay for it inside a
+        burst. A tree or reference that cannot be had is left for the job to report."""
         with suppress(Exception):
-            migrations.tenant_tree_state()
+            tree = migrations.tenant_tree_state()
+            with self.sessions.transaction() as tx:
+                self.templates.reference(tx, tree)
 
     def connect_ahead(self) -> threading.Thread:
         """The steps' session opened in a thread, and the template's stored reference read on

@@ -118,12 +118,13 @@ def claim_next_and_run(
     engine: Engine,
     job_types: tuple[str, ...],
     *,
-    on_claimed: Callable[[Job], None],
+    on_claimed: Callable[[queue.Claim], None],
     on_progress: ProgressCallback,
     should_stop: StopRequested,
 ) -> Outcome:
     """Claim the oldest ready job of ``job_types`` for this engine's holder id (a worker's
-    engine process), tell ``on_claimed``, run it and settle it.
+    engine process), tell ``on_claimed`` (the job, and whether more were queued), run it and
+    settle it.
 
     The job's last step claims the next job with its own commit, so a child draining the
     queue pays for a claim only when that one found nothing (or the job failed): per job, no
@@ -137,7 +138,7 @@ def claim_next_and_run(
         return ClaimFailed(describe(exc))
     if claimed is None:
         return NothingQueued()
-    on_claimed(claimed.job)
+    on_claimed(claimed)
     return run_claimed(
         engine, claimed, on_progress=on_progress, should_stop=should_stop, claim_next=job_types
     )

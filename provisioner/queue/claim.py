@@ -58,10 +58,19 @@ CLAIMING = f"""next AS ({CLAIMABLE}), claimed AS (
     RETURNING j.*
 )"""
 
+# ``more``: another ready job of the kinds was queued when the claim ran (a hint, read from the
+# claim's own snapshot through the queue's partial index: it may count a job another claimant
+# is taking at that moment, never misses one queued before the claim). A worker asks its next
+# idle child to claim only when it is true (worker/wakeups.py).
+MORE_QUEUED = """EXISTS (SELECT 1 FROM control.platform_jobs o
+                 WHERE o.status = 'queued' AND o.available_at <= now()
+                   AND o.job_type = ANY(%(job_types)s) AND o.id <> claimed.id) AS more"""
+
 
 CLAIM_NEXT = f"""
 WITH {CLAIMING}
-SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server
+SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server,
+       {MORE_QUEUED}
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """
 
@@ -135,6 +144,8 @@ class Claim:
     job: Job
     tenant_state: str | None
     tenant_server: str | None = None
+    #: another ready job of the claimed kinds was queued (CLAIM_NEXT's hint; True when unread)
+    more: bool = True
 
 
 def claim_params(job_types: Sequence[str], worker: str) -> dict[str, Any]:
@@ -154,7 +165,12 @@ def plan_claim(conn: Conn, worker: str) -> None:
 
 
 def as_claim(row: dict[str, Any] | None) -> Claim | None:
-    return Claim(Job.from_row(row), row["tenant_state"], row.get("tenant_server")) if row else None
+    if not row:
+        return None
+    more = row.get("more")
+    return Claim(
+        Job.from_row(row), row["tenant_state"], row.get("tenant_server"), more is not False
+    )
 
 
 def claim_next_with_state(conn: Conn, job_types: Sequence[str], worker: str) -> Claim | None:

@@ -29,7 +29,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from provisioner.queue.claim import CLAIMING, claim_params
+from provisioner.queue.claim import CLAIMING, MORE_QUEUED, claim_params
 
 # CLAIM_NEXT, and the claimed job's first pending step opened in the journal (STEP_RUN_OPEN's
 # row) by the same statement. ``first_steps``: {job type: its steps in order}; a job with no
@@ -45,7 +45,7 @@ WITH {CLAIMING}, opened AS (
              ORDER BY s.n LIMIT 1) first
     RETURNING id, step
 )
-SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server,
+SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server, {MORE_QUEUED},
        opened.id AS first_run_id, opened.step AS first_run_step
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
   LEFT JOIN opened ON true

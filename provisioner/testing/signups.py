@@ -53,7 +53,7 @@ def drain(settings: Settings, job_types: Collection[str] | None = None) -> list[
             outcome = runner.claim_next_and_run(
                 engine,
                 types,
-                on_claimed=lambda job: None,
+                on_claimed=lambda claim: None,
                 on_progress=lambda event: None,
                 should_stop=lambda: False,
             )

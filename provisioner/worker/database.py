@@ -21,6 +21,7 @@ from provisioner.worker.heartbeat import DB_ERRORS
 from provisioner.worker.options import RECONNECT_CAP_SECONDS
 from provisioner.worker.processes import ClaimNext
 from provisioner.worker.state import Wakeup, WorkerState
+from provisioner.worker.wakeups import next_to_ask
 
 
 def recovery_interval(settings: Settings) -> float:
@@ -110,15 +111,20 @@ class DatabaseWork(WorkerState):
             self._pending = "drain"
 
     def _claim(self) -> None:
-        """Ask each idle engine process to claim a job (it claims, runs and settles it)."""
+        """Ask one idle engine process to claim a job (it claims, runs and settles it); the
+        pending reason is consumed by the ask (worker/wakeups.py)."""
         if self._pending is None:
             return
-        for child in self._children:
-            if not child.idle:
-                continue
-            child.asking, child.asked_at_claim = self._pending, self._claims
-            if not child.send(ClaimNext(tuple(self.job_types))):
-                child.asking = None  # gone: its exit is handled when its pipe closes
+        child = next_to_ask(self._children)
+        if child is None:
+            return
+        child.asking, child.asked_at_claim = self._pending, self._claims
+        self._pending = None
+        self._next_poll = time.monotonic() + self.settings.poll_interval_seconds
+        self.stats["claims_asked"] += 1
+        if not child.send(ClaimNext(tuple(self.job_types))):
+            child.asking = None  # gone: its exit is handled when its pipe closes
+            self._pending = "drain"
 
     def _settle_orphans(self) -> None:
         assert self._conn is not None

@@ -16,7 +16,8 @@ closed with ``assert_never`` on both ends):
                       Warm()           idle: the warm pool built a spare; reload the
                                        sessions' catalog caches now
     child -> parent   Ready(holder)
-                      Claimed(job)     the child claimed this job and runs it
+                      Claimed(job, more)  the child claimed this job and runs it; more:
+                                       the claim saw other jobs queued
                       StepReport(...)  each StepEvent of the running job
                       JobEnded(outcome, claiming)
                                        the job's :data:`~provisioner.engine.runner.Outcome`: settled
@@ -57,6 +58,7 @@ from uuid import UUID
 from provisioner.engine import Engine, StepEvent, StepOutcome, describe, runner
 from provisioner.engine.holder import holder_id
 from provisioner.models import Job
+from provisioner.queue import Claim
 from provisioner.settings import Settings
 
 # -- messages -------------------------------------------------------------------------------------
@@ -99,9 +101,11 @@ class Ready:
 
 @dataclass(frozen=True)
 class Claimed:
-    """Child -> parent: the child claimed this job and runs it now."""
+    """Child -> parent: the child claimed this job and runs it now; ``more``: the claim saw
+    another ready job queued (the parent then asks its next idle child: worker/wakeups.py)."""
 
     job: Job
+    more: bool = True
 
 
 @dataclass(frozen=True)
@@ -263,11 +267,11 @@ class _ChildLoop:
     def progress(self, ev: StepEvent) -> None:
         self.send(StepReport(ev.job.id, ev.step, ev.outcome, round(ev.seconds, 3), ev.detail))
 
-    def claimed(self, job: Job) -> None:
+    def claimed(self, claim: Claim) -> None:
         """Announce the job, then let the drain timeout interrupt its steps (one held since
         the last job lands here, and the job is released)."""
-        self.job = job
-        self.send(Claimed(job))
+        self.job = claim.job
+        self.send(Claimed(claim.job, claim.more))
         _allow_interrupts()
 
     def run(self, job_types: tuple[str, ...]) -> runner.Outcome:

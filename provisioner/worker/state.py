@@ -123,7 +123,7 @@ class WorkerState:
     def idle(self) -> bool:
         """No job running, none waiting to be claimed, not draining: the warm pool may build."""
         with self._lock:
-            busy = any(c.job for c in self._children)
+            busy = any(c.busy for c in self._children)
         return self._pending is None and self._deadline is None and not busy
 
     def _spare_built(self) -> None:
@@ -174,6 +174,7 @@ class WorkerState:
             "jobs_done": self.stats["done"],
             "jobs_succeeded": self.stats["succeeded"],
             "jobs_recovered": self.stats["recovered"],
+            "claims_asked": self.stats["claims_asked"],
             "woke": dict(self.woke),
             "last_woke": self.last_woke,
             "storage": self.storage,

@@ -63,10 +63,12 @@ class Supervisor(DatabaseWork):
             if child.idle:
                 child.send(Warm())
 
-    def _on_claimed(self, child: EngineProcess, job: Job) -> None:
+    def _on_claimed(self, child: EngineProcess, job: Job, more: bool) -> None:
         woke = child.asking or "drain"
         self._claims += 1
-        self._pending, self._was_idle = "drain", False  # the queue may hold more
+        self._was_idle = False
+        if more and self._pending is None:
+            self._pending = "drain"  # another job was queued: ask the next idle child
         self.woke[woke] += 1
         self.last_woke = woke
         with self._lock:
@@ -83,11 +85,13 @@ class Supervisor(DatabaseWork):
         )
 
     def _nothing_queued(self, child: EngineProcess) -> None:
+        """A claim found nothing. The ask consumed the reason to claim: a wake-up since then
+        set it again (it stays), and a claim another child made meanwhile re-armed it when it
+        saw more queued (worker/wakeups.py)."""
         child.asking = None
-        if child.asked_at_claim != self._claims:
-            return  # another child claimed meanwhile: the queue may still hold more
-        self._pending = None
         self._next_poll = time.monotonic() + self.settings.poll_interval_seconds
+        if child.asked_at_claim != self._claims or self._pending is not None:
+            return
         if not self._was_idle:
             self._was_idle = True
             event(
@@ -114,9 +118,9 @@ class Supervisor(DatabaseWork):
             case Ready(holder=holder):
                 child.holder = holder
                 event(self.log, "child_started", pid=child.pid, holder=child.holder)
-            case Claimed(job=claimed):
+            case Claimed(job=claimed, more=more):
                 self.queue_failure = None
-                self._on_claimed(child, claimed)
+                self._on_claimed(child, claimed, more)
             case StepReport() if job is not None:
                 self._on_step(child, job, message)
             case JobEnded(outcome=runner.NothingQueued()):
@@ -124,6 +128,7 @@ class Supervisor(DatabaseWork):
                 self._nothing_queued(child)
             case JobEnded(outcome=runner.ClaimFailed(detail=detail)):
                 child.asking = None
+                self._pending = self._pending or "drain"  # asked again once it answers
                 self._queue_failed(detail)
                 self._database_down(DatabaseUnavailable(detail), "claim")
             case JobEnded(outcome=outcome) if job is not None:

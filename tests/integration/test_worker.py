@@ -370,3 +370,46 @@ def test_bad_flag_values_are_refused_by_the_cli(fast: Settings) -> None:
         main, ["worker", "--once", "--concurrency", "0"], env=settings_env(fast)
     )
     assert result.exit_code == 2 and "--concurrency" in result.output
+
+
+def test_one_sign_up_wakes_one_of_the_idle_children(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    worker = workers.start("--concurrency", "3", "--poll-interval", "60").idle(180)
+    before = wait_until(lambda: heartbeat(database).get("claims_asked"), 10, "a beat")
+
+    service.enqueue(fast, "lone")
+
+    assert worker.wait_for("claimed", 30, tenant_id="lone")["woke"] == "notify"
+    worker.wait_for("succeeded", 60, tenant_id="lone")
+
+    def settled() -> dict | None:
+        detail = heartbeat(database)
+        return detail if detail["jobs_succeeded"] == 1 and not detail["current_jobs"] else None
+
+    wait_until(settled, 10, "an idle beat after the job")
+    # One ask for the NOTIFY and one after the job's end (a job of its tenant may have been
+    # held back), whatever the number of idle children; asking every idle child made it 5.
+    asked = wait_until(
+        lambda: (n := heartbeat(database)["claims_asked"] - before) >= 2 and n, 10, "the asks"
+    )
+    assert asked == 2
+    assert len(worker.events("claimed")) == 1
+    assert worker.stop() == 0
+
+
+def test_two_workers_of_three_children_run_every_job_of_a_burst_once(
+    fast: Settings, database: Database, workers: Workers
+) -> None:
+    tenants = [f"burst_{i}" for i in range(12)]
+    for tenant in tenants:
+        service.enqueue(fast, tenant)
+
+    started = [workers.start("--once", "--concurrency", "3") for _ in range(2)]
+
+    assert [w.wait(300) for w in started] == [0, 0], [w.output()[-2000:] for w in started]
+    claimed = [e["tenant_id"] for w in started for e in w.events("claimed")]
+    assert sorted(claimed) == sorted(tenants)  # each claimed once, none lost
+    for tenant in tenants:
+        row = job_row(database, tenant)
+        assert (row["status"], row["attempts"], row["progress"]) == ("succeeded", 1, 100)

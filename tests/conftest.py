@@ -50,6 +50,7 @@ pytest_plugins = [
     "tests.console_server",
     "tests.pgbouncer",
     "tests.failover",
+    "tests.tenant_servers",
 ]
 
 # A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest

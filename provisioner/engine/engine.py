@@ -45,6 +45,7 @@ import psycopg
 from psycopg import sql
 
 from provisioner import db, kinds, queue
+from provisioner.engine import remote
 from provisioner.engine.events import (
     ProgressCallback,
     StepEvent,
@@ -69,6 +70,7 @@ from provisioner.errors import (
 from provisioner.kinds import JobKind, KindRegistry, Scope, Step, StepContext
 from provisioner.models import Job, JobStatus, Lease, TenantId
 from provisioner.roles import DEFAULT_APP_ROLES, AppRoles
+from provisioner.servers.sessions import ServerSessions
 from provisioner.settings import Settings
 from provisioner.storage import ObjectStore, store_from_settings
 from provisioner.templates import migrations
@@ -196,6 +198,10 @@ class Engine:
         self.sessions = EngineSessions(
             owner_url, holder=holder, stale_after_seconds=stale_after_seconds
         )
+        #: the owner's pools on the tenant servers, opened on first use (engine/remote.py)
+        self.servers = ServerSessions(
+            owner_url, holder=holder, idle_in_transaction_timeout_ms=self.sessions.idle_ms
+        )
         #: the next job, claimed by the last step of the previous one (``claim_next``)
         self._claimed: queue.Claim | None = None
         #: the job whose last step's commit failed after claiming the next one (unknown fate)
@@ -277,6 +283,7 @@ class Engine:
             claimed, self._claimed = self._claimed, None
             with suppress(ProvisionerError):
                 self.release(claimed.job)
+        self.servers.close()
         self.sessions.close()
 
     def __enter__(self) -> Engine:
@@ -362,7 +369,9 @@ class Engine:
         current = "resume check"
         state = RunState(job)
         try:
-            self._check_state(run, *claimed)
+            server = self._check_state(run, *claimed)
+            if server is not None:  # the tenant lives on a tenant server: engine/remote.py
+                return remote.run_placed(self, run, job, server, run.kind.placed_steps or ())
             # A scope of the pending steps alone (a fleet upgrade's job: its migration step)
             # leaves the recorded steps unchecked and unreported: five messages and log lines
             # per tenant of a rollout would say what the claim's ``steps_done`` already says.
@@ -394,24 +403,27 @@ class Engine:
             raise StepFailed(current) from exc
 
     @staticmethod
-    def _check_state(run: JobRun, claimed: ClaimRead, server: ClaimRead) -> None:
-        """WrongState (the job fails at once) when the tenant's state refuses the kind, and
-        TenantElsewhere when it lives on a tenant server. The claim's state is the column's
-        text (the queue knows no tenant): typed here. Read here only when the claim did not."""
+    def _check_state(run: JobRun, claimed: ClaimRead, server: ClaimRead) -> str | None:
+        """The tenant server the tenant lives on (None: the control database). WrongState (the
+        job fails at once) when the tenant's state refuses the kind, and TenantElsewhere when
+        it lives on a tenant server and the kind has no steps for one. The claim's state is
+        the column's text (the queue knows no tenant): typed here. Read here only when the
+        claim did not."""
         kind, tenant = run.kind, run.context.tenant
         if isinstance(claimed, Unread) or isinstance(server, Unread):
             with db.translated():
                 found = tenants.get_tenant(run.journal, tenant)
             claimed = None if found is None else found.state.value
             server = None if found is None else found.server
-        if server is not None:
+        if server is not None and kind.placed_steps is None:
             raise TenantElsewhere(
-                f"tenant {tenant} lives on tenant server {server}: this release runs jobs on "
-                "the control database only (jobs on a tenant server are not built yet)"
+                f"tenant {tenant} lives on tenant server {server}: {kind.name} runs on the "
+                "control database only (it has no steps for a tenant server yet)"
             )
         state = None if claimed is None else TenantState(claimed)
         if state in kind.refused_states:
             raise WrongState(f"tenant {tenant} is {state}: {kind.name} leaves it alone")
+        return server
 
     def _context(self, tenant: TenantId, kind: JobKind) -> StepContext:
         return StepContext(

@@ -1,6 +1,7 @@
 """Tenants on several PostgreSQL servers: the directory in ``control`` (:mod:`.directory`) and
-its export for PgBouncer (:mod:`.pgbouncer`), and whether the owner reaches each server
-(:mod:`.reach`). Placement itself is the control database's
+its export for PgBouncer (:mod:`.pgbouncer`), whether the owner reaches each server
+(:mod:`.reach`), the tool's own schema on each (:mod:`.journal`: the step journal and the fence)
+and the owner's sessions there (:mod:`.sessions`). Placement itself is the control database's
 trigger, fired by the enqueue (control revision ``20261202_h29servers``)."""
 
 from provisioner.servers.directory import (
@@ -22,13 +23,21 @@ from provisioner.servers.directory import (
 )
 from provisioner.servers.pgbouncer import databases_section
 from provisioner.servers.reach import Reach, reach, reach_active
+from provisioner.servers.sessions import (
+    Migration,
+    ServerSessions,
+    migrate_servers,
+    require_ready,
+)
 
 __all__ = [
     "CONTROL",
     "Directory",
     "Location",
+    "Migration",
     "Reach",
     "ServerLoad",
+    "ServerSessions",
     "ServerStatus",
     "TenantServer",
     "add",
@@ -38,8 +47,10 @@ __all__ = [
     "get",
     "loads",
     "locate",
+    "migrate_servers",
     "reach",
     "reach_active",
+    "require_ready",
     "server_name",
     "servers_of",
     "set_status",

@@ -297,6 +297,9 @@ class Engine:
     def missing_effects(self, tenant: TenantId, job_type: str) -> list[str]:
         """Steps of the kind whose effect the catalog does not show."""
         kind = self.kinds[job_type]
+        placed = remote.missing_placed(self, kind, self._context(tenant, kind))
+        if placed is not None:  # the tenant lives on a tenant server
+            return placed
         with self.sessions.transaction() as tx:
             return _vanished(tx, self._context(tenant, kind), kind.steps, kind.step_names)
 

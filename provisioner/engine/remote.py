@@ -35,10 +35,11 @@ from psycopg.rows import tuple_row
 from provisioner import db, queue
 from provisioner.engine.events import StepEvent, StepOutcome, describe
 from provisioner.errors import LeaseLost, ProvisionerError, StepFailed
-from provisioner.kinds import Scope
+from provisioner.kinds import JobKind, Scope, StepContext
 from provisioner.kinds.placed import PlacedStep
 from provisioner.models import Job, JobStatus
 from provisioner.servers import journal
+from provisioner.tenant import row as tenants
 
 if TYPE_CHECKING:
     from provisioner.engine.engine import Engine, JobRun
@@ -66,6 +67,33 @@ def run_placed(
         with engine.sessions.transaction() as tx:
             job = queue.complete(tx.pg, run.lease)
     return job
+
+
+def missing_placed(engine: Engine, kind: JobKind, ctx: StepContext) -> list[str] | None:
+    """For a tenant on a tenant server, the steps whose effect the catalogs (the server's,
+    control's) do not show (:meth:`Engine.missing_effects`); None for a tenant on the control
+    database, or a kind without steps for a tenant server."""
+    control = engine.control
+    with db.translated():
+        found = tenants.get_tenant(control, ctx.tenant)
+    placed = kind.placed_steps
+    if found is None or found.server is None or placed is None:
+        return None
+    with db.translated():
+        pool = engine.servers.database(control, found.server)
+    with pool.transaction() as stx:
+        gone = [
+            s.name
+            for s in placed
+            if s.server_effect is not None and not s.server_effect(stx.pg, ctx)
+        ]
+    with engine.sessions.transaction() as tx:
+        gone += [
+            s.name
+            for s in placed
+            if s.control_effect is not None and not s.control_effect(tx.pg, ctx)
+        ]
+    return [name for name in (s.name for s in placed) if name in gone]
 
 
 def _adopt(

@@ -45,9 +45,9 @@ def test_migrate_applies_the_tool_schema_and_a_worker_refuses_a_server_behind(
     again = run_cli(settings, "migrate")
     assert "tenant server east: tool schema at version 1" in again.stdout
     assert run_cli(settings, "worker", "--once").returncode == 0
-    with tenant_server.app() as app:  # the application role cannot read the tool's schema
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            app.execute("SELECT * FROM provisioner_server.fences")
+    # The application role cannot read the tool's schema.
+    with tenant_server.app() as app, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        app.execute("SELECT * FROM provisioner_server.fences")
 
 
 def test_a_worker_refuses_a_server_without_credentials_or_owned_by_a_superuser(
@@ -119,6 +119,17 @@ def test_provisioning_runs_every_step_on_the_tenant_server(
     with tenant_server.app() as app:
         app.execute("SET search_path TO tenant_acme")
         app.execute("SELECT count(*) FROM role_profiles").fetchone()
+    # Provisioning again finds every effect there (on the server's catalog): nothing runs.
+    again = run_cli(settings, "provision", "acme", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["attempts"] == 1
+    # A kind with no steps for a tenant server yet fails at once, touching nothing.
+    suspended = run_cli(settings, "suspend", "acme", "--json")
+    assert suspended.returncode == 1, suspended.stdout + suspended.stderr
+    assert "lives on tenant server east: suspend_tenant runs on the control database only" in (
+        suspended.stdout
+    )
+    with tenant_server.app() as app:
+        app.execute("SELECT count(*) FROM tenant_acme.role_profiles").fetchone()
 
 
 def test_a_worker_provisions_tenants_on_the_tenant_server(

@@ -90,7 +90,8 @@ def test_sigkill_at_each_seam_repeats_no_step_and_loses_none(
     }
     if on_server and len(on_server) < len(SERVER_STEPS):
         assert first < second
-    assert tenant_server.fence("victim") == second
+    fence = tenant_server.fence("victim")  # raised by the resume, whatever it wrote there
+    assert fence is not None and fence >= second and (fence > first or not on_server)
     with tenant_server.owner() as conn:
         assert tenant_schema.fingerprint(conn, "tenant_victim") == clean_fingerprint
 

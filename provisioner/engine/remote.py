@@ -36,7 +36,7 @@ from provisioner import db, queue
 from provisioner.engine.events import StepEvent, StepOutcome, describe
 from provisioner.errors import LeaseLost, ProvisionerError, StepFailed
 from provisioner.kinds import JobKind, Scope, StepContext
-from provisioner.kinds.placed import PlacedStep
+from provisioner.kinds.placed import ControlAccess, PlacedStep
 from provisioner.models import Job, JobStatus
 from provisioner.servers import journal
 from provisioner.tenant import row as tenants
@@ -163,7 +163,8 @@ def _run_step(
         if step.server is not None:
             with pool.transaction() as stx:
                 journal.raise_fence(stx.pg, tenant, job.id, token)
-                detail = step.server(stx, ctx, control)
+                access = ControlAccess(control, engine.sessions.transaction)
+                detail = step.server(stx, ctx, access)
                 journal.record_step(stx.pg, tenant, job.id, step.name, token, detail)
             run.on_progress(StepEvent(job, step.name, StepOutcome.ON_SERVER, 0.0, detail))
         with engine.sessions.transaction(run.lock) as tx:

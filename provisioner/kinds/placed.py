@@ -18,6 +18,7 @@ or it does not verify on that server).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +29,24 @@ from provisioner.errors import TemplateUnusable
 from provisioner.kinds.step import StepContext
 from provisioner.servers.journal import SEEDS_TABLE
 from provisioner.templates import migrations, seeds
-from provisioner.templates import reference as template_reference
+from provisioner.templates.reference import Reference
 from provisioner.templates.replay import replay
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 
-#: A side's work: (its transaction, the step's context, the control session) -> detail.
-ServerWork = Callable[[Transaction, StepContext, psycopg.Connection[Any]], str | None]
+
+@dataclass(frozen=True)
+class ControlAccess:
+    """What a step's server side may use of the control database: the engine's autocommit
+    session (reads), and a transaction of its own (the template's reference, computed and
+    stored once per tree state)."""
+
+    conn: psycopg.Connection[Any]
+    transaction: Callable[[], AbstractContextManager[Transaction]]
+
+
+#: A side's work: (its transaction, the step's context, control) -> detail.
+ServerWork = Callable[[Transaction, StepContext, ControlAccess], str | None]
 ControlWork = Callable[[psycopg.Connection[Any], StepContext], str | None]
 Check = Callable[[psycopg.Connection[Any], StepContext], bool]
 
@@ -54,7 +66,7 @@ class PlacedStep:
     control_effect: Check | None = None
 
 
-def _create_schema(tx: Transaction, ctx: StepContext, control: Any) -> str | None:
+def _create_schema(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
     tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
     return None
 
@@ -64,9 +76,10 @@ def _mark_provisioning(conn: psycopg.Connection[Any], ctx: StepContext) -> str |
     return None
 
 
-def _migrate(tx: Transaction, ctx: StepContext, control: psycopg.Connection[Any]) -> str | None:
-    """The schema to head: the template's verified replay for a new schema (the reference
-    stored in control, proven again here by the fingerprint), else Alembic."""
+def _migrate(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
+    """The schema to head: the template's verified replay for a new schema (control's stored
+    reference, computed there once if missing, proven again here by the fingerprint), else
+    Alembic."""
     schema = ctx.tenant.schema
     tree = migrations.tenant_tree_state()
     versions = migrations.tenant_versions(tx.pg, schema)
@@ -75,14 +88,17 @@ def _migrate(tx: Transaction, ctx: StepContext, control: psycopg.Connection[Any]
     if versions:
         migrations.upgrade_tenant(tx.sa, schema, start=versions)
         return f"alembic: upgraded from {migrations.head_label(versions)}"
-    reason = "no stored template reference in control"
-    if tenant_schema.object_count(tx.pg, schema) == 0:
-        stored = template_reference.stored(control, tree.digest)
-        if stored is not None:
-            try:
-                problem = replay(tx, schema, stored)
-            except TemplateUnusable as exc:
-                problem = str(exc)
+    if tenant_schema.object_count(tx.pg, schema) != 0:
+        migrations.upgrade_tenant(tx.sa, schema)
+        return "alembic: the schema holds objects"
+    reason = ctx.templates.disabled.get(tree.digest)
+    if reason is None:
+        try:
+            reference = _reference(ctx, control, tree)
+        except TemplateUnusable as exc:
+            reason = ctx.templates.disabled[tree.digest] = f"template capture failed: {exc}"
+        else:
+            problem = replay(tx, schema, reference)
             if problem is None:
                 return "template (verified replay of control's reference)"
             reason = problem
@@ -90,7 +106,17 @@ def _migrate(tx: Transaction, ctx: StepContext, control: psycopg.Connection[Any]
     return f"alembic: {reason}"
 
 
-def _grant(tx: Transaction, ctx: StepContext, control: Any) -> str | None:
+def _reference(ctx: StepContext, control: ControlAccess, tree: migrations.TreeState) -> Reference:
+    """Control's reference of the tree state: memoised by the engine, else read or computed
+    and stored in a control transaction of its own (:meth:`TemplateCache.reference`)."""
+    found = ctx.templates.remembered(control.conn, tree.digest)
+    if found is not None:
+        return found
+    with control.transaction() as ctx_tx:
+        return ctx.templates.reference(ctx_tx, tree)
+
+
+def _grant(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
     tenant_schema.grant_app_roles(tx.pg, ctx.tenant.schema, ctx.app_roles)
     return None
 
@@ -99,7 +125,7 @@ def _declared(ctx: StepContext) -> tuple[seeds.Seed, ...]:
     return seeds.declared(ctx.seeds, migrations.tenant_tree())
 
 
-def _seed(tx: Transaction, ctx: StepContext, control: Any) -> str | None:
+def _seed(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
     return seeds.apply(tx.pg, ctx.tenant, _declared(ctx), SEEDS_TABLE).detail
 
 

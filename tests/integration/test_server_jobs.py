@@ -115,6 +115,13 @@ def test_provisioning_runs_every_step_on_the_tenant_server(
             "SELECT step, outcome FROM control.job_step_runs WHERE tenant_id = 'acme' ORDER BY id"
         ).fetchall()
     assert runs == [(step, "succeeded") for step in STEPS]
+    # The schema is the template's verified replay (control's reference), not an Alembic run.
+    with tenant_server.owner() as conn:
+        how = conn.execute(
+            "SELECT detail FROM provisioner_server.step_journal WHERE step = %s",
+            ("run_tenant_migrations",),
+        ).fetchone()
+    assert how == ("template (verified replay of control's reference)",)
     # The application reaches its tenant on the server the directory names.
     with tenant_server.app() as app:
         app.execute("SET search_path TO tenant_acme")

@@ -25,6 +25,7 @@ from bench import (
     pool_burst,
     provisioning,
     scale,
+    server_jobs,
     tenant_fixture,
     wake,
     workers,
@@ -45,7 +46,7 @@ SCENARIOS = (
     "fleet",
 )
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
-OPT_IN = ("fleet-scale", "bulk", "placement")
+OPT_IN = ("fleet-scale", "bulk", "placement", "server-jobs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 "placement": (
                     "a new tenant's enqueue: placement off, no tenant server, two servers",
                     lambda: placement.run(cluster, results),
+                ),
+                "server-jobs": (
+                    "enqueue -> succeeded through a running worker: control vs a tenant server",
+                    lambda: server_jobs.run(cluster, results),
                 ),
                 "fleet-scale": (
                     f"{args.fleet_scale_tenants} tenants at t004 built in bulk, who is behind, "
@@ -239,6 +244,10 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
                 median <= 15.0,
                 "" if median <= 15.0 else f"gap: {median - 15:.2f} ms",
             )
+        )
+    if "server_jobs_two" in results.figures:
+        out.append(
+            goal_ratio(results, "server_jobs_two", 1.25, "provisioning on a tenant server <= 1.25x")
         )
     out += _burst_goals(results)
     out += _pool_burst_goals(results)

@@ -119,6 +119,8 @@ def _adopt(
             if s.name in looked and s.server is not None
         }
     adopt = [s for s in placed if s.name in shown - recorded and on_server.get(s.name, False)]
+    if not adopt and not (recorded and scope is Scope.ALL):
+        return job  # nothing to adopt, nothing recorded to check: a new job's first run
     with engine.sessions.transaction(run.lock) as tx:
         gone = {
             s.name

@@ -322,9 +322,8 @@ class Engine:
         progress. Raises :class:`LeaseLost` if the job stopped being ours.
 
         ``tenant_state`` is the tenant's state as the claim read it (else it is read here),
-        ``tenant_server`` the tenant server it lives on (likewise): a job of a tenant placed on
-        a tenant server fails at once, for this release runs every step on the control database
-        (jobs on the tenant's own server are issue 29's next step).
+        ``tenant_server`` the tenant server it lives on (likewise): such a job's steps run there
+        (:mod:`provisioner.engine.remote`), or it fails at once when its kind has none.
         With ``claim_next``, the transaction of the job's last step also claims this holder's
         next job of those kinds (:meth:`claim`): the claim commits with the step, and a
         worker child goes on to it without a round trip or a commit of its own.

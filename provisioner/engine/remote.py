@@ -11,11 +11,12 @@ For one run of such a job (:func:`run_placed`):
    two commits) is adopted when its effect is there (the catalog says so, as a resume checks
    every recorded step): its control side runs with the checkpoint it missed, in one control
    transaction. Recorded steps whose effect vanished are forgotten and run again.
-3. **Each missing step**: on the server, ONE transaction raises the fence again (refused:
-   :class:`LeaseLost`, the transaction rolls back, nothing written), runs the step's server side
-   and writes its journal row; then on control, ONE transaction with the tenant's lock runs the
-   step's control side and closes the step with its fenced checkpoint (the job's last step
-   completes the job there). Between the two commits the engine reports
+3. **Each missing step**: on the server, ONE transaction runs the step's server side, then
+   writes its journal row and raises the fence again in one statement (refused:
+   :class:`LeaseLost`, the transaction rolls back, nothing written); then on control, ONE
+   transaction with the tenant's lock runs the step's control side and closes the step with
+   its fenced checkpoint (the job's last step completes the job there; a step's close opens
+   the next step's row in control's journal). Between the two commits the engine reports
    :attr:`StepOutcome.ON_SERVER` (the crash tests' seam).
 
 A crash before the server's commit leaves nothing (the step runs again); between the two, the
@@ -56,13 +57,13 @@ def run_placed(
         pool = engine.servers.database(control, server)
         token = queue.fence_token(control, run.lease)
     job = _adopt(engine, run, job, pool, token, placed)
-    done = set(job.steps_completed)
-    for step in placed:
-        if step.name in done:
-            continue
+    pending = [step for step in placed if step.name not in job.steps_completed]
+    opened: int | None = None  # the next step's journal row, opened by the step before it
+    for index, step in enumerate(pending):
         if run.should_stop():
-            return engine.release(job)
-        job = _run_step(engine, run, job, pool, token, step)
+            return engine._release(run.lease, opened)
+        following = pending[index + 1].name if index + 1 < len(pending) else None
+        job, opened = _run_step(engine, run, job, pool, token, step, opened, following)
     if job.status is not JobStatus.SUCCEEDED:
         with engine.sessions.transaction() as tx:
             job = queue.complete(tx.pg, run.lease)
@@ -149,22 +150,33 @@ def _adopt(
 
 
 def _run_step(
-    engine: Engine, run: JobRun, job: Job, pool: db.Database, token: int, step: PlacedStep
-) -> Job:
-    """Step 3 of the module for one step: the server's transaction, then control's."""
+    engine: Engine,
+    run: JobRun,
+    job: Job,
+    pool: db.Database,
+    token: int,
+    step: PlacedStep,
+    run_id: int | None,
+    following: str | None,
+) -> tuple[Job, int | None]:
+    """Step 3 of the module for one step: the server's transaction, then control's. The
+    step's row in control's journal is the one the step before it opened (``run_id``), else
+    committed now; its close opens the row of the step ``following`` it, whose id is
+    returned with the job."""
     ctx, kind, tenant = run.context, run.kind, run.context.tenant
     control = engine.control
     started = time.monotonic()
-    with db.translated(), control.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(queue.step_run_opening(run.lease, tenant.value, step.name)).fetchone()
-    assert row is not None, "the journal's opening returns its row"
-    run_id = int(row[0])
+    if run_id is None:
+        opening = queue.step_run_opening(run.lease, tenant.value, step.name)
+        with db.translated(), control.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute(opening).fetchone()
+        assert row is not None, "the journal's opening returns its row"
+        run_id = int(row[0])
     run.on_progress(StepEvent(job, step.name, StepOutcome.STARTED))
     try:
         detail = None
         if step.server is not None:
             with pool.transaction() as stx:
-                journal.raise_fence(stx.pg, tenant, job.id, token)
                 access = ControlAccess(control, engine.sessions.transaction)
                 detail = step.server(stx, ctx, access)
                 journal.record_step(stx.pg, tenant, job.id, step.name, token, detail)
@@ -175,7 +187,14 @@ def _run_step(
             done = kind.ordered([*job.steps_completed, step.name])
             last = len(done) == len(kind.step_names)
             closed = queue.close_step(
-                tx.pg, run_id, detail, run.lease, done, kind.progress(done), last=last
+                tx.pg,
+                run_id,
+                detail,
+                run.lease,
+                done,
+                kind.progress(done),
+                last=last,
+                open_next=None if following is None else queue.NextStep(tenant.value, following),
             )
     except BaseException as exc:
         _failed(control, run_id, exc)
@@ -186,7 +205,7 @@ def _run_step(
         raise StepFailed(step.name) from exc
     seconds = time.monotonic() - started
     run.on_progress(StepEvent(closed.job, step.name, StepOutcome.DONE, seconds, detail))
-    return closed.job
+    return closed.job, closed.next_run_id
 
 
 def _failed(control: psycopg.Connection[Any], run_id: int, exc: BaseException) -> None:

@@ -10,8 +10,9 @@ repeated or lost (:mod:`provisioner.engine.remote`).
 The fence: one row per tenant carrying the token of the run that last wrote there. A run's
 token is a transaction id of ``control``, taken by a write fenced by the job's lease
 (:func:`provisioner.queue.fence_token`), so a run that took the job over always holds a larger
-token than the run it took it from. Every step transaction here first raises the fence to its
-own token, refused when the fence holds a larger one: a holder whose lease was taken over (a
+token than the run it took it from. A run raises the fence to its token when it begins (before
+it adopts anything), and every step transaction here raises it again with its journal row, in
+one statement, refused when the fence holds a larger one: a holder whose lease was taken over (a
 frozen process that wakes up) cannot write on the tenant's server once its successor has begun.
 
 The schema is versioned (:data:`VERSION`) and applied by ``provisioner migrate`` to every server
@@ -97,13 +98,24 @@ ON CONFLICT (tenant_id) DO UPDATE
 RETURNING token
 """
 
-# A finished step, in the step's own transaction. A step that runs again (its effect vanished
-# from the catalog) overwrites its row.
+# A finished step, at the end of the step's own transaction, and the fence raised to its token
+# in the same statement (one round trip): no row when a larger token holds the fence, and the
+# transaction, the step's DDL with it, is rolled back. A step that runs again (its effect
+# vanished from the catalog) overwrites its row.
 RECORD_STEP = """
+WITH fence AS (
+INSERT INTO provisioner_server.fences AS f (tenant_id, token, job_id)
+VALUES (%(tenant)s, %(token)s, %(job)s)
+ON CONFLICT (tenant_id) DO UPDATE
+   SET token = EXCLUDED.token, job_id = EXCLUDED.job_id, updated_at = now()
+ WHERE f.token <= EXCLUDED.token
+RETURNING token
+)
 INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, detail)
-VALUES (%(tenant)s, %(job)s, %(step)s, %(token)s, %(detail)s)
+SELECT %(tenant)s, %(job)s, %(step)s, token, %(detail)s FROM fence
 ON CONFLICT (tenant_id, job_id, step) DO UPDATE
    SET token = EXCLUDED.token, detail = EXCLUDED.detail, finished_at = clock_timestamp()
+RETURNING token
 """
 
 # The steps of a job the server's journal shows done.
@@ -153,10 +165,14 @@ def raise_fence(conn: psycopg.Connection[Any], tenant: TenantId, job: UUID, toke
             RAISE_FENCE, {"tenant": tenant.value, "token": token, "job": job}
         ).fetchone()
     if found is None:
-        raise LeaseLost(
-            f"job {job}: tenant {tenant}'s fence on its server holds a later run than this one "
-            f"(token {token}): the job was taken over"
-        )
+        raise LeaseLost(_fenced_out(tenant, job, token))
+
+
+def _fenced_out(tenant: TenantId, job: UUID, token: int) -> str:
+    return (
+        f"job {job}: tenant {tenant}'s fence on its server holds a later run than this one "
+        f"(token {token}): the job was taken over"
+    )
 
 
 def record_step(
@@ -167,12 +183,14 @@ def record_step(
     token: int,
     detail: str | None,
 ) -> None:
-    """The step's journal row, in the step's transaction on the tenant's server."""
-    with conn.cursor() as cur:
-        cur.execute(
-            RECORD_STEP,
-            {"tenant": tenant.value, "job": job, "step": step, "token": token, "detail": detail},
-        )
+    """The step's journal row and the fence raised to ``token``, in the step's transaction on
+    the tenant's server; :class:`LeaseLost` when a larger token holds the fence (the
+    transaction is then to be rolled back, the step's work with it)."""
+    params = {"tenant": tenant.value, "job": job, "step": step, "token": token, "detail": detail}
+    with conn.cursor(row_factory=tuple_row) as cur:
+        found = cur.execute(RECORD_STEP, params).fetchone()
+    if found is None:
+        raise LeaseLost(_fenced_out(tenant, job, token))
 
 
 def steps_done(conn: psycopg.Connection[Any], tenant: TenantId, job: UUID) -> frozenset[str]:

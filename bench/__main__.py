@@ -27,6 +27,7 @@ from bench import (
     pool_burst,
     provisioning,
     scale,
+    server_jobs,
     tenant_fixture,
     wake,
     workers,
@@ -47,7 +48,7 @@ SCENARIOS = (
     "fleet",
 )
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
-OPT_IN = ("fleet-scale", "bulk", "placement", "move", "failover")
+OPT_IN = ("fleet-scale", "bulk", "placement", "move", "failover", "server-jobs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                         args.failover_crash_after or failover.CRASH_AFTER,
                     ),
                 ),
+                "server-jobs": (
+                    "enqueue -> succeeded through a running worker: control vs a tenant server",
+                    lambda: server_jobs.run(cluster, results),
+                ),
                 "fleet-scale": (
                     f"{args.fleet_scale_tenants} tenants at t004 built in bulk, who is behind, "
                     "upgrade --all to t005 by 1 worker with 2 children, by block",
@@ -272,6 +277,10 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
                 median <= 15.0,
                 "" if median <= 15.0 else f"gap: {median - 15:.2f} ms",
             )
+        )
+    if "server_jobs_two" in results.figures:
+        out.append(
+            goal_ratio(results, "server_jobs_two", 1.25, "provisioning on a tenant server <= 1.25x")
         )
     out += _burst_goals(results)
     out += _pool_burst_goals(results)

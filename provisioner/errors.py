@@ -3,7 +3,8 @@
     ProvisionerError (exit 1)
     ├── InvalidInput (2)            bad tenant id, unknown job type, bad flag value
     ├── ConfigurationError (2)      settings that cannot work (missing URL, unknown provider)
-    │   └── NoServerRoom (2)        no tenant server takes the new tenant (draining, full, ...)
+    │   ├── NoServerRoom (2)        no tenant server takes the new tenant (draining, full, ...)
+    │   └── ServerUnready (2)       an active tenant server a worker cannot use (refused start)
     ├── WrongState (2)              the tenant's lifecycle state does not allow the command
     ├── UnknownTenant (3)           no control row and no job for that tenant
     ├── UnknownJob (3)              no job with that id
@@ -27,7 +28,7 @@
         ├── GrantVerificationFailed
         ├── StatementRejected       a migration or seed the server refused for good (22, 23, 42)
         ├── SeedUnusable            a declared seed cannot be read or imported
-        └── TenantElsewhere         the tenant lives on a tenant server (jobs there: not yet)
+        └── TenantElsewhere         the tenant is on a tenant server; its kind runs on control only
 
 Retry decisions use ``isinstance`` on these classes, never the message text
 (:func:`is_permanent` says which failures fail a job at once). Messages never carry secrets:
@@ -79,6 +80,14 @@ class NoServerRoom(ConfigurationError):
     """Placement found no tenant server for a new tenant: the one named is unknown, not
     active or at its capacity, or every server is. Nothing was created (the enqueue's
     transaction fails with it)."""
+
+    exit_code = 2
+
+
+class ServerUnready(ConfigurationError):
+    """An active tenant server a worker cannot use: unreachable or without credentials, its
+    owner role a superuser, or the tool's schema there behind this build (``provisioner
+    migrate`` applies it): the worker refuses to start, in one line."""
 
     exit_code = 2
 
@@ -193,9 +202,9 @@ class SeedUnusable(PermanentError):
 
 
 class TenantElsewhere(PermanentError):
-    """The job's tenant was placed on a tenant server (``control.tenants.server``), and this
-    release runs a job's steps on the control database only: the job fails at once rather
-    than build the tenant's schema in the wrong database."""
+    """The job's tenant was placed on a tenant server (``control.tenants.server``), and the
+    job's kind has no steps for a tenant server (:attr:`provisioner.kinds.JobKind.placed_steps`):
+    the job fails at once rather than run in the wrong database."""
 
 
 def is_permanent(exc: BaseException) -> bool:

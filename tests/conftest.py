@@ -51,6 +51,7 @@ pytest_plugins = [
     "tests.pgbouncer",
     "tests.failover",
     "tests.move_server",
+    "tests.job_server",
 ]
 
 # A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest

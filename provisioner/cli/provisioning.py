@@ -40,6 +40,14 @@ def migrate(ctx: click.Context) -> None:
         click.echo(f"control schema already at head ({after})")
     else:
         click.echo(f"control schema upgraded {before or '(empty)'} -> {after}")
+    for server in servers.migrate_servers(settings.owner_url):  # docs/servers.md
+        if server.before == server.after:
+            click.echo(f"tenant server {server.server}: tool schema at version {server.after}")
+        else:
+            click.echo(
+                f"tenant server {server.server}: tool schema {server.before or '(none)'} -> "
+                f"{server.after}"
+            )
 
 
 @click.command()

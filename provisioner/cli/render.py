@@ -171,7 +171,7 @@ class StepPrinter:
         self.registry = registry
 
     def __call__(self, event: StepEvent) -> None:
-        if self.quiet or event.outcome is StepOutcome.STARTED:
+        if self.quiet or event.outcome in (StepOutcome.STARTED, StepOutcome.ON_SERVER):
             return
         index, total = self.registry[event.job.job_type].position(event.step)
         skipped, done = event.outcome is StepOutcome.SKIPPED, event.outcome is StepOutcome.DONE

@@ -47,6 +47,7 @@ import psycopg
 from psycopg import sql
 
 from provisioner import db, kinds, queue
+from provisioner.engine import remote
 from provisioner.engine.events import (
     ProgressCallback,
     StepEvent,
@@ -73,6 +74,7 @@ from provisioner.errors import (
 from provisioner.kinds import JobKind, KindRegistry, Scope, Step, StepContext
 from provisioner.models import Job, JobStatus, Lease, TenantId
 from provisioner.roles import DEFAULT_APP_ROLES, AppRoles
+from provisioner.servers.sessions import ServerSessions
 from provisioner.settings import Settings
 from provisioner.storage import ObjectStore, store_from_settings
 from provisioner.templates import migrations
@@ -182,6 +184,10 @@ class Engine:
         self.sessions = EngineSessions(
             owner_url, holder=holder, stale_after_seconds=stale_after_seconds
         )
+        #: the owner's pools on the tenant servers, opened on first use (engine/remote.py)
+        self.servers = ServerSessions(
+            owner_url, holder=holder, idle_in_transaction_timeout_ms=self.sessions.idle_ms
+        )
         #: the next job, claimed by the last step of the previous one (``claim_next``)
         self._claimed: HandOff | None = None
         #: the journal row that claim opened for the claimed job's first step, until it runs
@@ -270,6 +276,7 @@ class Engine:
             self._opened = handed.opened
             with suppress(ProvisionerError):
                 self.release(handed.claim.job)
+        self.servers.close()
         self.sessions.close()
 
     def __enter__(self) -> Engine:
@@ -283,6 +290,9 @@ class Engine:
     def missing_effects(self, tenant: TenantId, job_type: str) -> list[str]:
         """Steps of the kind whose effect the catalog does not show."""
         kind = self.kinds[job_type]
+        placed = remote.missing_placed(self, kind, self._context(tenant, kind))
+        if placed is not None:  # the tenant lives on a tenant server
+            return placed
         with self.sessions.transaction() as tx:
             return _vanished(tx, self._context(tenant, kind), kind.steps, kind.step_names)
 
@@ -305,9 +315,8 @@ class Engine:
         progress. Raises :class:`LeaseLost` if the job stopped being ours.
 
         ``tenant_state`` is the tenant's state as the claim read it (else it is read here),
-        ``tenant_server`` the tenant server it lives on (likewise): a job of a tenant placed on
-        a tenant server fails at once, for this release runs every step on the control database
-        (jobs on the tenant's own server are issue 29's next step).
+        ``tenant_server`` the tenant server it lives on (likewise): such a job's steps run there
+        (:mod:`provisioner.engine.remote`), or it fails at once when its kind has none.
         With ``claim_next``, the transaction of the job's last step also claims this holder's
         next job of those kinds (:meth:`claim`): the claim commits with the step, and a
         worker child goes on to it without a round trip or a commit of its own.
@@ -357,7 +366,12 @@ class Engine:
         opened = self._take_opened(job.id)
         state = RunState(job, opened=None if opened is None else opened.run_id)
         try:
-            self._check_state(run, *claimed)
+            server = self._check_state(run, *claimed)
+            if server is not None:  # the tenant lives on a tenant server: engine/remote.py
+                if state.opened is not None:  # opened ahead on control: the run is elsewhere
+                    self._discard_run(run.journal, state.opened)
+                    state.opened = None
+                return remote.run_placed(self, run, job, server, run.kind.placed_steps or ())
             # A scope of the pending steps alone (a fleet upgrade's job: its migration step)
             # leaves the recorded steps unchecked and unreported: five messages and log lines
             # per tenant of a rollout would say what the claim's ``steps_done`` already says.
@@ -392,25 +406,30 @@ class Engine:
             raise StepFailed(current) from exc
 
     @staticmethod
-    def _check_state(run: JobRun, claimed: ClaimRead, server: ClaimRead) -> None:
-        """WrongState (the job fails at once) when the tenant's state refuses the kind, and
-        TenantElsewhere when it lives on a tenant server (unless :attr:`JobKind.any_server`:
-        a move, whose steps open their own sessions). The claim's state is the column's
-        text (the queue knows no tenant): typed here. Read here only when the claim did not."""
+    def _check_state(run: JobRun, claimed: ClaimRead, server: ClaimRead) -> str | None:
+        """The tenant server whose steps the run takes (None: the control database's). WrongState
+        (the job fails at once) when the tenant's state refuses the kind, and TenantElsewhere
+        when it lives on a tenant server and the kind has no steps for one (a kind with
+        :attr:`JobKind.any_server`, a move, runs here: its steps open their own sessions). The
+        claim's state is the column's text (the queue knows no tenant): typed here. Read here
+        only when the claim did not."""
         kind, tenant = run.kind, run.context.tenant
         if isinstance(claimed, Unread) or isinstance(server, Unread):
             with db.translated():
                 found = tenants.get_tenant(run.journal, tenant)
             claimed = None if found is None else found.state.value
             server = None if found is None else found.server
-        if server is not None and not kind.any_server:
+        if kind.any_server:
+            server = None
+        if server is not None and kind.placed_steps is None:
             raise TenantElsewhere(
-                f"tenant {tenant} lives on tenant server {server}: this release runs jobs on "
-                "the control database only (jobs on a tenant server are not built yet)"
+                f"tenant {tenant} lives on tenant server {server}: {kind.name} runs on the "
+                "control database only (it has no steps for a tenant server yet)"
             )
         state = None if claimed is None else TenantState(claimed)
         if state in kind.refused_states:
             raise WrongState(f"tenant {tenant} is {state}: {kind.name} leaves it alone")
+        return server
 
     def _context(self, tenant: TenantId, kind: JobKind) -> StepContext:
         return StepContext(

@@ -18,6 +18,8 @@ class StepOutcome(enum.StrEnum):
     """What happened to one step (a ``str``: compared and rendered as its value)."""
 
     STARTED = "started"
+    #: committed on the tenant's server, its checkpoint in control next (engine/remote.py)
+    ON_SERVER = "on_server"
     DONE = "done"
     #: ran again: its effect was gone from the catalog
     REPAIRED = "repaired"

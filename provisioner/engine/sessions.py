@@ -53,10 +53,12 @@ class EngineSessions:
 
     def __init__(self, owner_url: str, *, holder: str, stale_after_seconds: float) -> None:
         self.holder = holder
+        #: how long a step transaction may sit idle (the tenant servers' pools use it too)
+        self.idle_ms = idle_timeout_ms(stale_after_seconds)
         self.db = db.Database(
             owner_url,
             application_name=holder,
-            idle_in_transaction_timeout_ms=idle_timeout_ms(stale_after_seconds),
+            idle_in_transaction_timeout_ms=self.idle_ms,
         )
         self._control: psycopg.Connection[Any] | None = None
         #: the steps' session while a job runs, or between two handed-off jobs (:meth:`job`)

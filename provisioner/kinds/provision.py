@@ -219,6 +219,7 @@ JOB_KINDS: tuple[JobKind, ...] = (
         memo=SpareMemo,
         prepared_plans=pool.TAKE_PLANS,
         warm_touches=pool.WARM_TOUCHES,
+        placed_steps_ref="provisioner.kinds.placed:PROVISION_PLACED",
     ),
 )
 

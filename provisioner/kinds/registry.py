@@ -33,6 +33,7 @@ from provisioner.models import Job, TenantId
 from provisioner.tenant.state import TenantState
 
 if TYPE_CHECKING:
+    from provisioner.kinds.placed import PlacedStep
     from provisioner.settings import Settings
 
 #: The modules whose ``JOB_KINDS`` every registry holds, in this order.
@@ -106,6 +107,9 @@ class JobKind:
     #: target), so it runs whichever server the tenant lives on; the engine refuses every
     #: other kind for a tenant on a tenant server (TenantElsewhere)
     any_server: bool = False
+    #: ``"module:ATTRIBUTE"`` naming a tuple of :class:`provisioner.kinds.placed.PlacedStep`:
+    #: its steps for a tenant on a tenant server (None: such a tenant's job fails at once)
+    placed_steps_ref: str | None = None
 
     @property
     def handled(self) -> bool:
@@ -123,6 +127,18 @@ class JobKind:
         if not isinstance(steps, tuple) or not all(isinstance(s, Step) for s in steps):
             raise ConfigurationError(f"{self.steps_ref} is not a tuple of Step")
         return steps
+
+    @cached_property
+    def placed_steps(self) -> tuple[PlacedStep, ...] | None:
+        """The kind's steps on a tenant server (:mod:`provisioner.kinds.placed`), named as its
+        steps and in their order; None when it has none."""
+        if self.placed_steps_ref is None:
+            return None
+        module, _, attribute = self.placed_steps_ref.partition(":")
+        placed = getattr(importlib.import_module(module), attribute)
+        if tuple(getattr(p, "name", None) for p in placed) != self.step_names:
+            raise ConfigurationError(f"{self.placed_steps_ref} does not name the kind's steps")
+        return tuple(placed)
 
     @cached_property
     def step_names(self) -> tuple[str, ...]:

@@ -77,6 +77,7 @@ from provisioner.queue.enqueue import (
     notify,
     wake_ups,
 )
+from provisioner.queue.fence import RUN_FENCE, fence_token
 from provisioner.queue.handoff import CLAIM_NEXT_OPENING, OpenedRun
 from provisioner.queue.holds import (
     HELD_UNTIL,
@@ -222,6 +223,7 @@ __all__ = [
     "RETRY_FAILED",
     "RUNS_FOR_JOB",
     "RUNS_FOR_TENANT",
+    "RUN_FENCE",
     "RUN_START",
     "RUN_START_ENQUEUED",
     "SILENT_HOLDERS",
@@ -271,6 +273,7 @@ __all__ = [
     "ensure_tenant_job_async",
     "fail_or_retry",
     "failures",
+    "fence_token",
     "finish_step_run",
     "finished_span",
     "forget_holders",

@@ -1,8 +1,9 @@
 """Tenants on several PostgreSQL servers: the directory in ``control`` (:mod:`.directory`) and
 its export for PgBouncer (:mod:`.pgbouncer`), whether the owner reaches each server
-(:mod:`.reach`), the fleet commands' bounded fan-out over the servers (:mod:`.fanout`), and the
-record of a tenant's move between them (:mod:`.moves`). Placement itself is the control
-database's trigger, fired by the enqueue (control revision
+(:mod:`.reach`), the tool's own schema on each (:mod:`.journal`: the step journal and the fence)
+and the owner's sessions there (:mod:`.sessions`), the fleet commands' bounded fan-out over the
+servers (:mod:`.fanout`), and the record of a tenant's move between them (:mod:`.moves`).
+Placement itself is the control database's trigger, fired by the enqueue (control revision
 ``20261202_h29servers``)."""
 
 from provisioner.servers.directory import (
@@ -25,15 +26,23 @@ from provisioner.servers.directory import (
 from provisioner.servers.fanout import SERVERS_AT_ONCE, Reached, Target, fan_out, targets
 from provisioner.servers.pgbouncer import databases_section
 from provisioner.servers.reach import Reach, reach, reach_active
+from provisioner.servers.sessions import (
+    Migration,
+    ServerSessions,
+    migrate_servers,
+    require_ready,
+)
 
 __all__ = [
     "CONTROL",
     "SERVERS_AT_ONCE",
     "Directory",
     "Location",
+    "Migration",
     "Reach",
     "Reached",
     "ServerLoad",
+    "ServerSessions",
     "ServerStatus",
     "Target",
     "TenantServer",
@@ -45,8 +54,10 @@ __all__ = [
     "get",
     "loads",
     "locate",
+    "migrate_servers",
     "reach",
     "reach_active",
+    "require_ready",
     "server_name",
     "servers_of",
     "set_status",

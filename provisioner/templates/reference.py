@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -140,7 +142,13 @@ def reference_key(digest: str) -> str:
 
 def load(tx: Transaction, digest: str) -> Reference | None:
     """The stored reference of the tree state ``digest``; None when none was computed yet."""
-    with tx.pg.cursor(row_factory=dict_row) as cur:
+    return stored(tx.pg, digest)
+
+
+def stored(conn: psycopg.Connection[Any], digest: str) -> Reference | None:
+    """:func:`load` on a plain session of the control database (a job on a tenant server
+    replays control's reference there: :mod:`provisioner.kinds.placed`)."""
+    with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(SELECT_REFERENCE, {"key": reference_key(digest)})
         row = cur.fetchone()
     if row is None:

@@ -35,7 +35,9 @@ one-migration-at-a-time rule as the step itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from provisioner.db import DatabaseError, Transaction, translated
@@ -71,7 +73,12 @@ class Outcome:
 
 def database_key(tx: Transaction) -> tuple[str, ...]:
     """Which database (and role) a reference belongs to."""
-    info = tx.pg.info
+    return connection_key(tx.pg)
+
+
+def connection_key(conn: psycopg.Connection[Any]) -> tuple[str, ...]:
+    """:func:`database_key` of a session."""
+    info = conn.info
     return (str(info.host), str(info.port), str(info.dbname), str(info.user))
 
 
@@ -188,6 +195,10 @@ class TemplateCache:
             found, _ = template_reference.obtain(tx, tree, self.holder)
             self.references[key] = found
         return found
+
+    def remembered(self, conn: psycopg.Connection[Any], digest: str) -> Reference | None:
+        """The reference of tree state ``digest`` for ``conn``'s database, if memoised."""
+        return self.references.get((digest, connection_key(conn)))
 
     # -- the step -------------------------------------------------------------------------------
 

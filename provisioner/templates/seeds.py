@@ -67,10 +67,13 @@ SELECT current_setting('search_path'),
        set_config('search_path', %(path)s, true),
        set_config('provisioner.tenant_id', %(tenant)s, true)
 """
+#: Where the seeds applied are recorded: on the control database; a tenant server keeps its own
+#: record (:data:`provisioner.servers.journal.SEEDS_TABLE`), by its schemas' OIDs.
+CONTROL_SEEDS = sql.Identifier("control", "tenant_seeds")
 # What was applied, recorded in one statement that also puts the search_path back.
-RECORD = """
+RECORD = sql.SQL("""
 WITH recorded AS (
-  INSERT INTO control.tenant_seeds (tenant_id, schema_oid, seed, digest)
+  INSERT INTO {seeds} (tenant_id, schema_oid, seed, digest)
   SELECT %(tenant)s, n.oid, s.seed, s.digest
     FROM pg_namespace n, unnest(%(seeds)s::text[], %(digests)s::text[]) AS s(seed, digest)
    WHERE n.nspname = %(schema)s
@@ -79,15 +82,15 @@ WITH recorded AS (
   RETURNING 1
 )
 SELECT set_config('search_path', %(restore)s, true), (SELECT count(*) FROM recorded)
-"""
+""")
 # The seeds recorded for the schema as it is now, by its OID (a schema made again has another;
 # a spare renamed to the tenant's name keeps its own).
-RECORDED = """
+RECORDED = sql.SQL("""
 SELECT s.seed, s.digest
-  FROM control.tenant_seeds s
+  FROM {seeds} s
   JOIN pg_namespace n ON n.oid = s.schema_oid
  WHERE n.nspname = %(schema)s
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -183,26 +186,32 @@ def declared(entries: Sequence[str], tree: Path, base: Path | None = None) -> tu
     return tuple(seeds)
 
 
-def recorded(conn: Conn, tenant: TenantId) -> dict[str, str]:
+def recorded(
+    conn: Conn, tenant: TenantId, record: sql.Identifier = CONTROL_SEEDS
+) -> dict[str, str]:
     """The seeds recorded as applied to the tenant's schema as it is now: name -> digest."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(RECORDED, {"schema": tenant.schema})
+        cur.execute(RECORDED.format(seeds=record), {"schema": tenant.schema})
         return {str(name): str(digest) for name, digest in cur.fetchall()}
 
 
-def seeded(conn: Conn, tenant: TenantId, seeds: Sequence[Seed]) -> bool:
+def seeded(
+    conn: Conn, tenant: TenantId, seeds: Sequence[Seed], record: sql.Identifier = CONTROL_SEEDS
+) -> bool:
     """The step's catalog check: every declared seed is recorded with its current digest."""
     if not seeds:
         return True
-    have = recorded(conn, tenant)
+    have = recorded(conn, tenant, record)
     return all(have.get(seed.name) == seed.digest for seed in seeds)
 
 
-def apply(conn: Conn, tenant: TenantId, seeds: Sequence[Seed]) -> SeedRun:
-    """Apply ``seeds`` in the caller's transaction, in order, and record them."""
+def apply(
+    conn: Conn, tenant: TenantId, seeds: Sequence[Seed], record: sql.Identifier = CONTROL_SEEDS
+) -> SeedRun:
+    """Apply ``seeds`` in the caller's transaction, in order, and record them in ``record``."""
     if not seeds:
         return SeedRun((), ())
-    before = recorded(conn, tenant)
+    before = recorded(conn, tenant, record)
     changed = tuple(s.name for s in seeds if s.name in before and before[s.name] != s.digest)
     with conn.cursor(row_factory=tuple_row) as cur:
         path = sql.Identifier(tenant.schema).as_string(conn)
@@ -217,7 +226,7 @@ def apply(conn: Conn, tenant: TenantId, seeds: Sequence[Seed]) -> SeedRun:
                 elif seed.function is not None:
                     seed.function(conn, tenant)
         cur.execute(
-            RECORD,
+            RECORD.format(seeds=record),
             {
                 "tenant": tenant.value,
                 "schema": tenant.schema,

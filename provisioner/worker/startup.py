@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from provisioner import db, kinds, storage
+from provisioner import db, kinds, servers, storage
 from provisioner.control import heartbeats
 from provisioner.control import naming as control_naming
 from provisioner.errors import (
@@ -112,6 +112,10 @@ def check_database(settings: Settings, *, allow_superuser: bool, log: logging.Lo
             "or a hostile migration could do anything to this server"
         )
         event(log, "superuser_allowed", logging.WARNING, message=message)
+    # Every active tenant server: reached as the owner (credentials from libpq's sources), an
+    # ordinary role, its tool schema at this build's version (ServerUnready, exit 2).
+    with closing(connect_for_start("MIGRATIONS_DATABASE_URL", settings.owner_url)) as control:
+        servers.require_ready(control, settings.owner_url)
 
 
 def storage_status(settings: Settings) -> dict[str, Any]:

@@ -421,20 +421,20 @@ def schema_exists(database: Database, schema: str) -> bool:
 def test_a_tenant_on_a_tenant_server_is_never_built_on_the_control_database(
     settings: Settings, database: Database
 ) -> None:
-    """Until jobs run on the tenant's own server, its job fails at once, with a reason, and
-    nothing is created where it does not belong: by a one-off command and by a worker."""
+    """A job runs on the tenant's own server or not at all: with that server down, provisioning
+    fails (to be retried), and nothing is created on the control database; a worker refuses to
+    start while an active server cannot be reached (tests/integration/test_server_jobs.py runs
+    jobs on a real second server)."""
     add(database, "east", A)
     out = run_cli(settings, "provision", "acme", "--json")
     assert out.returncode == 1
     job = json.loads(out.stdout)
-    assert (job["status"], job["steps_completed"], job["attempts"]) == ("failed", [], 1)
-    assert "tenant acme lives on tenant server east" in job["error_detail"]
-    enqueue(database, "beta")
-    assert run_cli(settings, "worker", "--once").returncode == 0
-    status = json.loads(run_cli(settings, "status", "beta", "--json").stdout)
-    assert (status["status"], status["attempts"]) == ("failed", 1)
-    assert "lives on tenant server east" in status["error_detail"]
-    assert not schema_exists(database, "tenant_acme") and not schema_exists(database, "tenant_beta")
+    assert (job["status"], job["steps_completed"], job["attempts"]) == ("queued", [], 1)
+    assert "database unavailable" in job["error_detail"]
+    refused = run_cli(settings, "worker", "--once")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: tenant server east: database unavailable")
+    assert not schema_exists(database, "tenant_acme")
 
 
 def test_servers_check_reaches_each_active_server_as_an_ordinary_owner(

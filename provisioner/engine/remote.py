@@ -1,0 +1,219 @@
+"""A job of a tenant placed on a tenant server: each step commits on the tenant's server, then
+its checkpoint in ``control``.
+
+For one run of such a job (:func:`run_placed`):
+
+1. **The token.** A write to the job row fenced by the lease returns this run's fencing token
+   (:func:`provisioner.queue.fence_token`): larger than any token of a run it took over.
+2. **Adopt.** On the tenant's server, one transaction raises the tenant's fence to the token
+   (from then on an older holder cannot write there) and reads the server's journal of this
+   job. A step the journal shows done and the checkpoint does not (a crash between the step's
+   two commits) is adopted when its effect is there (the catalog says so, as a resume checks
+   every recorded step): its control side runs with the checkpoint it missed, in one control
+   transaction. Recorded steps whose effect vanished are forgotten and run again.
+3. **Each missing step**: on the server, ONE transaction runs the step's server side, then
+   writes its journal row and raises the fence again in one statement (refused:
+   :class:`LeaseLost`, the transaction rolls back, nothing written); then on control, ONE
+   transaction with the tenant's lock runs the step's control side and closes the step with
+   its fenced checkpoint (the job's last step completes the job there; a step's close opens
+   the next step's row in control's journal). Between the two commits the engine reports
+   :attr:`StepOutcome.ON_SERVER` (the crash tests' seam).
+
+A crash before the server's commit leaves nothing (the step runs again); between the two, the
+step is in the server's journal and adopted on resume (its effect is not repeated); after the
+control commit, the step is checkpointed. A holder whose lease was taken over cannot write on
+control (every write there is lease-fenced) nor, once its successor began, on the server.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from provisioner import db, queue
+from provisioner.engine.events import StepEvent, StepOutcome, describe
+from provisioner.errors import LeaseLost, ProvisionerError, StepFailed
+from provisioner.kinds import JobKind, Scope, StepContext
+from provisioner.kinds.placed import ControlAccess, PlacedStep
+from provisioner.models import Job, JobStatus
+from provisioner.servers import journal
+from provisioner.tenant import row as tenants
+
+if TYPE_CHECKING:
+    from provisioner.engine.engine import Engine, JobRun
+
+
+def run_placed(
+    engine: Engine, run: JobRun, job: Job, server: str, placed: tuple[PlacedStep, ...]
+) -> Job:
+    """Run the job's missing steps on tenant server ``server``, then complete it (see the
+    module). Raises :class:`LeaseLost` when the job stopped being ours, :class:`StepFailed`
+    naming the step that failed; the engine settles both as for any job."""
+    control = engine.control
+    with db.translated():
+        pool = engine.servers.database(control, server)
+        token = queue.fence_token(control, run.lease)
+    job = _adopt(engine, run, job, pool, token, placed)
+    pending = [step for step in placed if step.name not in job.steps_completed]
+    opened: int | None = None  # the next step's journal row, opened by the step before it
+    for index, step in enumerate(pending):
+        if run.should_stop():
+            return engine._release(run.lease, opened)
+        following = pending[index + 1].name if index + 1 < len(pending) else None
+        job, opened = _run_step(engine, run, job, pool, token, step, opened, following)
+    if job.status is not JobStatus.SUCCEEDED:
+        with engine.sessions.transaction() as tx:
+            job = queue.complete(tx.pg, run.lease)
+    return job
+
+
+def missing_placed(engine: Engine, kind: JobKind, ctx: StepContext) -> list[str] | None:
+    """For a tenant on a tenant server, the steps whose effect the catalogs (the server's,
+    control's) do not show (:meth:`Engine.missing_effects`); None for a tenant on the control
+    database, or a kind without steps for a tenant server."""
+    control = engine.control
+    with db.translated():
+        found = tenants.get_tenant(control, ctx.tenant)
+    placed = kind.placed_steps
+    if found is None or found.server is None or placed is None:
+        return None
+    with db.translated():
+        pool = engine.servers.database(control, found.server)
+    with pool.transaction() as stx:
+        gone = [
+            s.name
+            for s in placed
+            if s.server_effect is not None and not s.server_effect(stx.pg, ctx)
+        ]
+    with engine.sessions.transaction() as tx:
+        gone += [
+            s.name
+            for s in placed
+            if s.control_effect is not None and not s.control_effect(tx.pg, ctx)
+        ]
+    return [name for name in (s.name for s in placed) if name in gone]
+
+
+def _adopt(
+    engine: Engine,
+    run: JobRun,
+    job: Job,
+    pool: db.Database,
+    token: int,
+    placed: tuple[PlacedStep, ...],
+) -> Job:
+    """Step 2 of the module: raise the fence, adopt what the server's journal shows done,
+    forget what vanished. Returns the job as its new checkpoint left it."""
+    ctx, kind, tenant = run.context, run.kind, run.context.tenant
+    recorded = set(job.steps_completed)
+    scope = kind.scope(job)
+    with pool.transaction() as stx:
+        journal.raise_fence(stx.pg, tenant, job.id, token)
+        shown = journal.steps_done(stx.pg, tenant, job.id)
+        looked = (shown - recorded) | (recorded if scope is Scope.ALL else set())
+        on_server = {
+            s.name: s.server_effect is None or s.server_effect(stx.pg, ctx)
+            for s in placed
+            if s.name in looked and s.server is not None
+        }
+    adopt = [s for s in placed if s.name in shown - recorded and on_server.get(s.name, False)]
+    if not adopt and not (recorded and scope is Scope.ALL):
+        return job  # nothing to adopt, nothing recorded to check: a new job's first run
+    with engine.sessions.transaction(run.lock) as tx:
+        gone = {
+            s.name
+            for s in placed
+            if s.name in recorded
+            and scope is Scope.ALL
+            and not (
+                on_server.get(s.name, True)
+                and (s.control_effect is None or s.control_effect(tx.pg, ctx))
+            )
+        }
+        for step in adopt:
+            if step.control is not None:
+                step.control(tx.pg, ctx)
+        kept = (recorded - gone) | {s.name for s in adopt}
+        if kept != recorded:
+            ordered = kind.ordered(kept)
+            job = queue.record_step(tx.pg, run.lease, ordered, kind.progress(ordered))
+    for name in sorted(recorded & kept, key=kind.step_names.index):
+        if scope is Scope.ALL:
+            run.on_progress(StepEvent(job, name, StepOutcome.SKIPPED))
+    for step in adopt:
+        detail = "adopted: done on the tenant's server, its checkpoint had not followed"
+        run.on_progress(StepEvent(job, step.name, StepOutcome.SKIPPED, 0.0, detail))
+    return job
+
+
+def _run_step(
+    engine: Engine,
+    run: JobRun,
+    job: Job,
+    pool: db.Database,
+    token: int,
+    step: PlacedStep,
+    run_id: int | None,
+    following: str | None,
+) -> tuple[Job, int | None]:
+    """Step 3 of the module for one step: the server's transaction, then control's. The
+    step's row in control's journal is the one the step before it opened (``run_id``), else
+    committed now; its close opens the row of the step ``following`` it, whose id is
+    returned with the job."""
+    ctx, kind, tenant = run.context, run.kind, run.context.tenant
+    control = engine.control
+    started = time.monotonic()
+    if run_id is None:
+        opening = queue.step_run_opening(run.lease, tenant.value, step.name)
+        with db.translated(), control.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute(opening).fetchone()
+        assert row is not None, "the journal's opening returns its row"
+        run_id = int(row[0])
+    run.on_progress(StepEvent(job, step.name, StepOutcome.STARTED))
+    try:
+        detail = None
+        if step.server is not None:
+            with pool.transaction() as stx:
+                access = ControlAccess(control, engine.sessions.transaction)
+                detail = step.server(stx, ctx, access)
+                journal.record_step(stx.pg, tenant, job.id, step.name, token, detail)
+            run.on_progress(StepEvent(job, step.name, StepOutcome.ON_SERVER, 0.0, detail))
+        with engine.sessions.transaction(run.lock) as tx:
+            if step.control is not None:
+                detail = step.control(tx.pg, ctx) or detail
+            done = kind.ordered([*job.steps_completed, step.name])
+            last = len(done) == len(kind.step_names)
+            closed = queue.close_step(
+                tx.pg,
+                run_id,
+                detail,
+                run.lease,
+                done,
+                kind.progress(done),
+                last=last,
+                open_next=None if following is None else queue.NextStep(tenant.value, following),
+            )
+    except BaseException as exc:
+        _failed(control, run_id, exc)
+        seconds = time.monotonic() - started
+        run.on_progress(StepEvent(job, step.name, StepOutcome.FAILED, seconds, describe(exc)))
+        if isinstance(exc, LeaseLost) or not isinstance(exc, Exception):
+            raise
+        raise StepFailed(step.name) from exc
+    seconds = time.monotonic() - started
+    run.on_progress(StepEvent(closed.job, step.name, StepOutcome.DONE, seconds, detail))
+    return closed.job, closed.next_run_id
+
+
+def _failed(control: psycopg.Connection[Any], run_id: int, exc: BaseException) -> None:
+    """The journal's account of a failed step on control, best effort."""
+    lost = isinstance(exc, LeaseLost)
+    outcome = queue.StepRunOutcome.LEASE_LOST if lost else queue.StepRunOutcome.FAILED
+    try:
+        with db.translated():
+            queue.finish_step_run(control, run_id, outcome, describe(exc))
+    except ProvisionerError:
+        pass

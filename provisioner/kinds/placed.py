@@ -1,0 +1,173 @@
+"""A kind's steps for a tenant placed on a tenant server (:class:`PlacedStep`), and the
+provisioning kind's (:data:`PROVISION_PLACED`).
+
+On a tenant server a step has two sides: its work on the tenant's server (``server``: DDL in
+the tenant's schema, in the server's transaction with the journal row and the fence), and its
+part of the control database's bookkeeping (``control``: the tenant's state, run in the
+transaction of the job's checkpoint). The control side must be safe to run again: a resume
+that adopts a step the server's journal shows done runs it with the checkpoint it missed.
+Each side has its catalog check. A kind without placed steps keeps refusing a tenant that lives
+on a tenant server (:class:`provisioner.errors.TenantElsewhere`).
+
+What differs from the steps on the control database: no warm pool (its spares are control's),
+the seeds' record on the server (:data:`provisioner.servers.journal.SEEDS_TABLE`), and the
+template's verified replay read from control's stored reference (Alembic when there is none
+or it does not verify on that server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from provisioner.db import Transaction
+from provisioner.errors import TemplateUnusable
+from provisioner.kinds.step import StepContext
+from provisioner.servers.journal import SEEDS_TABLE
+from provisioner.templates import migrations, seeds
+from provisioner.templates.reference import Reference
+from provisioner.templates.replay import replay
+from provisioner.tenant import row as tenants
+from provisioner.tenant import schema as tenant_schema
+
+
+@dataclass(frozen=True)
+class ControlAccess:
+    """What a step's server side may use of the control database: the engine's autocommit
+    session (reads), and a transaction of its own (the template's reference, computed and
+    stored once per tree state)."""
+
+    conn: psycopg.Connection[Any]
+    transaction: Callable[[], AbstractContextManager[Transaction]]
+
+
+#: A side's work: (its transaction, the step's context, control) -> detail.
+ServerWork = Callable[[Transaction, StepContext, ControlAccess], str | None]
+ControlWork = Callable[[psycopg.Connection[Any], StepContext], str | None]
+Check = Callable[[psycopg.Connection[Any], StepContext], bool]
+
+
+@dataclass(frozen=True)
+class PlacedStep:
+    """One step of a kind for a tenant on a tenant server; its name is the kind's step's."""
+
+    name: str
+    #: the work on the tenant's server (None: nothing there)
+    server: ServerWork | None = None
+    #: is the server side's effect there (on the server's session)
+    server_effect: Check | None = None
+    #: the control side, in the checkpoint's transaction; safe to run again
+    control: ControlWork | None = None
+    #: is the control side's effect there (on the control session)
+    control_effect: Check | None = None
+
+
+def _create_schema(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
+    tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
+    return None
+
+
+def _mark_provisioning(conn: psycopg.Connection[Any], ctx: StepContext) -> str | None:
+    tenants.mark_provisioning(conn, ctx.tenant)
+    return None
+
+
+def _migrate(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
+    """The schema to head: the template's verified replay for a new schema (control's stored
+    reference, computed there once if missing, proven again here by the fingerprint), else
+    Alembic."""
+    schema = ctx.tenant.schema
+    tree = migrations.tenant_tree_state()
+    versions = migrations.tenant_versions(tx.pg, schema)
+    if versions == tree.heads:
+        return "current"
+    if versions:
+        migrations.upgrade_tenant(tx.sa, schema, start=versions)
+        return f"alembic: upgraded from {migrations.head_label(versions)}"
+    if tenant_schema.object_count(tx.pg, schema) != 0:
+        migrations.upgrade_tenant(tx.sa, schema)
+        return "alembic: the schema holds objects"
+    reason = ctx.templates.disabled.get(tree.digest)
+    if reason is None:
+        try:
+            reference = _reference(ctx, control, tree)
+        except TemplateUnusable as exc:
+            reason = ctx.templates.disabled[tree.digest] = f"template capture failed: {exc}"
+        else:
+            problem = replay(tx, schema, reference)
+            if problem is None:
+                return "template (verified replay of control's reference)"
+            reason = problem
+    migrations.upgrade_tenant(tx.sa, schema)
+    return f"alembic: {reason}"
+
+
+def _reference(ctx: StepContext, control: ControlAccess, tree: migrations.TreeState) -> Reference:
+    """Control's reference of the tree state: memoised by the engine, else read or computed
+    and stored in a control transaction of its own (:meth:`TemplateCache.reference`)."""
+    found = ctx.templates.remembered(control.conn, tree.digest)
+    if found is not None:
+        return found
+    with control.transaction() as ctx_tx:
+        return ctx.templates.reference(ctx_tx, tree)
+
+
+def _grant(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
+    tenant_schema.grant_app_roles(tx.pg, ctx.tenant.schema, ctx.app_roles)
+    return None
+
+
+def _declared(ctx: StepContext) -> tuple[seeds.Seed, ...]:
+    return seeds.declared(ctx.seeds, migrations.tenant_tree())
+
+
+def _seed(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
+    return seeds.apply(tx.pg, ctx.tenant, _declared(ctx), SEEDS_TABLE).detail
+
+
+def _check_storage(conn: psycopg.Connection[Any], ctx: StepContext) -> str | None:
+    ctx.store.check()
+    return ctx.store.describe()
+
+
+def _activate(conn: psycopg.Connection[Any], ctx: StepContext) -> str | None:
+    tenants.activate_onboarding(conn, ctx.tenant)
+    return None
+
+
+#: provision_tenant on a tenant server: the same six steps, by name.
+PROVISION_PLACED: tuple[PlacedStep, ...] = (
+    PlacedStep(
+        "create_schema",
+        _create_schema,
+        lambda conn, ctx: tenant_schema.schema_ready(conn, ctx.tenant.schema),
+        _mark_provisioning,
+    ),
+    PlacedStep(
+        "run_tenant_migrations",
+        _migrate,
+        lambda conn, ctx: migrations.tenant_at_head(conn, ctx.tenant.schema),
+    ),
+    PlacedStep(
+        "grant_app_rw",
+        _grant,
+        lambda conn, ctx: (
+            not tenant_schema.missing_app_grants(conn, ctx.tenant.schema, ctx.app_roles)
+        ),
+    ),
+    PlacedStep(
+        "seed_role_profiles",
+        _seed,
+        lambda conn, ctx: seeds.seeded(conn, ctx.tenant, _declared(ctx), SEEDS_TABLE),
+    ),
+    PlacedStep("verify_object_storage", control=_check_storage),
+    PlacedStep(
+        "activate_onboarding",
+        control=_activate,
+        control_effect=lambda conn, ctx: tenants.onboarding_active(conn, ctx.tenant),
+    ),
+)

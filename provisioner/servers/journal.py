@@ -1,0 +1,200 @@
+"""The tool's own small schema on each tenant server: the journal of finished steps and the
+fence, and the seeds' record there.
+
+A job of a tenant placed on a tenant server commits each step twice: on the tenant's server
+(the step's DDL, its journal row and the fence check, in ONE transaction), then in ``control``
+(the job's checkpoint). A crash between the two leaves the step in this journal and not in the
+checkpoint: the resume adopts it (after the catalog confirms its effect), so no step's effect is
+repeated or lost (:mod:`provisioner.engine.remote`).
+
+The fence: one row per tenant carrying the token of the run that last wrote there. A run's
+token is a transaction id of ``control``, taken by a write fenced by the job's lease
+(:func:`provisioner.queue.fence_token`), so a run that took the job over always holds a larger
+token than the run it took it from. A run raises the fence to its token when it begins (before
+it adopts anything), and every step transaction here raises it again with its journal row, in
+one statement, refused when the fence holds a larger one: a holder whose lease was taken over (a
+frozen process that wakes up) cannot write on the tenant's server once its successor has begun.
+
+The schema is versioned (:data:`VERSION`) and applied by ``provisioner migrate`` to every server
+not retired (:func:`migrate`); the worker refuses to start while an active server is behind.
+It is not an Alembic tree: it is three tables the tool alone reads, created in one
+transaction per version, with no downgrade.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import tuple_row
+
+from provisioner.errors import LeaseLost
+from provisioner.models import TenantId
+
+#: The tool's schema on a tenant server (never a tenant's: no tenant naming makes it).
+SCHEMA = "provisioner_server"
+#: The key of the transaction-level advisory lock two migrations of one server take in turn.
+MIGRATE_LOCK_KEY = 0x70726F76  # "prov"
+
+# Version 1: the journal, the fence, the seeds' record (as control.tenant_seeds, by the schema's
+# OID on this server). The owner creates them: the application role gets nothing here.
+_V1 = """
+CREATE SCHEMA IF NOT EXISTS provisioner_server;
+CREATE TABLE provisioner_server.schema_version (
+  version integer PRIMARY KEY,
+  applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE provisioner_server.fences (
+  tenant_id text PRIMARY KEY,
+  token bigint NOT NULL,
+  job_id uuid NOT NULL,
+  updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE provisioner_server.step_journal (
+  tenant_id text NOT NULL,
+  job_id uuid NOT NULL,
+  step text NOT NULL,
+  token bigint NOT NULL,
+  detail text,
+  finished_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  PRIMARY KEY (tenant_id, job_id, step)
+);
+CREATE TABLE provisioner_server.tenant_seeds (
+  tenant_id text NOT NULL,
+  schema_oid oid NOT NULL,
+  seed text NOT NULL,
+  digest text NOT NULL,
+  applied_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (schema_oid, seed)
+);
+"""
+
+#: Each version's statements, in order; a server at version N runs those after N.
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1),)
+#: The version this build needs on every active tenant server.
+VERSION = MIGRATIONS[-1][0]
+
+#: The seeds' record on a tenant server (as control.tenant_seeds on the control database).
+SEEDS_TABLE = sql.Identifier(SCHEMA, "tenant_seeds")
+
+# Whether the schema was ever applied, then its version (a query naming a missing table fails
+# when it is parsed, whatever its CASE).
+APPLIED = "SELECT to_regclass('provisioner_server.schema_version') IS NOT NULL"
+READ_VERSION = "SELECT coalesce(max(version), 0) FROM provisioner_server.schema_version"
+RECORD_VERSION = "INSERT INTO provisioner_server.schema_version (version) VALUES (%(version)s)"
+
+# Raise the tenant's fence to this run's token; no row when a larger token holds it (a run
+# that took the job over, or a later job of the tenant). Locks the fence row until the step's
+# transaction ends: one step of a tenant at a time on its server.
+RAISE_FENCE = """
+INSERT INTO provisioner_server.fences AS f (tenant_id, token, job_id)
+VALUES (%(tenant)s, %(token)s, %(job)s)
+ON CONFLICT (tenant_id) DO UPDATE
+   SET token = EXCLUDED.token, job_id = EXCLUDED.job_id, updated_at = now()
+ WHERE f.token <= EXCLUDED.token
+RETURNING token
+"""
+
+# A finished step, at the end of the step's own transaction, and the fence raised to its token
+# in the same statement (one round trip): no row when a larger token holds the fence, and the
+# transaction, the step's DDL with it, is rolled back. A step that runs again (its effect
+# vanished from the catalog) overwrites its row.
+RECORD_STEP = """
+WITH fence AS (
+INSERT INTO provisioner_server.fences AS f (tenant_id, token, job_id)
+VALUES (%(tenant)s, %(token)s, %(job)s)
+ON CONFLICT (tenant_id) DO UPDATE
+   SET token = EXCLUDED.token, job_id = EXCLUDED.job_id, updated_at = now()
+ WHERE f.token <= EXCLUDED.token
+RETURNING token
+)
+INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, detail)
+SELECT %(tenant)s, %(job)s, %(step)s, token, %(detail)s FROM fence
+ON CONFLICT (tenant_id, job_id, step) DO UPDATE
+   SET token = EXCLUDED.token, detail = EXCLUDED.detail, finished_at = clock_timestamp()
+RETURNING token
+"""
+
+# The steps of a job the server's journal shows done.
+STEPS_DONE = """
+SELECT step FROM provisioner_server.step_journal WHERE tenant_id = %(tenant)s AND job_id = %(job)s
+"""
+
+
+@dataclass(frozen=True)
+class Migrated:
+    """One server's schema version before and after :func:`migrate`."""
+
+    before: int | None
+    after: int
+
+
+def version(conn: psycopg.Connection[Any]) -> int | None:
+    """The server's version of the tool's schema (None: never applied)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        applied = cur.execute(APPLIED).fetchone()
+        if applied is None or not applied[0]:
+            return None
+        row = cur.execute(READ_VERSION).fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: psycopg.Connection[Any]) -> Migrated:
+    """Apply the versions the server lacks, in one transaction (the caller's connection, not in
+    a transaction), under a lock so that two migrations of one server run in turn."""
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
+        before = version(conn)
+        for number, statements in MIGRATIONS:
+            if before is not None and number <= before:
+                continue
+            cur.execute(statements.encode(), prepare=False)
+            cur.execute(RECORD_VERSION, {"version": number})
+        row = cur.execute(READ_VERSION).fetchone()
+    return Migrated(before, int(row[0]) if row else VERSION)
+
+
+def raise_fence(conn: psycopg.Connection[Any], tenant: TenantId, job: UUID, token: int) -> None:
+    """Raise the tenant's fence to ``token`` in the caller's transaction; :class:`LeaseLost`
+    when a larger token holds it (the transaction is then to be rolled back)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        found = cur.execute(
+            RAISE_FENCE, {"tenant": tenant.value, "token": token, "job": job}
+        ).fetchone()
+    if found is None:
+        raise LeaseLost(_fenced_out(tenant, job, token))
+
+
+def _fenced_out(tenant: TenantId, job: UUID, token: int) -> str:
+    return (
+        f"job {job}: tenant {tenant}'s fence on its server holds a later run than this one "
+        f"(token {token}): the job was taken over"
+    )
+
+
+def record_step(
+    conn: psycopg.Connection[Any],
+    tenant: TenantId,
+    job: UUID,
+    step: str,
+    token: int,
+    detail: str | None,
+) -> None:
+    """The step's journal row and the fence raised to ``token``, in the step's transaction on
+    the tenant's server; :class:`LeaseLost` when a larger token holds the fence (the
+    transaction is then to be rolled back, the step's work with it)."""
+    params = {"tenant": tenant.value, "job": job, "step": step, "token": token, "detail": detail}
+    with conn.cursor(row_factory=tuple_row) as cur:
+        found = cur.execute(RECORD_STEP, params).fetchone()
+    if found is None:
+        raise LeaseLost(_fenced_out(tenant, job, token))
+
+
+def steps_done(conn: psycopg.Connection[Any], tenant: TenantId, job: UUID) -> frozenset[str]:
+    """The job's steps the server's journal shows done."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        rows = cur.execute(STEPS_DONE, {"tenant": tenant.value, "job": job}).fetchall()
+    return frozenset(str(r[0]) for r in rows)

@@ -1,0 +1,120 @@
+"""The owner's sessions on the tenant servers: one pool per server for an engine, and the
+check a worker makes before it starts (:func:`require_ready`).
+
+A server is reached as :func:`provisioner.servers.reach.owner_address` says: its reference, as
+the role it names or the owner URL's, with the password from libpq's own sources. The pools are
+opened on first use (a worker whose jobs all live on the control database opens none) and kept
+for the engine's life, as the steps' session on the control database is.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from provisioner import db
+from provisioner.errors import ProvisionerError, ServerUnready
+from provisioner.servers import journal
+from provisioner.servers.directory import ServerStatus, TenantServer, directory, get
+from provisioner.servers.reach import owner_address, reach
+
+
+class ServerSessions:
+    """An engine's owner pools, one per tenant server (see the module)."""
+
+    def __init__(self, owner_url: str, *, holder: str, idle_in_transaction_timeout_ms: int) -> None:
+        self.owner_url = owner_url
+        self.holder = holder
+        self.idle_ms = idle_in_transaction_timeout_ms
+        self._pools: dict[str, db.Database] = {}
+
+    def database(self, control: psycopg.Connection[Any], name: str) -> db.Database:
+        """The pool of server ``name`` (its reference read from the directory on first use)."""
+        found = self._pools.get(name)
+        if found is None:
+            with db.translated():
+                server = get(control, name)
+            found = db.Database(
+                owner_address(server, self.owner_url),
+                application_name=self.holder,
+                idle_in_transaction_timeout_ms=self.idle_ms,
+            )
+            self._pools[name] = found
+        return found
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+@dataclass(frozen=True)
+class Migration:
+    """``provisioner migrate``'s account of one server's tool schema."""
+
+    server: str
+    before: int | None
+    after: int
+
+
+def migrate_all(control: psycopg.Connection[Any], owner_url: str) -> list[Migration]:
+    """Apply the tool's schema to every server not retired, as the owner; the first server that
+    cannot be reached or refuses raises (the servers before it stay migrated)."""
+    with db.translated():
+        servers = directory(control).servers
+    done = []
+    for server in servers:
+        if server.status is ServerStatus.RETIRED:
+            continue
+        try:
+            with (
+                closing(db.connect(owner_address(server, owner_url), autocommit=True)) as conn,
+                db.translated(),
+            ):
+                result = journal.migrate(conn)
+        except ProvisionerError as exc:
+            raise type(exc)(f"tenant server {server.name}: {exc}") from exc
+        done.append(Migration(server.name, result.before, result.after))
+    return done
+
+
+def migrate_servers(owner_url: str) -> list[Migration]:
+    """:func:`migrate_all` with a control session of its own (``provisioner migrate``)."""
+    with closing(db.connect(owner_url, autocommit=True)) as control:
+        return migrate_all(control, owner_url)
+
+
+def problem_of(server: TenantServer, owner_url: str) -> str | None:
+    """What keeps a worker from using ``server`` (None: nothing)."""
+    found = reach(server, owner_url)
+    if not found.ok:
+        return found.problem
+    try:
+        with (
+            closing(db.connect(owner_address(server, owner_url), autocommit=True)) as conn,
+            db.translated(),
+        ):
+            have = journal.version(conn)
+    except ProvisionerError as exc:
+        return str(exc)
+    if have is None or have < journal.VERSION:
+        return (
+            f"its tool schema is at version {have or 0}, this build needs {journal.VERSION}: "
+            "run `provisioner migrate`"
+        )
+    return None
+
+
+def require_ready(control: psycopg.Connection[Any], owner_url: str) -> None:
+    """:class:`ServerUnready`, naming the first active server with a problem and how many have
+    one, unless every active server can run jobs."""
+    with db.translated():
+        servers = [s for s in directory(control).servers if s.status is ServerStatus.ACTIVE]
+    problems = [(s.name, p) for s in servers if (p := problem_of(s, owner_url)) is not None]
+    if problems:
+        name, problem = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ServerUnready(f"tenant server {name}: {problem}{more}")

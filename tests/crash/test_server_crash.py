@@ -1,0 +1,158 @@
+"""A tenant on a tenant server (a second real cluster): SIGKILL at each seam of a step's two
+commits, and a SIGSTOPped holder woken after its job was taken over (issue 29, item 3).
+
+The seams, each a point where a real child process freezes and is killed:
+``started`` (before the server's commit), ``on_server`` (the server committed the step and its
+journal row, control's checkpoint not yet), ``done`` (both committed). The re-run must repeat no
+step's effect (a step the server committed keeps the first run's token in the server's journal:
+it was adopted, not run again) and lose none (the job succeeds and the schema equals a clean
+tenant's).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from provisioner import queue, service
+from provisioner.engine import StepEvent
+from provisioner.kinds.provision import STEPS
+from provisioner.models import JobStatus
+from provisioner.settings import Settings
+from provisioner.tenant import schema as tenant_schema
+from tests.conftest import Database, run_cli, settings_env
+from tests.job_server import TenantServerDb
+from tests.workers import kill_frozen
+
+KILL_CHILD = Path(__file__).with_name("provision_child.py")
+PAUSE_CHILD = Path(__file__).with_name("pause_child.py")
+SERVER_STEPS = ("create_schema", "run_tenant_migrations", "grant_app_rw", "seed_role_profiles")
+
+SEAMS = [(step, "on_server") for step in SERVER_STEPS] + [
+    (step, outcome)
+    for step in ("create_schema", "seed_role_profiles")
+    for outcome in ("started", "done")
+]
+
+
+@pytest.fixture
+def placed(settings: Settings, database: Database, jobs_server: TenantServerDb) -> Settings:
+    """The test's control database with the tenant server in its directory, migrated."""
+    jobs_server.add_to(database)
+    migrated = run_cli(settings, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    return settings
+
+
+def checkpoint(database: Database, tenant: str) -> list[str]:
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT steps_completed FROM control.platform_jobs WHERE tenant_id = %s", (tenant,)
+        ).fetchone()
+    return list(row[0]) if row else []
+
+
+@pytest.mark.parametrize(("step", "outcome"), SEAMS, ids=[f"{s}-{o}" for s, o in SEAMS])
+def test_sigkill_at_each_seam_repeats_no_step_and_loses_none(
+    placed: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    clean_fingerprint: dict,
+    step: str,
+    outcome: str,
+) -> None:
+    index = SERVER_STEPS.index(step)
+    kill_frozen(placed, KILL_CHILD, "victim", step, outcome)
+    on_server = list(SERVER_STEPS[: index + (outcome != "started")])
+    recorded = list(STEPS[: index + (outcome == "done")])
+    assert sorted(jobs_server.journal("victim")) == sorted(on_server)
+    assert checkpoint(database, "victim") == recorded
+
+    events: list[StepEvent] = []
+    result = service.provision(placed, "victim", on_progress=events.append)
+
+    assert (result.job.status, result.job.attempts) == (JobStatus.SUCCEEDED, 2)
+    assert result.job.steps_completed == list(STEPS)
+    adopted = [e.step for e in events if e.outcome == "skipped" and e.detail]
+    assert adopted == (on_server[-1:] if outcome == "on_server" else [])
+    ran = [e.step for e in events if e.outcome == "done"]
+    assert ran == [s for s in STEPS if s not in on_server and s not in recorded]
+    tokens = jobs_server.journal("victim")
+    first, second = min(tokens.values()), max(tokens.values())
+    assert {s: t == first for s, t in tokens.items()} == {
+        s: (s in on_server) or not on_server for s in SERVER_STEPS
+    }
+    if on_server and len(on_server) < len(SERVER_STEPS):
+        assert first < second
+    fence = jobs_server.fence("victim")  # raised by the resume, whatever it wrote there
+    assert fence is not None and fence >= second and (fence > first or not on_server)
+    with jobs_server.owner() as conn:
+        assert tenant_schema.fingerprint(conn, "tenant_victim") == clean_fingerprint
+
+
+def _paused(settings: Settings, go: Path, step: str, outcome: str) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, str(PAUSE_CHILD), "sleeper", step, outcome, str(go)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=settings_env(settings),
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    assert line.strip() == f"PAUSED {step} {outcome}", child.stderr.read() if child.stderr else ""
+    return child
+
+
+@pytest.mark.parametrize(
+    ("step", "outcome", "refused_by"),
+    [
+        ("grant_app_rw", "started", "fence on its server"),  # its server write is next
+        ("grant_app_rw", "on_server", "no longer held"),  # its control checkpoint is next
+    ],
+)
+def test_a_sigstopped_holder_taken_over_cannot_write_on_either_server(
+    placed: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    clean_fingerprint: dict,
+    tmp_path: Path,
+    step: str,
+    outcome: str,
+    refused_by: str,
+) -> None:
+    go = tmp_path / "go"
+    zombie = _paused(placed, go, step, outcome)
+    os.kill(zombie.pid, signal.SIGSTOP)
+    before = jobs_server.journal("sleeper")
+    time.sleep(1.5)
+    with database.owner() as conn:  # its lease expired while it was stopped: recovered
+        assert [j.tenant_id for j in queue.recover_stale(conn, 1.0)] == ["sleeper"]
+
+    result = service.provision(placed, "sleeper")
+    assert (result.job.status, result.job.attempts) == (JobStatus.SUCCEEDED, 2)
+    after = jobs_server.journal("sleeper")
+    fence = jobs_server.fence("sleeper")
+
+    go.touch()
+    os.kill(zombie.pid, signal.SIGCONT)
+    out, err = zombie.communicate(timeout=120)
+    assert out.strip().startswith("REFUSED LeaseLost") and refused_by in out, out + err
+    # Nothing the zombie did after its take-over reached either server.
+    assert jobs_server.journal("sleeper") == after
+    assert jobs_server.fence("sleeper") == fence
+    assert all(after[s] == before[s] for s in before)  # adopted, not run again
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT status, attempts, steps_completed FROM control.platform_jobs "
+            "WHERE tenant_id = 'sleeper'"
+        ).fetchone()
+    assert row == ("succeeded", 2, list(STEPS))
+    with jobs_server.owner() as conn:
+        assert tenant_schema.fingerprint(conn, "tenant_sleeper") == clean_fingerprint

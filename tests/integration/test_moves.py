@@ -171,6 +171,9 @@ def test_a_tenant_moves_back_to_the_control_database(
     queued = move_cli(settings, tenant_server, "back", "--to", "control", "--queue")
     assert queued.returncode == 0, queued.stderr
     assert service.locate(settings, "back").server == "east"
+    # a worker refuses to start while an active server lacks the tool's schema
+    migrated = run_cli(settings, "migrate", env=tenant_server.env)
+    assert migrated.returncode == 0, migrated.stderr
     drained = run_cli(
         settings,
         "worker",

@@ -107,14 +107,17 @@ UPDATE control.rollout_tenants SET state = 'skipped'
  WHERE tenant_id = %(tenant)s AND rollout_id = ANY(%(rollouts)s) AND state IN ('pending', 'queued')
 """
 
-# The watch: each tenant of the rollout with its job's state folded into one word.
-PROGRESS = f"""
-SELECT CASE
+# A rollout tenant's row (t) and its job's (j) folded into one word: the watch's phase.
+PHASE = f"""CASE
          WHEN t.state <> 'queued' THEN t.state
          WHEN j.status = 'queued' AND j.available_at = {HELD_UNTIL} THEN 'held'
          WHEN j.status = 'succeeded' THEN 'done'
          ELSE j.status
-       END AS phase,
+       END AS phase"""
+
+# The watch: each tenant of the rollout with its job's state folded into one word.
+PROGRESS = f"""
+SELECT {PHASE},
        count(*) AS n
   FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
  WHERE t.rollout_id = %(rollout)s
@@ -125,12 +128,7 @@ SELECT CASE
 # whose tenants are spread over tenant servers.
 PROGRESS_BY_SERVER = f"""
 SELECT coalesce(s.server, 'control') AS server,
-       CASE
-         WHEN t.state <> 'queued' THEN t.state
-         WHEN j.status = 'queued' AND j.available_at = {HELD_UNTIL} THEN 'held'
-         WHEN j.status = 'succeeded' THEN 'done'
-         ELSE j.status
-       END AS phase,
+       {PHASE},
        count(*) AS n
   FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
   LEFT JOIN control.tenants s ON s.tenant_id = j.tenant_id

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from provisioner.models import JobStatus
-from provisioner.queue.holds import HELD_UNTIL
+from provisioner.queue.holds import PHASE
 from provisioner.queue.rows import Conn, fetch_all
 
 # Jobs by kind and status, and per kind the wait of the oldest job a worker could claim now
@@ -52,12 +52,7 @@ def figures(conn: Conn) -> list[QueueFigure]:
 # (:data:`provisioner.queue.holds.PROGRESS`).
 ROLLOUT_PHASES = f"""
 SELECT t.rollout_id,
-       CASE
-         WHEN t.state <> 'queued' THEN t.state
-         WHEN j.status = 'queued' AND j.available_at = {HELD_UNTIL} THEN 'held'
-         WHEN j.status = 'succeeded' THEN 'done'
-         ELSE j.status
-       END AS phase,
+       {PHASE},
        count(*) AS n
   FROM control.rollout_tenants t JOIN control.platform_jobs j ON j.id = t.job_id
  WHERE t.rollout_id = ANY(%(rollouts)s)

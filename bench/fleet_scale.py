@@ -49,6 +49,7 @@ from provisioner import fleet, service
 from provisioner.templates import migrations
 from provisioner.templates.replay import Template
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 
 #: Tenants per bulk transaction: each new relation holds a lock until commit (~45 per tenant),
 #: and the server's lock table has room for ~6,400 (64 per connection slot).
@@ -335,9 +336,9 @@ def build_fleet(database: BenchDatabase, tenants: int) -> float:
 def _check_same_as_engine(database: BenchDatabase, names: list[str]) -> None:
     """A bulk-built tenant's catalog equals the engine-built one's (names abstracted)."""
     with psycopg.connect(database.owner_url) as conn:
-        model = tenant_schema.fingerprint(conn, f"tenant_{MODEL}")
+        model = fingerprint(conn, f"tenant_{MODEL}")
         for name in names:
-            if name != MODEL and tenant_schema.fingerprint(conn, f"tenant_{name}") != model:
+            if name != MODEL and fingerprint(conn, f"tenant_{name}") != model:
                 raise RuntimeError(f"tenant {name} differs from the engine-built {MODEL}")
 
 

@@ -182,11 +182,11 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
         started = time.perf_counter()
         with psycopg.connect(database.owner_url) as conn:
             connected = time.perf_counter()
-            tenant_schema.fingerprint(conn, schema)
+            fingerprint(conn, schema)
         samples["fingerprint_fresh"].append((time.perf_counter() - connected) * 1000)
         del started
         started = time.perf_counter()
-        tenant_schema.fingerprint(fingerprint_conn, schema)
+        fingerprint(fingerprint_conn, schema)
         # Ended as a worker's session ends its transactions: psycopg forgets its prepared
         # statements on rollback(), so a rollback here would re-plan the query every time.
         fingerprint_conn.commit()

@@ -29,6 +29,7 @@ from provisioner.models import JobStatus
 from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.templates.replay import Template
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import FINGERPRINT, fingerprint
 
 PROBES = 5
 
@@ -55,7 +56,7 @@ def _probes(database: BenchDatabase, schema: str) -> dict[str, float]:
         count = conn.execute("SELECT count(*) FROM pg_class").fetchone()
         conn.rollback()
         return {
-            "fingerprint_ms": _probe_ms(conn, lambda: tenant_schema.fingerprint(conn, schema)),
+            "fingerprint_ms": _probe_ms(conn, lambda: fingerprint(conn, schema)),
             "plain_fingerprint_ms": _probe_ms(conn, lambda: before.fingerprint(conn, schema)),
             "grant_check_ms": _probe_ms(
                 conn, lambda: tenant_schema.missing_app_grants(conn, schema, DEFAULT_APP_ROLES)
@@ -70,7 +71,7 @@ def seq_scans(database: BenchDatabase, schema: str) -> str:
     """The catalog lookups of the steps and the fast path, EXPLAINed on the last tenant: any
     sequential scan of a catalog would grow with the number of schemas."""
     checks = {
-        "fingerprint": (tenant_schema.FINGERPRINT, {"schema": schema}),
+        "fingerprint": (FINGERPRINT, {"schema": schema}),
         "grant check": (
             tenant_schema.APP_ROLE_PRIVILEGES,
             {
@@ -187,7 +188,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
             f"{entry['pg_class_rows']:>9,.0f} {entry['load_1min']:>5.1f}"
         )
     lines.append(
-        "(ms; fprint = tenant_schema.fingerprint, plain = the same sections by the former "
+        "(ms; fprint = fingerprint, plain = the same sections by the former "
         "pg_class.relnamespace joins, grchk = the grant check, named = the named "
         "GRANT the step issues, ON ALL = GRANT ... ON ALL TABLES IN SCHEMA, rolled back; "
         "load = the machine's 1-minute load average)"

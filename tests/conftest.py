@@ -34,7 +34,7 @@ from provisioner import db, pool
 from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
 from provisioner.templates import migrations
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint as catalog_fingerprint
 from provisioner.testing import (
     BOOTSTRAP_LOCK_KEY,
     PgServer,
@@ -254,7 +254,7 @@ def run_cli(
 def fingerprint(database: Database, tenant: str) -> dict:
     """The catalog fingerprint of the tenant's schema, read as the owner."""
     with database.owner() as conn:
-        return tenant_schema.fingerprint(conn, f"tenant_{tenant}")
+        return catalog_fingerprint(conn, f"tenant_{tenant}")
 
 
 @pytest.fixture(scope="session")
@@ -278,7 +278,7 @@ def clean_fingerprint(tenant: Tenant) -> dict:
     """The fingerprint of a freshly provisioned tenant (the plugin's, provisioned in one clean
     run and verified against it), to compare others with."""
     with psycopg.connect(tenant.owner_url, autocommit=True) as conn:
-        return tenant_schema.fingerprint(conn, tenant.schema)
+        return catalog_fingerprint(conn, tenant.schema)
 
 
 def downgrade_tenant(database: Database, tenant: str, revision: str) -> None:

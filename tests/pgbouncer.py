@@ -77,9 +77,7 @@ def start_bouncer(
         raise AssertionError("pgbouncer is not installed: `make test` installs it (make ha-tools)")
     folder = Path(tempfile.mkdtemp(prefix="provisioner-bouncer-"))
     port = local_pg.free_port()
-    users = "".join(
-        f'"{role}" "{password}"\n' for role, password in passwords_for(secret).items()
-    )
+    users = "".join(f'"{role}" "{password}"\n' for role, password in passwords_for(secret).items())
     (folder / "users.txt").write_text(users)
     (folder / "pgbouncer.ini").write_text(
         f"[databases]\n* = host=127.0.0.1 port={server_port}\n\n"

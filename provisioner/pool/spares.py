@@ -74,6 +74,7 @@ from provisioner.templates import migrations
 from provisioner.templates import reference as template_reference
 from provisioner.templates.replay import mismatch
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 
 #: Spare schemas are ``pool_`` and 16 hex digits: never a tenant's, under any naming rule.
 SPARE_PREFIX = naming.SPARE_PREFIX
@@ -376,7 +377,7 @@ def build_spare(
         except DatabaseError as exc:
             raise SpareRejected(f"replay failed: {exc}") from exc
         with session.transaction() as tx:
-            problem = mismatch(reference.fingerprint, tenant_schema.fingerprint(tx.pg, name))
+            problem = mismatch(reference.fingerprint, fingerprint(tx.pg, name))
             # After the fingerprint: the reference has no grants.
             batches = (
                 [] if app_roles is None else spare_grant_batches(name, app_roles, tx.pg, BATCH)

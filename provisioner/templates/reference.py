@@ -1,15 +1,15 @@
 """The tenant template's reference: what Alembic builds for the head, stored once per database.
 
-The fast path of the migration step (:mod:`provisioner.templates.replay`) and the
-warm pool (:mod:`provisioner.pool`) replay the tree's DDL instead of running Alembic, and prove
-the result against a reference: the catalog fingerprint
-(:func:`provisioner.tenant.schema.fingerprint`, schema name abstracted) of a schema that Alembic
-itself built for the same tree state in the same database. The reference, and the statements to
-replay, live in ``control.tenant_template_references``, keyed by the tree's digest (a SHA-256 over
-every file of the tree, helper modules a revision imports included, so another head or an edited
-file is another key: :func:`provisioner.templates.migrations.tree_digest`) and the
-fingerprint's format (:func:`reference_key`: ``<digest>/fingerprint-v2``; a reference another
-version rendered differently is never compared with this one).
+The fast path of the migration step (:mod:`provisioner.templates.replay`) and the warm pool
+(:mod:`provisioner.pool`) replay the tree's DDL instead of running Alembic, and prove the result
+against a reference: the catalog fingerprint (:func:`provisioner.tenant.fingerprint.fingerprint`,
+schema name abstracted) of a schema that Alembic itself built for the same tree state in the same
+database. The reference, and the statements to replay, live in
+``control.tenant_template_references``, keyed by the tree's digest (a SHA-256 over every file of
+the tree, helper modules a revision imports included, so another head or an edited file is another
+key: :func:`provisioner.templates.migrations.tree_digest`) and the fingerprint's format
+(:func:`reference_key`: ``<digest>/fingerprint-v2``; a reference another version rendered
+differently is never compared with this one).
 
 Computed once per database and tree state, by whichever process needs it first: under a
 transaction-level advisory lock on the digest, it reads the row again, and if it is still
@@ -36,6 +36,7 @@ from provisioner.db import Transaction
 from provisioner.errors import TemplateUnusable
 from provisioner.templates import migrations
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import FINGERPRINT_FORMAT, Fingerprint, fingerprint
 
 #: The schema name the template is captured for: one of the tool's scratch names, which no
 #: tenant id maps to and env.py accepts (:mod:`provisioner.naming`). It never reaches the
@@ -46,8 +47,6 @@ PLACEHOLDER_SCHEMA = f"{naming.SCRATCH_PREFIX}template_capture"
 REFERENCE_LOCK_CLASS = 0x74706C72
 
 SCRATCH_SAVEPOINT = "tenant_template_reference"
-
-Fingerprint = tenant_schema.Fingerprint
 
 # -- statements ---------------------------------------------------------------------------------
 
@@ -136,8 +135,8 @@ class Reference:
 
 def reference_key(digest: str) -> str:
     """Where a reference of the tree state ``digest`` is stored: the digest and the format of
-    the fingerprint it holds (:data:`provisioner.tenant.schema.FINGERPRINT_FORMAT`)."""
-    return f"{digest}/{tenant_schema.FINGERPRINT_FORMAT}"
+    the fingerprint it holds (:data:`provisioner.tenant.fingerprint.FINGERPRINT_FORMAT`)."""
+    return f"{digest}/{FINGERPRINT_FORMAT}"
 
 
 def load(tx: Transaction, digest: str) -> Reference | None:
@@ -208,7 +207,7 @@ def compute(tx: Transaction, tree: migrations.TreeState) -> Reference:
             # Read as the replay reads a tenant: under the session's search_path, not the
             # scratch schema Alembic left in it (it changes how names are printed).
             cur.execute("SET LOCAL search_path TO DEFAULT")
-            found = tenant_schema.fingerprint(tx.pg, scratch)
+            found = fingerprint(tx.pg, scratch)
         finally:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(savepoint))
             cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(savepoint))

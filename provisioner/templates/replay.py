@@ -45,8 +45,9 @@ from provisioner.db.plans import keeping_prepared_statements
 from provisioner.errors import TemplateUnusable
 from provisioner.templates import migrations
 from provisioner.templates import reference as template_reference
-from provisioner.templates.reference import Fingerprint, Reference, Template
+from provisioner.templates.reference import Reference, Template
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import Fingerprint, fingerprint
 
 __all__ = ["Outcome", "Reference", "Template", "TemplateCache", "TemplateUnusable"]
 
@@ -129,7 +130,7 @@ def replay_verified(
 
     Two round trips: (1) the savepoint, the ``search_path`` (the schema alone, as Alembic's
     env.py sets it), the statements, the ``search_path`` back to the session default (the
-    fingerprint is read under it, see :data:`provisioner.tenant.schema.FINGERPRINT`) and the
+    fingerprint is read under it, see :data:`provisioner.tenant.fingerprint.FINGERPRINT`) and the
     version table's rows, as one simple query; (2) the fingerprint's prepared catalog query.
     A replay that matches leaves its savepoint open: the caller's commit releases it with the
     rest (a ``RELEASE`` would be a third round trip, at every tenant of a fleet upgrade), and a
@@ -162,7 +163,7 @@ def replay_verified(
                 while cur.nextset():  # the last result: the version table's rows
                     pass
                 versions = [str(row[0]) for row in cur.fetchall()]
-                got = tenant_schema.fingerprint(tx.pg, schema, versions=versions)
+                got = fingerprint(tx.pg, schema, versions=versions)
         except DatabaseError as exc:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(name))
             problem: str | None = f"replay failed: {exc}"

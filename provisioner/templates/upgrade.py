@@ -59,7 +59,7 @@ from provisioner.db import Transaction, translated
 from provisioner.errors import NotReplayable
 from provisioner.roles import AppRoles
 from provisioner.templates import migrations, recording
-from provisioner.templates.reference import PLACEHOLDER_SCHEMA, Fingerprint, reference_key
+from provisioner.templates.reference import PLACEHOLDER_SCHEMA, reference_key
 from provisioner.templates.replay import (
     Outcome,
     TemplateCache,
@@ -67,6 +67,7 @@ from provisioner.templates.replay import (
     replay_verified,
 )
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import Fingerprint, fingerprint
 
 SAVEPOINT = "tenant_upgrade_replay"
 SCRATCH_SAVEPOINT = "tenant_upgrade_reference"
@@ -327,7 +328,7 @@ def _compute_reference(
             # Read as the replay reads a tenant: under the session's search_path, not the
             # scratch schema Alembic left in it (it changes how names are printed).
             cur.execute("SET LOCAL search_path TO DEFAULT")
-            return UpgradeReference(tenant_schema.fingerprint(tx.pg, scratch), refused)
+            return UpgradeReference(fingerprint(tx.pg, scratch), refused)
         finally:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(savepoint))
             cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(savepoint))

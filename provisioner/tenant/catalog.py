@@ -1,7 +1,7 @@
 """A tenant schema's inventory: every object a template can create, named, with what defines it.
 
 ``provisioner check`` and ``provisioner repair`` compare a tenant with what the template head
-builds. The replay fingerprint (:func:`provisioner.tenant.schema.fingerprint`) covers what the
+builds. The replay fingerprint (:func:`provisioner.tenant.fingerprint.fingerprint`) covers what the
 shipped template creates and is kept small because it runs on every provisioning; the inventory
 is the complete one, read only by drift: tables, views, materialized views, sequences (and
 their options), columns, constraints (of tables and domains), indexes, functions, triggers,

@@ -27,6 +27,7 @@ from provisioner.settings import Settings, tenant_naming
 from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateUnusable, describe_difference
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from provisioner.testing import search_path
 from provisioner.testing.server import ProvisionerDatabase
 from provisioner.testing.signups import Sweep
@@ -146,7 +147,7 @@ class TenantFactory:
             model = own_id(f"{SPARE_PREFIX}m")
             service.provision(self.database.settings, model.value, holder="pytest-spares")
             with self._owner() as conn:
-                self._model_fingerprint = tenant_schema.fingerprint(conn, model.schema)
+                self._model_fingerprint = fingerprint(conn, model.schema)
                 rows = conn.execute(queue.MODEL_ROWS, {"id": model.value}).fetchone()
                 assert rows is not None and rows[1] is not None, "the model has its job"
                 self._model_rows = {
@@ -209,7 +210,7 @@ class TenantFactory:
         tenant_schema.grant_app_roles(conn, tenant.schema, app_roles)
         declared = seeds.declared(self.database.settings.seeds, migrations.tenant_tree())
         seeds.apply(conn, tenant, declared)
-        got = tenant_schema.fingerprint(conn, tenant.schema)
+        got = fingerprint(conn, tenant.schema)
         if got != self._model_fingerprint:
             difference = describe_difference(self._model_fingerprint, got)
             raise ProvisionerError(f"a copy differs from the model: {difference}")

@@ -16,7 +16,7 @@ from provisioner.engine import StepEvent
 from provisioner.kinds.provision import STEPS
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database
 from tests.workers import kill_frozen
 
@@ -63,7 +63,7 @@ def test_sigkill_after_each_step_resumes_with_the_missing_steps(
         assert events == []
         assert runs(database, "victim") == [(1, s, "succeeded") for s in STEPS]
         with database.owner() as conn:
-            assert tenant_schema.fingerprint(conn, "tenant_victim") == clean_fingerprint
+            assert fingerprint(conn, "tenant_victim") == clean_fingerprint
         return
     assert result.job.attempts == 2
     assert [e.step for e in events if e.outcome == "done"] == list(STEPS[index + 1 :])
@@ -74,7 +74,7 @@ def test_sigkill_after_each_step_resumes_with_the_missing_steps(
         (1, STEPS[index + 1], "abandoned")
     ] + [(2, s, "succeeded") for s in STEPS[index + 1 :]]
     with database.owner() as conn:
-        assert tenant_schema.fingerprint(conn, "tenant_victim") == clean_fingerprint
+        assert fingerprint(conn, "tenant_victim") == clean_fingerprint
 
 
 @pytest.mark.parametrize("step", ["create_schema", "run_tenant_migrations", "grant_app_rw"])
@@ -100,4 +100,4 @@ def test_sigkill_inside_a_step_rolls_the_step_back_and_reruns_it(
     assert first == [(s, "succeeded") for s in STEPS[:index]] + [(step, "abandoned")]
     assert second == [(s, "succeeded") for s in STEPS[index:]]
     with database.owner() as conn:
-        assert tenant_schema.fingerprint(conn, "tenant_victim") == clean_fingerprint
+        assert fingerprint(conn, "tenant_victim") == clean_fingerprint

@@ -14,7 +14,7 @@ from provisioner import kinds, service
 from provisioner.errors import WrongState
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from provisioner.testing import Tenant
 from tests.conftest import Database
 from tests.workers import kill_frozen
@@ -75,7 +75,7 @@ def test_sigkill_then_rerun_reaches_the_same_end_state(
 ) -> None:
     tenant_factory("victim", settings=settings)  # a provisioned tenant in this test's database
     with database.owner() as conn:
-        provisioned = tenant_schema.fingerprint(conn, "tenant_victim")
+        provisioned = fingerprint(conn, "tenant_victim")
     if kind == "restore_tenant":
         service.change_lifecycle(settings, "victim", "deprovision_tenant")
 
@@ -96,7 +96,7 @@ def test_sigkill_then_rerun_reaches_the_same_end_state(
     assert end_state(database, "victim") == EXPECTED[kind]
     if kind == "restore_tenant":
         with database.owner() as conn:
-            assert tenant_schema.fingerprint(conn, "tenant_victim") == provisioned
+            assert fingerprint(conn, "tenant_victim") == provisioned
     with database.owner() as conn:
         abandoned = conn.execute(
             "SELECT step FROM control.job_step_runs WHERE tenant_id = 'victim' "

@@ -25,7 +25,7 @@ from provisioner.engine import StepEvent
 from provisioner.kinds.provision import STEPS
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, run_cli, settings_env
 from tests.job_server import TenantServerDb
 from tests.workers import kill_frozen
@@ -93,7 +93,7 @@ def test_sigkill_at_each_seam_repeats_no_step_and_loses_none(
     fence = jobs_server.fence("victim")  # raised by the resume, whatever it wrote there
     assert fence is not None and fence >= second and (fence > first or not on_server)
     with jobs_server.owner() as conn:
-        assert tenant_schema.fingerprint(conn, "tenant_victim") == clean_fingerprint
+        assert fingerprint(conn, "tenant_victim") == clean_fingerprint
 
 
 def _paused(settings: Settings, go: Path, step: str, outcome: str) -> subprocess.Popen[str]:
@@ -155,4 +155,4 @@ def test_a_sigstopped_holder_taken_over_cannot_write_on_either_server(
         ).fetchone()
     assert row == ("succeeded", 2, list(STEPS))
     with jobs_server.owner() as conn:
-        assert tenant_schema.fingerprint(conn, "tenant_sleeper") == clean_fingerprint
+        assert fingerprint(conn, "tenant_sleeper") == clean_fingerprint

@@ -21,7 +21,7 @@ from provisioner import queue, service
 from provisioner.kinds.provision import STEPS, ensure_provision_job
 from provisioner.models import TenantId
 from provisioner.settings import Settings
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database
 from tests.workers import (
     WorkerProcess,
@@ -94,7 +94,7 @@ def test_sigkill_mid_step_the_job_is_recovered_and_finished_by_another_worker(
     ]
     assert overlapping_step_runs(database) == []
     with database.owner() as conn:
-        assert tenant_schema.fingerprint(conn, "tenant_victim") == clean_fingerprint
+        assert fingerprint(conn, "tenant_victim") == clean_fingerprint
     assert second.stop() == 0
 
 
@@ -127,7 +127,7 @@ def test_sigstopped_worker_wakes_after_its_job_was_finished_and_records_nothing(
     assert outcomes(database, "sleeper") == runs
     assert overlapping_step_runs(database) == []
     with database.owner() as conn:
-        assert tenant_schema.fingerprint(conn, "tenant_sleeper")["alembic_version"]
+        assert fingerprint(conn, "tenant_sleeper")["alembic_version"]
     assert first.stop() == 0
     assert second.stop() == 0
 
@@ -235,7 +235,7 @@ def test_sigterm_past_the_drain_timeout_interrupts_the_step_and_releases_the_job
     assert resumed.wait(120) == 0, resumed.output()
     assert job_row(database, "stuck")["status"] == "succeeded"
     with database.owner() as conn:
-        assert tenant_schema.fingerprint(conn, "tenant_stuck")["alembic_version"]
+        assert fingerprint(conn, "tenant_stuck")["alembic_version"]
 
 
 def test_a_killed_child_hands_back_at_once_a_job_it_claimed_but_never_reported(

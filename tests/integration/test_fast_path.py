@@ -15,6 +15,7 @@ from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.templates.replay import TemplateCache
 from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint as catalog_fingerprint
 from tests.conftest import Database
 
 HEAD = ",".join(sorted(migrations.tenant_heads()))
@@ -39,7 +40,7 @@ def provision(settings: Settings, tenant: str) -> None:
 
 def fingerprint(database: Database, schema: str) -> dict:
     with database.owner() as conn:
-        return tenant_schema.fingerprint(conn, schema)
+        return catalog_fingerprint(conn, schema)
 
 
 def tamper_reference(database: Database, statements_sql: str) -> None:
@@ -213,7 +214,7 @@ def test_indexed_catalog_lookups_see_what_a_plain_scan_sees(
         conn.execute("CREATE INDEX mv_one ON tenant_shape.mv (one)")
         conn.execute("CREATE TABLE tenant_shape.later (id int PRIMARY KEY CHECK (id > 0))")
         conn.execute("CREATE SEQUENCE tenant_shape.free_seq")
-        shape = tenant_schema.fingerprint(conn, "tenant_shape")
+        shape = catalog_fingerprint(conn, "tenant_shape")
 
         def plain(query: str) -> list[tuple]:
             rows = conn.execute(query, {"schema": "tenant_shape"}).fetchall()

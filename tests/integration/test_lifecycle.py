@@ -18,7 +18,7 @@ from provisioner.engine import Engine, runner
 from provisioner.kinds.provision import PROVISION_JOB_TYPE, ensure_provision_job
 from provisioner.models import TenantId
 from provisioner.settings import Settings
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from provisioner.testing import Tenant
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import Workers
@@ -86,7 +86,7 @@ def test_suspend_restore_deprovision_purge_seen_from_app_rw(
     settings, database = provisioner_settings, tenant_database
     tenant_factory("acme")
     with database.owner() as conn:
-        provisioned = tenant_schema.fingerprint(conn, "tenant_acme")
+        provisioned = fingerprint(conn, "tenant_acme")
     assert app_reads(database, "acme") == 4
 
     suspended = run_cli(settings, "suspend", "acme")  # once as a real process
@@ -107,7 +107,7 @@ def test_suspend_restore_deprovision_purge_seen_from_app_rw(
     assert app_reads(database, "acme") == 4
     assert state(database, "acme") == ("onboarding", None)
     with database.owner() as conn:  # privileges exactly as provisioning gave them
-        assert tenant_schema.fingerprint(conn, "tenant_acme") == provisioned
+        assert fingerprint(conn, "tenant_acme") == provisioned
 
     archived = cli(settings, "deprovision", "acme")
     assert archived.returncode == 0, archived.stderr

@@ -13,7 +13,7 @@ import pytest
 
 import provisioner
 from provisioner import service
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from provisioner.testing import ProvisionerDatabase, Tenant, TenantFactory
 from tests.conftest import Database
 from tests.workers import wait_until
@@ -44,9 +44,7 @@ def test_a_handed_out_tenant_is_exactly_what_provisioning_builds(
     try:
         handed = tenant_factory("plugin_handed")
         with psycopg.connect(provisioner_database.owner_url) as conn:
-            assert tenant_schema.fingerprint(conn, handed.schema) == tenant_schema.fingerprint(
-                conn, "tenant_plugin_reference"
-            )
+            assert fingerprint(conn, handed.schema) == fingerprint(conn, "tenant_plugin_reference")
         job = service.status(settings, handed.id).job
         assert (job.status, job.progress, job.steps_completed, job.attempts) == (
             built.status,
@@ -76,9 +74,7 @@ def test_a_tenant_in_another_database_is_what_provisioning_builds_there(
     there = provisioner_tenants.create("elsewhere", settings=settings)
     assert (there.owner_url, there.app_url) == (settings.owner_url, settings.app_url)
     with database.owner() as conn:
-        assert tenant_schema.fingerprint(conn, there.schema) == tenant_schema.fingerprint(
-            conn, "tenant_reference"
-        )
+        assert fingerprint(conn, there.schema) == fingerprint(conn, "tenant_reference")
     current = service.status(settings, there.id)
     assert (current.job.status, current.job.steps_completed) == (
         built.status,

@@ -427,7 +427,7 @@ def test_a_tenant_suspended_while_its_upgrade_is_queued_is_skipped_not_a_failure
 # The wait is a tenant's only: the tool's scratch schemas (``provisioner_*``: the template
 # reference a worker child builds before it is ready) run the revision without waiting.
 WAIT_FOR_TEST = (
-    '    op.execute("DO $w$ BEGIN IF current_schema() NOT LIKE \'provisioner%\' THEN "\n'
+    "    op.execute(\"DO $w$ BEGIN IF current_schema() NOT LIKE 'provisioner%' THEN \"\n"
     '               "PERFORM pg_advisory_xact_lock(2028); END IF; END $w$")\n'
     '    op.execute("ALTER TABLE audit_events ADD COLUMN source TEXT")'
 )

@@ -15,7 +15,7 @@ from provisioner import service
 from provisioner.kinds.provision import STEPS
 from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, run_cli
 from tests.job_server import TenantServerDb
 
@@ -99,7 +99,7 @@ def test_provisioning_runs_every_step_on_the_tenant_server(
     assert jobs_server.schema_exists("tenant_acme")
     assert not on_control(database, "tenant_acme")
     with jobs_server.owner() as conn:
-        assert tenant_schema.fingerprint(conn, "tenant_acme") == clean_fingerprint
+        assert fingerprint(conn, "tenant_acme") == clean_fingerprint
         seeds = conn.execute(
             "SELECT count(*) FROM provisioner_server.tenant_seeds WHERE tenant_id = 'acme'"
         ).fetchone()

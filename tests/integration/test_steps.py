@@ -10,14 +10,14 @@ from provisioner.models import TenantId
 from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, build_spare
 
 
 def state(database: Database, schema: str) -> tuple:
     """The schema's catalog fingerprint plus the rows the steps write."""
     with database.owner() as conn:
-        shape = tenant_schema.fingerprint(conn, schema)
+        shape = fingerprint(conn, schema)
         tenants = conn.execute(
             "SELECT tenant_id, state, onboarding_started_at FROM control.tenants ORDER BY 1"
         ).fetchall()

@@ -16,7 +16,7 @@ from alembic import command
 from provisioner import db, service
 from provisioner.settings import Settings
 from provisioner.templates import migrations
-from provisioner.tenant import schema as tenant_schema
+from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import ROOT, Database
 
 ALEMBIC = str(Path(sys.executable).with_name("alembic"))
@@ -85,7 +85,7 @@ def test_tenant_tree_up_down_up_stays_inside_its_schema(database: Database) -> N
         with engine.begin() as conn:
             migrations.upgrade_tenant(conn, schema)
         with database.owner() as conn:
-            first = tenant_schema.fingerprint(conn, schema)
+            first = fingerprint(conn, schema)
             assert objects_outside(conn, schema) == []
             assert len([r for r in first["relations"] if r[1] == "r"]) >= 9
         revisions = ["t003", "t002", "t001", "base"]
@@ -100,7 +100,7 @@ def test_tenant_tree_up_down_up_stays_inside_its_schema(database: Database) -> N
         with engine.begin() as conn:
             migrations.upgrade_tenant(conn, schema)
         with database.owner() as conn:
-            assert tenant_schema.fingerprint(conn, schema) == first
+            assert fingerprint(conn, schema) == first
             assert migrations.tenant_at_head(conn, schema)
     finally:
         engine.dispose()
@@ -116,8 +116,8 @@ def test_two_tenants_migrated_in_one_process_do_not_interfere(database: Database
         with engine.begin() as conn:
             migrations.upgrade_tenant(conn, "tenant_b")
         with database.owner() as conn:
-            a = tenant_schema.fingerprint(conn, "tenant_a")
-            b = tenant_schema.fingerprint(conn, "tenant_b")
+            a = fingerprint(conn, "tenant_a")
+            b = fingerprint(conn, "tenant_b")
         assert a == b
     finally:
         engine.dispose()

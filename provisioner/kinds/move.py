@@ -13,10 +13,10 @@ the step's transaction. So the kind runs whichever server the tenant lives on
    first. Effect: the target has the schema.
 2. ``freeze_writes``: the application roles lose every privilege on the source's schema
    (committed there), then the writes begun before are waited for. Effect: the source frozen.
-3. ``copy_schema``: in the run that pre-copied, the rows and what follows them
-   (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other run (resumed: what the
-   target holds is not known), the target's copy dropped and the whole schema copied,
-   ``pg_dump | pg_restore`` in one transaction. Effect: the target has the schema.
+3. ``copy_schema``: in the run that pre-copied, the rows by ``COPY`` and the DDL that follows
+   them, in one transaction (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other
+   run (resumed: what the target holds is not known), the target's copy dropped and the whole
+   schema copied, ``pg_dump | pg_restore`` in one transaction. Effect: the target has the schema.
 4. ``verify_copy``: both ends' catalog inventory (every object, owner and privilege), rows per
    table and sequence values equal, or the job fails and the tenant stays frozen on the source
    (``move --abort`` drops the copy and gives the source its grants back).
@@ -113,7 +113,7 @@ def _precopy(tx: Transaction, ctx: StepContext) -> str | None:
     pre = move_precopy.precopy(source, target, schema, ctx.app_roles)
     _memo(ctx).precopied = pre
     return (
-        f"{target.server}: {pre.entries - len(pre.after_rows)} of {pre.entries} DDL entries "
+        f"{target.server}: {pre.entries - pre.after_rows} of {pre.entries} DDL entries "
         f"restored before the freeze (dump {pre.dump_ms:.0f} ms, restore {pre.restore_ms:.0f} ms)"
         + ("; an earlier run's copy dropped first" if dropped else "")
     )
@@ -148,8 +148,9 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
     if pre is not None:
         done = move_precopy.copy_rows(source, target, schema, pre)
         return (
-            f"rows copied from {source.server} to {target.server} in {done.rows_ms:.0f} ms, "
-            f"then {len(pre.after_rows)} DDL entries in {done.after_ms:.0f} ms"
+            f"rows copied from {source.server} to {target.server} in {done.rows_ms:.0f} ms "
+            f"({done.rows} rows, {done.tables} tables), then {pre.after_rows} DDL entries "
+            f"and the commit in {done.after_ms:.0f} ms"
         )
     with _session(tx, ctx, move.target) as conn:
         dropped = move_copy.schema_exists(conn, schema)

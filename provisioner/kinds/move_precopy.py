@@ -8,15 +8,18 @@ owner's migrations change it, and the verification compares every catalog object
 copy), so it is restored before the freeze:
 
 * :func:`precopy` (step ``precopy_schema``, the application still writing):
-  ``pg_dump --schema-only`` of the source, kept in memory; restored on the target in one
-  transaction, all but the entries that must follow the rows (:data:`AFTER_ROWS`: foreign
-  keys, triggers, rules, row security and its policies, ``NOT VALID`` checks, materialized
-  views' data), as a full restore orders them; then the application roles' privileges that
-  came with it taken away there (committed). The copy is routed nowhere until the switch; a
-  write that slipped onto it meanwhile would show in the verification's row counts.
-* :func:`copy_rows` (step ``copy_schema``, in the freeze): ``pg_dump --data-only |
-  pg_restore --single-transaction`` (the rows and each sequence's value), then the entries
-  kept for after the rows, restored from the dump held in memory, in one more transaction.
+  ``pg_dump --schema-only`` of the source restored on the target in one transaction, all but
+  the entries that must follow the rows (:data:`AFTER_ROWS`: foreign keys, triggers, rules,
+  row security and its policies, ``NOT VALID`` checks, materialized views' data), as a full
+  restore orders them; then the application roles' privileges that came with it taken away
+  there (committed). The entries kept for later are kept as the SQL ``pg_restore`` writes for
+  them. The copy is routed nowhere until the switch; a write that slipped onto it meanwhile
+  would show in the verification's row counts.
+* :func:`copy_rows` (step ``copy_schema``, in the freeze): in one transaction on the target,
+  each table's rows streamed by ``COPY`` from the source's (one repeatable-read transaction
+  there), each sequence's value set, then the SQL kept for after the rows. No child process
+  and no catalog scan of the whole database (``pg_dump``'s start, some 60% of a data-only
+  ``pg_dump | pg_restore`` of a 10,000-row tenant) stays in the freeze; one commit.
 
 Only the run that pre-copied may finish the copy so: a run resumed after a crash or a failed
 step does not trust a half-made target, drops it and copies the whole schema in the freeze
@@ -29,6 +32,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from psycopg import sql
+from psycopg.rows import tuple_row
 
 from provisioner.kinds import move_copy
 from provisioner.local.cluster import find_bin_dir
@@ -50,23 +56,50 @@ AFTER_ROWS = (
 )
 
 
+# The schema's tables that hold rows (partitions too, not their partitioned parents), each with
+# its columns as COPY takes them (no dropped or generated one; NULL: none), in their order.
+ROW_TABLES = """
+SELECT c.relname,
+       array_agg(a.attname::text ORDER BY a.attnum) FILTER (WHERE a.attname IS NOT NULL)
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_attribute a
+    ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ WHERE n.nspname = %(schema)s AND c.relkind = 'r'
+ GROUP BY c.relname
+ ORDER BY c.relname
+"""
+
+SEQUENCES = """
+SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND c.relkind = 'S'
+ ORDER BY c.relname
+"""
+
+#: psql's meta-commands ``pg_restore`` writes around a script (``\restrict KEY``, since the
+#: 2025 minor releases): not SQL, dropped from the SQL kept for after the rows.
+_META = ("\\restrict", "\\unrestrict")
+
+
 @dataclass(frozen=True)
 class PreCopy:
-    """The schema-only dump of the source (a custom-format archive, in memory) and the lines of
-    its table of contents restored after the rows; with the time each part took."""
+    """What the pre-copy restored (entries of the schema-only dump) and the SQL kept for after
+    the rows (``pg_restore``'s script of :data:`AFTER_ROWS`); with the time each part took."""
 
-    archive: bytes = field(repr=False)
-    after_rows: tuple[str, ...]
     entries: int
+    after_rows: int
+    after_sql: str = field(repr=False)
     dump_ms: float
     restore_ms: float
 
 
 @dataclass(frozen=True)
 class RowsCopied:
-    """The frozen part's milliseconds: the rows' ``pg_dump | pg_restore``, then the entries
-    after them (0 when there are none)."""
+    """The frozen part: tables and rows copied; the milliseconds of the rows (with the
+    sequences' values), then of the DDL after them and the commit."""
 
+    tables: int
+    rows: int
     rows_ms: float
     after_ms: float
 
@@ -87,7 +120,8 @@ def after_rows(line: str) -> bool:
 
 def precopy(source: End, target: End, schema: str, roles: AppRoles) -> PreCopy:
     """Restore the schema's DDL on the target but for :data:`AFTER_ROWS`, and take the
-    application roles' privileges away there; the dump kept for :func:`copy_rows`."""
+    application roles' privileges away there; the SQL of the rest kept for
+    :func:`copy_rows`."""
     bin_dir = find_bin_dir()
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="provisioner-move-") as folder:
@@ -103,68 +137,117 @@ def precopy(source: End, target: End, schema: str, roles: AppRoles) -> PreCopy:
             )
         )
         dumped = time.perf_counter()
-        listing = move_copy.run([str(bin_dir / "pg_restore"), "--list"], archive).decode()
+        restore = str(bin_dir / "pg_restore")
+        listing = move_copy.run([restore, "--list"], archive).decode()
         lines = [line for line in listing.splitlines() if entry_type(line)]
-        first = [line for line in lines if not after_rows(line)]
-        _restore(bin_dir, target, base, archive, first)
+        later = [line for line in lines if after_rows(line)]
+        first = base / "first.list"
+        first.write_text("\n".join(line for line in lines if not after_rows(line)) + "\n")
+        move_copy.run(
+            move_copy.command(
+                bin_dir,
+                "pg_restore",
+                move_copy.address(target, base / "target"),
+                "--single-transaction",
+                "--exit-on-error",
+                "--no-owner",
+                f"--use-list={first}",
+            ),
+            archive,
+        )
+        after_sql = ""
+        if later:
+            chosen = base / "after.list"
+            chosen.write_text("\n".join(later) + "\n")
+            script = move_copy.run(
+                [restore, "--no-owner", f"--use-list={chosen}", "--file=-"], archive
+            ).decode()
+            after_sql = "\n".join(
+                line for line in script.splitlines() if not line.startswith(_META)
+            )
     with move_copy.connect(target) as conn, conn.transaction():
         tenant_schema.revoke_app_roles(conn, schema, roles)
     return PreCopy(
-        archive,
-        tuple(line for line in lines if after_rows(line)),
         len(lines),
+        len(later),
+        after_sql,
         (dumped - began) * 1000,
         (time.perf_counter() - dumped) * 1000,
     )
 
 
 def copy_rows(source: End, target: End, schema: str, pre: PreCopy) -> RowsCopied:
-    """The rows and sequence values (one transaction), then the entries after them (one
-    more), onto the pre-copied target."""
-    bin_dir = find_bin_dir()
+    """In one transaction on the pre-copied target: every table's rows and every sequence's
+    value as one repeatable-read transaction of the source reads them, then the SQL kept for
+    after the rows."""
     began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="provisioner-move-") as folder:
-        base = Path(folder)
-        dump = move_copy.command(
-            bin_dir,
-            "pg_dump",
-            move_copy.address(source, base / "source"),
-            "--format=custom",
-            "--data-only",
-            f"--schema={move_copy.pattern(schema)}",
-        )
-        restore = move_copy.command(
-            bin_dir,
-            "pg_restore",
-            move_copy.address(target, base / "target"),
-            "--single-transaction",
-            "--exit-on-error",
-            "--no-owner",
-        )
-        codes, errors = move_copy.pipe(dump, restore)
-        for name, code, err in zip(("pg_dump", "pg_restore"), codes, errors, strict=True):
-            move_copy.check(name, code, err)
+    with (
+        move_copy.connect(source) as here,
+        move_copy.connect(target) as there,
+        here.transaction(),
+        there.transaction(),
+    ):
+        here.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        tables, rows = _copy_tables(here, there, schema)
+        _copy_sequences(here, there, schema)
         copied = time.perf_counter()
-        if pre.after_rows:
-            _restore(bin_dir, target, base, pre.archive, list(pre.after_rows))
-    ended = time.perf_counter()
-    return RowsCopied((copied - began) * 1000, (ended - copied) * 1000)
+        if pre.after_sql:
+            with there.cursor() as cur:
+                cur.execute(pre.after_sql.encode())  # no parameters: one simple query
+    return RowsCopied(tables, rows, (copied - began) * 1000, (time.perf_counter() - copied) * 1000)
 
 
-def _restore(bin_dir: Path, target: End, base: Path, archive: bytes, lines: list[str]) -> None:
-    """The archive's entries named by ``lines`` (its listing's), in one transaction."""
-    chosen = base / f"entries-{time.monotonic_ns()}.list"
-    chosen.write_text("\n".join(lines) + "\n")
-    passfile = base / f"target-{time.monotonic_ns()}"
-    move_copy.run(
-        move_copy.command(
-            bin_dir,
-            "pg_restore",
-            move_copy.address(target, passfile),
-            "--single-transaction",
-            "--exit-on-error",
-            "--no-owner",
-            f"--use-list={chosen}",
-        ),
-        archive,
-    )
+def _copy_tables(here: move_copy.Conn, there: move_copy.Conn, schema: str) -> tuple[int, int]:
+    """Each table's rows from ``here`` to ``there`` by ``COPY`` (text, as ``pg_dump``);
+    returns the tables and the rows copied."""
+    with here.cursor(row_factory=tuple_row) as cur:
+        cur.execute(ROW_TABLES, {"schema": schema})
+        tables = cur.fetchall()
+    total = 0
+    for name, columns in tables:
+        target: sql.Composable = sql.Identifier(schema, name)
+        if columns:
+            target = sql.SQL("{} ({})").format(
+                target, sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+            )
+        with (
+            here.cursor() as out_cur,
+            there.cursor() as in_cur,
+            out_cur.copy(sql.SQL("COPY {} TO STDOUT").format(target)) as out,
+            in_cur.copy(sql.SQL("COPY {} FROM STDIN").format(target)) as into,
+        ):
+            for chunk in out:
+                into.write(chunk)
+        total += max(0, in_cur.rowcount)
+    return len(tables), total
+
+
+def _copy_sequences(here: move_copy.Conn, there: move_copy.Conn, schema: str) -> None:
+    """Each sequence's ``(last_value, is_called)`` set on ``there`` as ``here`` has it."""
+    with here.cursor(row_factory=tuple_row) as cur:
+        cur.execute(SEQUENCES, {"schema": schema})
+        names = [str(row[0]) for row in cur.fetchall()]
+        if not names:
+            return
+        cur.execute(
+            sql.SQL(" UNION ALL ").join(
+                sql.SQL("SELECT {}, last_value, is_called FROM {}").format(
+                    sql.Literal(n), sql.Identifier(schema, n)
+                )
+                for n in names
+            )
+        )
+        values = cur.fetchall()
+    with there.cursor() as cur:
+        cur.execute(
+            sql.SQL("SELECT {}").format(
+                sql.SQL(", ").join(
+                    sql.SQL("pg_catalog.setval({}::regclass, {}, {})").format(
+                        sql.Literal(sql.Identifier(schema, n).as_string(there)),
+                        sql.Literal(last),
+                        sql.Literal(called),
+                    )
+                    for n, last, called in values
+                )
+            )
+        )

@@ -7,8 +7,8 @@ the cluster's password file), by :func:`provisioner.fleet.move.move` in this pro
 
 * ``move_freeze``: from the freeze step's start (the revoke) to the switch step's commit (the
   target granted, the directory switched): the time the application's writes are refused.
-  The DDL is restored before it (``precopy_schema``); in it, the rows' ``pg_dump --data-only |
-  pg_restore``, the DDL that follows the rows, the verification, the switch. Each part's median
+  The DDL is restored before it (``precopy_schema``); in it, the rows by ``COPY``, the DDL
+  that follows the rows, the verification, the switch. Each part's median
   goes to the notes, read from the steps' records;
 * ``move_copy_raw``: the same schema's ``pg_dump | pg_restore`` alone, into a third database,
   timed the same round (the baseline: the copy's floor with PostgreSQL's own tools).
@@ -43,8 +43,8 @@ PARTS = {
     "precopy restore": re.compile(r"restore (\d+) ms\)"),
     "revoke": re.compile(r"revoke (\d+) ms"),
     "wait for writes": re.compile(r"writes begun (\d+) ms"),
-    "rows pg_dump|pg_restore": re.compile(r"rows copied .* in (\d+) ms,"),
-    "DDL after the rows": re.compile(r"DDL entries in (\d+) ms"),
+    "rows by COPY": re.compile(r"rows copied .* in (\d+) ms \("),
+    "DDL after the rows and commit": re.compile(r"the commit in (\d+) ms"),
 }
 
 

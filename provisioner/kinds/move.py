@@ -26,7 +26,9 @@ the step's transaction. So the kind runs whichever server the tenant lives on
    granted and the directory on the frozen source: the resume switches it. At no point do
    both copies serve. A suspended or archived tenant is moved without grants.
 
-Each step's record says how long its parts took (the freeze's revoke and wait, the copy's
+The freeze's four steps run in one control transaction (:attr:`RunMemo.one_transaction`), each
+with its own record, committed with the switch. Each step's record says how long its parts
+took (the freeze's revoke and wait, the copy's
 rows and what follows them), for the freeze's figures (``bench/move.py``).
 
 The source's old copy stays, frozen, until ``provisioner move TENANT --finish`` drops it once
@@ -125,6 +127,10 @@ def _freeze(tx: Transaction, ctx: StepContext) -> str | None:
         done = move_copy.freeze(
             conn, ctx.tenant.schema, ctx.app_roles, lock_timeout_ms=ctx.lock_timeout_ms
         )
+    # The steps of the freeze share its control transaction: one commit (the switch's) in the
+    # freeze instead of four. A crash or a failure before it leaves them all to run again; the
+    # source stays frozen (its revoke is committed there), and a re-run's copy is whole.
+    ctx.memo.one_transaction = True
     return (
         f"{move.source or CONTROL}: writes frozen ({done.tables} tables; revoke "
         f"{done.revoke_ms:.0f} ms, wait for writes begun {done.wait_ms:.0f} ms)"

@@ -76,6 +76,14 @@ SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  ORDER BY c.relname
 """
 
+# Both ends read and write COPY's text as pg_dump does: whatever each server's defaults, a date
+# or an interval reads back as it was written, a float exactly; and rows the owner would not
+# see under forced row security make the copy fail rather than go missing.
+TEXT_SETTINGS = """
+SELECT set_config('datestyle', 'ISO', true), set_config('intervalstyle', 'postgres', true),
+       set_config('extra_float_digits', '3', true), set_config('row_security', 'off', true)
+"""
+
 #: psql's meta-commands ``pg_restore`` writes around a script (``\restrict KEY``, since the
 #: 2025 minor releases): not SQL, dropped from the SQL kept for after the rows.
 _META = ("\\restrict", "\\unrestrict")
@@ -188,6 +196,8 @@ def copy_rows(source: End, target: End, schema: str, pre: PreCopy) -> RowsCopied
         there.transaction(),
     ):
         here.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        for conn in (here, there):
+            conn.execute(TEXT_SETTINGS)
         tables, rows = _copy_tables(here, there, schema)
         _copy_sequences(here, there, schema)
         copied = time.perf_counter()

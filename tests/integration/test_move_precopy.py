@@ -1,7 +1,9 @@
 """A move's DDL restored before the freeze, its rows in it (issue 29's 2-s goal): what a full
-restore creates after the rows (a trigger that rewrites rows, foreign keys in a cycle) is
-created after them here too, so the trigger does not fire on the copied rows and the cycle
-does not stop the copy. Two real clusters (:mod:`tests.move_server`)."""
+restore creates after the rows (a trigger that rewrites rows, foreign keys in a cycle, row
+security) is created after them here too, so the trigger does not fire on the copied rows and
+the cycle does not stop the copy; the rows read back as written (a dropped and a generated
+column, dates, intervals, floats). Two real clusters
+(:mod:`tests.move_server`)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,19 @@ CREATE FUNCTION tenant_shaped.stamp() RETURNS trigger LANGUAGE plpgsql
     AS $$ BEGIN NEW.action := 'rewritten'; RETURN NEW; END $$;
 CREATE TRIGGER stamp BEFORE INSERT ON tenant_shaped.audit_events
     FOR EACH ROW EXECUTE FUNCTION tenant_shaped.stamp();
+ALTER TABLE tenant_shaped.b ENABLE ROW LEVEL SECURITY;
+CREATE POLICY seen ON tenant_shaped.b USING (a_id > 0);
+CREATE TABLE tenant_shaped.c (
+    id int PRIMARY KEY, gone int, d date, i interval, f float8,
+    g int GENERATED ALWAYS AS (id * 2) STORED
+);
+ALTER TABLE tenant_shaped.c DROP COLUMN gone;
+INSERT INTO tenant_shaped.c (id, d, i, f)
+SELECT g, date '2020-01-01' + g, g * interval '1 hour 1.5 seconds', 1.0 / 3 * g
+  FROM generate_series(1, 40) g;
 """
+
+C_ROWS = "SELECT c::text FROM tenant_shaped.c c ORDER BY id"
 
 
 def test_what_follows_the_rows_is_created_after_them(
@@ -38,6 +52,7 @@ def test_what_follows_the_rows_is_created_after_them(
         conn.execute(SHAPED)
         servers.add(conn, "east", tenant_server.reference)
         before = catalog.read(conn, "tenant_shaped")
+        c_rows = conn.execute(C_ROWS).fetchall()
     out = run_cli(settings, "move", "shaped", "--to", "east", "--json", env=tenant_server.env)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout)
@@ -54,6 +69,8 @@ def test_what_follows_the_rows_is_created_after_them(
         ).fetchone()
     assert actions == (200, 200)  # the trigger did not fire on the copied rows
     assert cycle == (50,)
+    with tenant_server.owner() as conn:
+        assert conn.execute(C_ROWS).fetchall() == c_rows
     with psycopg.connect(tenant_server.app_url, autocommit=True) as app:
         app.execute("INSERT INTO tenant_shaped.audit_events (action) VALUES ('new')")
         # ...and fires on the application's writes there

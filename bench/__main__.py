@@ -46,9 +46,10 @@ SCENARIOS = (
     "claim",
     "fixture",
     "fleet",
+    "move",
 )
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
-OPT_IN = ("fleet-scale", "bulk", "placement", "move", "failover", "server-jobs")
+OPT_IN = ("fleet-scale", "bulk", "placement", "failover", "server-jobs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,7 +240,7 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
         out.append(
             Goal(
                 "a 10,000-row tenant's move freezes writes <= 2 s",
-                "<= 2000 ms median (pg_dump | pg_restore)",
+                "<= 2000 ms median (DDL before the freeze, rows by pg_dump | pg_restore)",
                 f"median {median:.0f} ms",
                 median <= 2000.0,
                 "" if median <= 2000.0 else f"gap: {median - 2000:.0f} ms",

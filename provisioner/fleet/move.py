@@ -2,13 +2,14 @@
 abort it (the ``move_tenant`` kind's steps: :mod:`provisioner.kinds.move`).
 
 * :func:`move` checks everything it can before anything changes (the tenant, its state, the
-  target: known, active, with room, not the tenant's own server, reachable as the owner and
-  without the tenant's schema), then records the move (``control.tenant_moves``) and queues its
-  job in one control transaction, and runs it here (or leaves it to a worker). Asked again for
-  the same target while the move is under way, it resumes the job, taking over from a holder
-  that died, or queueing a failed one again; once switched, it reports the move done. While a
-  live process runs it, it is refused. A move elsewhere, or a new move before the last one is
-  finished, is refused.
+  target: known, active, not the tenant's own server, reachable as the owner and without the
+  tenant's schema), then records the move (``control.tenant_moves``) and queues its job in one
+  control transaction, which takes the target's room under its row lock (the moves under way
+  to it count: two moves at once into its last place do not both start), and runs it here (or
+  leaves it to a worker). Asked again for the same target while the move is under way, it
+  resumes the job, taking over from a holder that died, or queueing a failed one again; once
+  switched, it reports the move done. While a live process runs it, it is refused. A move
+  elsewhere, or a new move before the last one is finished, is refused.
 * :func:`finish` drops the old copy on the source once the grace period since the switch has
   passed: until then a route cached before the switch fails loudly (the old copy has no
   grants) and the old copy is still there to look at.
@@ -98,6 +99,8 @@ def move(
         with db.translated():
             _check_target(conn, tenant, source, target, settings.owner_url)
             with conn.transaction():
+                if target is not None:  # checked again under the target's row lock
+                    moves.take_room(conn, target)
                 started = moves.start(conn, tenant, source, target)
                 kind = kinds.for_settings(settings)[MOVE_JOB_TYPE]
                 key = kind.idempotency_key(tenant) if kind.idempotency_key else None
@@ -129,8 +132,9 @@ def _movable(conn: Conn, tenant: TenantId) -> str | None:
 def _check_target(
     conn: Conn, tenant: TenantId, source: str | None, target: str | None, owner_url: str
 ) -> None:
-    """InvalidInput unless ``target`` can take the tenant now: not its own server, active
-    with room, reachable as the owner, without the tenant's schema."""
+    """InvalidInput unless ``target`` can take the tenant now: not its own server, active,
+    reachable as the owner, without the tenant's schema. Its room is taken in the transaction
+    that records the move (:func:`provisioner.servers.moves.take_room`)."""
     if source == target:
         raise InvalidInput(f"tenant {tenant} already lives on {target or CONTROL}")
     if target is not None:
@@ -140,8 +144,6 @@ def _check_target(
                 f"tenant server {target} is {server.status}: it takes no tenants (`provisioner "
                 f"servers activate {target}` first)"
             )
-        if server.capacity is not None and server.placed >= server.capacity:
-            raise InvalidInput(f"tenant server {target} is at its capacity ({server.capacity})")
     end = moves.end(conn, target, owner_url)
     with move_copy.connect(end) as there:
         if move_copy.schema_exists(there, tenant.schema):

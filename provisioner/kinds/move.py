@@ -1,26 +1,35 @@
 """The ``move_tenant`` kind: a tenant's schema moved to another server (issue 29).
 
-Its four steps run in the engine like every kind's, each recorded in the engine's control
+Its five steps run in the engine like every kind's, each recorded in the engine's control
 transaction (which holds the tenant's lock), but their work happens on the move's two ends,
 through owner sessions of their own (:mod:`provisioner.kinds.move_copy`); the move's source
 and target are its ``control.tenant_moves`` row (:mod:`provisioner.servers.moves`), read in
 the step's transaction. So the kind runs whichever server the tenant lives on
 (:attr:`JobKind.any_server`). Each step is safe to run again after a SIGKILL anywhere:
 
-1. ``freeze_writes``: the application roles lose every privilege on the source's schema
+1. ``precopy_schema``: the schema's DDL restored on the target while the application still
+   writes, less what follows the rows (:mod:`provisioner.kinds.move_precopy`); a copy found
+   there is the move's own (``move`` refused a target that had the schema) and is dropped
+   first. Effect: the target has the schema.
+2. ``freeze_writes``: the application roles lose every privilege on the source's schema
    (committed there), then the writes begun before are waited for. Effect: the source frozen.
-2. ``copy_schema``: ``pg_dump | pg_restore`` in one transaction on the target. A copy already
-   there is the move's own (``move`` refused a target that had the schema, and nothing else
-   creates it): a restore committed just before its step was recorded. Effect: the target
-   has the schema.
-3. ``verify_copy``: both ends' catalog inventory (every object, owner and privilege), rows per
+3. ``copy_schema``: in the run that pre-copied, the rows by ``COPY`` and the DDL that follows
+   them, in one transaction (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other
+   run (resumed: what the target holds is not known), the target's copy dropped and the whole
+   schema copied, ``pg_dump | pg_restore`` in one transaction. Effect: the target has the schema.
+4. ``verify_copy``: both ends' catalog inventory (every object, owner and privilege), rows per
    table and sequence values equal, or the job fails and the tenant stays frozen on the source
    (``move --abort`` drops the copy and gives the source its grants back).
-4. ``switch_server``: the application roles granted on the target (committed there, the
+5. ``switch_server``: the application roles granted on the target (committed there, the
    grants checked), then the directory's switch (the tenant's server, the move's phase, the
    servers' counts) commits with the step's record. A crash between the two leaves the target
    granted and the directory on the frozen source: the resume switches it. At no point do
    both copies serve. A suspended or archived tenant is moved without grants.
+
+The freeze's four steps run in one control transaction (:attr:`RunMemo.one_transaction`), each
+with its own record, committed with the switch. Each step's record says how long its parts
+took (the freeze's revoke and wait, the copy's
+rows and what follows them), for the freeze's figures (``bench/move.py``).
 
 The source's old copy stays, frozen, until ``provisioner move TENANT --finish`` drops it once
 the grace period has passed (:mod:`provisioner.fleet.move`).
@@ -28,24 +37,39 @@ the grace period has passed (:mod:`provisioner.fleet.move`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from provisioner.db import Transaction
 from provisioner.errors import PermanentError
-from provisioner.kinds import move_copy
+from provisioner.kinds import move_copy, move_precopy
 from provisioner.kinds.registry import JobKind, keyed_by_tenant
-from provisioner.kinds.step import Step, StepContext
+from provisioner.kinds.step import RunMemo, Step, StepContext
 from provisioner.servers import moves
 from provisioner.servers.directory import CONTROL
 from provisioner.tenant import schema as tenant_schema
 from provisioner.tenant.state import INACTIVE, TenantState
 
 MOVE_JOB_TYPE = "move_tenant"
+
+
+@dataclass
+class MoveMemo(RunMemo):
+    """A move's run: the pre-copy it made (None: not this run, whose copy is then whole)."""
+
+    precopied: move_precopy.PreCopy | None = None
+
+
+def _memo(ctx: StepContext) -> MoveMemo:
+    memo = ctx.memo
+    assert isinstance(memo, MoveMemo), "the move kind's runs get a MoveMemo"
+    return memo
 
 
 def _move(tx: Transaction, ctx: StepContext) -> moves.Move:
@@ -79,13 +103,38 @@ def _past(phase: moves.MovePhase) -> bool:
     return phase in (moves.MovePhase.SWITCHED, moves.MovePhase.FINISHED)
 
 
+def _precopy(tx: Transaction, ctx: StepContext) -> str | None:
+    move = _moving(tx, ctx)
+    schema = ctx.tenant.schema
+    with _session(tx, ctx, move.target) as conn:
+        dropped = move_copy.schema_exists(conn, schema)
+        if dropped:  # the move's own, from a run that died: its state is not known
+            move_copy.drop(conn, schema, lock_timeout_ms=ctx.lock_timeout_ms)
+    source = moves.end(tx.pg, move.source, ctx.owner_url)
+    target = moves.end(tx.pg, move.target, ctx.owner_url)
+    pre = move_precopy.precopy(source, target, schema, ctx.app_roles)
+    _memo(ctx).precopied = pre
+    return (
+        f"{target.server}: {pre.entries - pre.after_rows} of {pre.entries} DDL entries "
+        f"restored before the freeze (dump {pre.dump_ms:.0f} ms, restore {pre.restore_ms:.0f} ms)"
+        + ("; an earlier run's copy dropped first" if dropped else "")
+    )
+
+
 def _freeze(tx: Transaction, ctx: StepContext) -> str | None:
     move = _moving(tx, ctx)
     with _session(tx, ctx, move.source) as conn:
-        tables = move_copy.freeze(
+        done = move_copy.freeze(
             conn, ctx.tenant.schema, ctx.app_roles, lock_timeout_ms=ctx.lock_timeout_ms
         )
-    return f"{move.source or CONTROL}: writes frozen ({tables} tables)"
+    # The steps of the freeze share its control transaction: one commit (the switch's) in the
+    # freeze instead of four. A crash or a failure before it leaves them all to run again; the
+    # source stays frozen (its revoke is committed there), and a re-run's copy is whole.
+    ctx.memo.one_transaction = True
+    return (
+        f"{move.source or CONTROL}: writes frozen ({done.tables} tables; revoke "
+        f"{done.revoke_ms:.0f} ms, wait for writes begun {done.wait_ms:.0f} ms)"
+    )
 
 
 def _frozen(tx: Transaction, ctx: StepContext) -> bool:
@@ -99,13 +148,27 @@ def _frozen(tx: Transaction, ctx: StepContext) -> bool:
 def _copy(tx: Transaction, ctx: StepContext) -> str | None:
     move = _moving(tx, ctx)
     schema = ctx.tenant.schema
-    with _session(tx, ctx, move.target) as conn:
-        if move_copy.schema_exists(conn, schema):
-            return f"{move.target or CONTROL}: the copy was already there"
     source = moves.end(tx.pg, move.source, ctx.owner_url)
     target = moves.end(tx.pg, move.target, ctx.owner_url)
+    pre = _memo(ctx).precopied
+    if pre is not None:
+        done = move_precopy.copy_rows(source, target, schema, pre)
+        return (
+            f"rows copied from {source.server} to {target.server} in {done.rows_ms:.0f} ms "
+            f"({done.rows} rows, {done.tables} tables), then {pre.after_rows} DDL entries "
+            f"and the commit in {done.after_ms:.0f} ms"
+        )
+    with _session(tx, ctx, move.target) as conn:
+        dropped = move_copy.schema_exists(conn, schema)
+        if dropped:  # a resumed run: what an earlier one left there is not trusted
+            move_copy.drop(conn, schema, lock_timeout_ms=ctx.lock_timeout_ms)
+    began = time.perf_counter()
     move_copy.copy_schema(source, target, schema)
-    return f"copied from {source.server} to {target.server}"
+    return (
+        f"copied whole from {source.server} to {target.server} in "
+        f"{(time.perf_counter() - began) * 1000:.0f} ms (a resumed run)"
+        + ("; an earlier run's copy dropped first" if dropped else "")
+    )
 
 
 def _copied(tx: Transaction, ctx: StepContext) -> bool:
@@ -172,6 +235,7 @@ def _switched(tx: Transaction, ctx: StepContext) -> bool:
 
 
 MOVE_STEPS: tuple[Step, ...] = (
+    Step("precopy_schema", _precopy, _copied),
     Step("freeze_writes", _freeze, _frozen),
     Step("copy_schema", _copy, _copied),
     Step("verify_copy", _verify, _copied),
@@ -184,8 +248,9 @@ JOB_KINDS: tuple[JobKind, ...] = (
         f"{__name__}:MOVE_STEPS",
         idempotency_key=keyed_by_tenant(MOVE_JOB_TYPE),
         command="move",
-        description="freeze, copy, verify and switch a tenant to another server",
+        description="pre-copy, freeze, copy, verify and switch a tenant to another server",
         refused_states=(TenantState.PENDING, TenantState.PROVISIONING, TenantState.DELETED),
         any_server=True,
+        memo=MoveMemo,
     ),
 )

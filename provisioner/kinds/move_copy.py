@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,22 @@ class Snapshot:
     sequences: dict[str, tuple[int, bool]]
 
 
-def freeze(conn: Conn, schema: str, roles: AppRoles, *, lock_timeout_ms: int) -> int:
+@dataclass(frozen=True)
+class Frozen:
+    """What the freeze did: the tables waited on, the revoke's and the wait's milliseconds."""
+
+    tables: int
+    revoke_ms: float
+    wait_ms: float
+
+
+def freeze(conn: Conn, schema: str, roles: AppRoles, *, lock_timeout_ms: int) -> Frozen:
     """Revoke the application roles' privileges on the schema (committed), then wait for the
-    writes begun before it; returns the number of tables waited on. ``conn`` is an owner
-    session on the source, autocommit off."""
+    writes begun before it. ``conn`` is an owner session on the source, autocommit off."""
+    began = time.perf_counter()
     with conn.transaction():
         tenant_schema.revoke_app_roles(conn, schema, roles)
+    revoked = time.perf_counter()
     tables, _ = _relations(conn, schema)
     if tables:
         names = sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables)
@@ -85,7 +96,7 @@ def freeze(conn: Conn, schema: str, roles: AppRoles, *, lock_timeout_ms: int) ->
                     "SELECT set_config('lock_timeout', {}, true); LOCK TABLE {} IN SHARE MODE"
                 ).format(timeout, names)
             )
-    return len(tables)
+    return Frozen(len(tables), (revoked - began) * 1000, (time.perf_counter() - revoked) * 1000)
 
 
 def frozen(conn: Conn, schema: str, roles: AppRoles) -> bool:
@@ -98,30 +109,35 @@ def copy_schema(source: End, target: End, schema: str) -> None:
     :class:`PermanentError` with the children's redacted message when either fails."""
     bin_dir = find_bin_dir()
     with tempfile.TemporaryDirectory(prefix="provisioner-move-") as folder:
-        dump = _command(
+        dump = command(
             bin_dir,
             "pg_dump",
-            _address(source, Path(folder) / "source"),
+            address(source, Path(folder) / "source"),
             "--format=custom",
-            f"--schema={_pattern(schema)}",
+            f"--schema={pattern(schema)}",
         )
-        restore = _command(
+        restore = command(
             bin_dir,
             "pg_restore",
-            _address(target, Path(folder) / "target"),
+            address(target, Path(folder) / "target"),
             "--single-transaction",
             "--exit-on-error",
             "--no-owner",
         )
-        codes, errors = _pipe(dump, restore)
+        codes, errors = pipe(dump, restore)
     for name, code, err in zip(("pg_dump", "pg_restore"), codes, errors, strict=True):
-        if code != 0:
-            lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
-            message = redact(" ".join(lines[:3]))[:500] or f"exit status {code}"
-            raise PermanentError(f"{name} failed: {message}")
+        check(name, code, err)
 
 
-def _pipe(dump: list[str], restore: list[str]) -> tuple[tuple[int, int], tuple[bytes, bytes]]:
+def check(name: str, code: int, err: bytes) -> None:
+    """:class:`PermanentError` with the child's redacted message unless it exited 0."""
+    if code != 0:
+        lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
+        message = redact(" ".join(lines[:3]))[:500] or f"exit status {code}"
+        raise PermanentError(f"{name} failed: {message}")
+
+
+def pipe(dump: list[str], restore: list[str]) -> tuple[tuple[int, int], tuple[bytes, bytes]]:
     """Run ``dump | restore``; their exit codes and what each wrote on stderr."""
     with subprocess.Popen(
         dump,
@@ -144,7 +160,17 @@ def _pipe(dump: list[str], restore: list[str]) -> tuple[tuple[int, int], tuple[b
     return (dumper.returncode, restorer.returncode), (dump_err, restore_err)
 
 
-def _address(end: End, passfile: Path) -> str:
+def run(args: list[str], given: bytes = b"") -> bytes:
+    """Run one child (dying with this process), ``given`` on its standard input; what it wrote
+    on its standard output, or :class:`PermanentError` (:func:`check`)."""
+    done = subprocess.run(
+        args, input=given, capture_output=True, preexec_fn=_die_with_parent, check=False
+    )
+    check(Path(args[0]).name, done.returncode, done.stderr)
+    return done.stdout
+
+
+def address(end: End, passfile: Path) -> str:
     """The end's address for a child: with its password (the owner URL's) in a password file
     of its own, mode 0600, named by the address (never the password itself); libpq's own
     sources otherwise."""
@@ -226,14 +252,14 @@ def _relations(conn: Conn, schema: str) -> tuple[list[str], list[str]]:
     return [n for n, kind in rows if kind in ("r", "p")], [n for n, kind in rows if kind == "S"]
 
 
-def _pattern(schema: str) -> str:
+def pattern(schema: str) -> str:
     """The schema as a ``pg_dump`` pattern that matches its name alone (double-quoted: no
     wildcard, no case folding)."""
     return '"' + schema.replace('"', '""') + '"'
 
 
-def _command(bin_dir: Path, program: str, address: str, *flags: str) -> list[str]:
-    """The child's arguments: the address holds no password (:func:`_address`)."""
+def command(bin_dir: Path, program: str, address: str, *flags: str) -> list[str]:
+    """The child's arguments: the address holds no password (:func:`address`)."""
     return [str(bin_dir / program), f"--dbname={address}", "--no-password", *flags]
 
 

@@ -66,6 +66,20 @@ ON CONFLICT (tenant_id) DO UPDATE
 RETURNING *
 """
 
+# The target's row, locked until the caller's transaction ends: a move takes its room there
+# (placed + moves under way < capacity) under the same row lock as the placement of a new
+# tenant (control.place_tenant), so two moves at once into the last free place queue on the
+# row. The moves under way are counted by a statement of their own, once the lock is held: its
+# snapshot, taken then, sees the move that held the lock before (read committed; a subquery of
+# the locking statement would read the snapshot taken before the wait, and miss it).
+LOCK_ROOM = """
+SELECT status, capacity, placed FROM control.tenant_servers WHERE name = %(name)s FOR UPDATE
+"""
+
+COMING = """
+SELECT count(*) AS coming FROM control.tenant_moves WHERE target = %(name)s AND phase = 'moving'
+"""
+
 # The move's job, once queued (in the same transaction as START).
 SET_JOB = "UPDATE control.tenant_moves SET job_id = %(job_id)s WHERE tenant_id = %(tenant_id)s"
 
@@ -175,6 +189,33 @@ def start(conn: Conn, tenant: TenantId, source: str | None, target: str | None) 
     found = get_move(conn, tenant)
     assert found is not None, "the insert conflicted with a row"
     raise InvalidInput(refusal(found))
+
+
+def take_room(conn: Conn, target: str) -> None:
+    """In the caller's transaction (the one that records the move): lock the target's row and
+    refuse (InvalidInput) unless it is active with room for one more tenant, counting the
+    moves under way to it. UnknownServer when there is no such server."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(LOCK_ROOM, {"name": target})
+        row = cur.fetchone()
+        if row is None:
+            get(conn, target)  # raises UnknownServer
+            raise AssertionError("a server without a row")
+        cur.execute(COMING, {"name": target})
+        counted = cur.fetchone()
+    assert counted is not None
+    row["coming"] = counted["coming"]
+    if row["status"] != "active":
+        raise InvalidInput(
+            f"tenant server {target} is {row['status']}: it takes no tenants (`provisioner "
+            f"servers activate {target}` first)"
+        )
+    capacity, taken = row["capacity"], row["placed"] + row["coming"]
+    if capacity is not None and taken >= capacity:
+        coming = f", {row['coming']} of them moving there" if row["coming"] else ""
+        raise InvalidInput(
+            f"tenant server {target} is at its capacity ({capacity}: {taken} tenants{coming})"
+        )
 
 
 def refusal(move: Move) -> str:

@@ -107,6 +107,7 @@ def test_a_tenant_moves_under_live_writes_and_loses_nothing(
     result = json.loads(out.stdout)
     assert (result["from"], result["to"], result["phase"]) == ("control", "east", "switched")
     assert result["job"]["steps_completed"] == [
+        "precopy_schema",
         "freeze_writes",
         "copy_schema",
         "verify_copy",

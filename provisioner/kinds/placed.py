@@ -1,18 +1,21 @@
 """A kind's steps for a tenant placed on a tenant server (:class:`PlacedStep`), and the
-provisioning kind's (:data:`PROVISION_PLACED`).
+provisioning kind's (:data:`PROVISION_PLACED`: a fleet upgrade's job is one of its runs; the
+lifecycle kinds' are in :mod:`provisioner.kinds.placed_lifecycle`).
 
 On a tenant server a step has two sides: its work on the tenant's server (``server``: DDL in
 the tenant's schema, in the server's transaction with the journal row and the fence), and its
 part of the control database's bookkeeping (``control``: the tenant's state, run in the
 transaction of the job's checkpoint). The control side must be safe to run again: a resume
 that adopts a step the server's journal shows done runs it with the checkpoint it missed.
-Each side has its catalog check. A kind without placed steps keeps refusing a tenant that lives
-on a tenant server (:class:`provisioner.errors.TenantElsewhere`).
+Each side has its catalog check. A kind without placed steps (the product's kinds, repair)
+keeps refusing a tenant that lives on a tenant server
+(:class:`provisioner.errors.TenantElsewhere`).
 
 What differs from the steps on the control database: no warm pool (its spares are control's),
 the seeds' record on the server (:data:`provisioner.servers.journal.SEEDS_TABLE`), and the
-template's verified replay read from control's stored reference (Alembic when there is none
-or it does not verify on that server).
+verified replays (the template's for a new schema, the new revisions' for one behind the
+head) proven against control's stored references (Alembic when there is none or it does not
+verify on that server).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from provisioner.kinds.step import StepContext
 from provisioner.servers.journal import SEEDS_TABLE
 from provisioner.templates import migrations, seeds
 from provisioner.templates.reference import Reference
-from provisioner.templates.replay import replay
+from provisioner.templates.replay import connection_key, replay
+from provisioner.templates.upgrade import ReferenceSource
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 
@@ -77,17 +81,23 @@ def _mark_provisioning(conn: psycopg.Connection[Any], ctx: StepContext) -> str |
 
 
 def _migrate(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
-    """The schema to head: the template's verified replay for a new schema (control's stored
-    reference, computed there once if missing, proven again here by the fingerprint), else
-    Alembic."""
+    """The schema to head. One behind it (a fleet upgrade's job): the verified replay of the
+    new revisions (:meth:`UpgradeCache.upgrade_placed`, control's stored reference), else
+    Alembic. A new schema: the template's verified replay (control's stored reference, computed
+    there once if missing, proven again here by the fingerprint), else Alembic."""
     schema = ctx.tenant.schema
+    source = ReferenceSource(connection_key(control.conn), control.transaction)
+    upgraded = ctx.upgrades.upgrade_placed(
+        tx,
+        schema,
+        lock_timeout_ms=ctx.lock_timeout_ms,
+        app_roles=ctx.app_roles,
+        holder=ctx.templates.holder,
+        source=source,
+    )
+    if upgraded is not None:
+        return upgraded
     tree = migrations.tenant_tree_state()
-    versions = migrations.tenant_versions(tx.pg, schema)
-    if versions == tree.heads:
-        return "current"
-    if versions:
-        migrations.upgrade_tenant(tx.sa, schema, start=versions)
-        return f"alembic: upgraded from {migrations.head_label(versions)}"
     if tenant_schema.object_count(tx.pg, schema) != 0:
         migrations.upgrade_tenant(tx.sa, schema)
         return "alembic: the schema holds objects"
@@ -121,6 +131,14 @@ def _grant(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | N
     return None
 
 
+#: The grant step (provisioning's, and restore's: :mod:`provisioner.kinds.placed_lifecycle`).
+GRANT_PLACED = PlacedStep(
+    "grant_app_rw",
+    _grant,
+    lambda conn, ctx: not tenant_schema.missing_app_grants(conn, ctx.tenant.schema, ctx.app_roles),
+)
+
+
 def _declared(ctx: StepContext) -> tuple[seeds.Seed, ...]:
     return seeds.declared(ctx.seeds, migrations.tenant_tree())
 
@@ -152,13 +170,7 @@ PROVISION_PLACED: tuple[PlacedStep, ...] = (
         _migrate,
         lambda conn, ctx: migrations.tenant_at_head(conn, ctx.tenant.schema),
     ),
-    PlacedStep(
-        "grant_app_rw",
-        _grant,
-        lambda conn, ctx: (
-            not tenant_schema.missing_app_grants(conn, ctx.tenant.schema, ctx.app_roles)
-        ),
-    ),
+    GRANT_PLACED,
     PlacedStep(
         "seed_role_profiles",
         _seed,

@@ -190,7 +190,7 @@ def lifecycle_journal(
     it (restore's grant_app_rw shares its name with provisioning's: read by the job's id)."""
     with database.owner() as conn:
         row = conn.execute(
-            "SELECT job_id FROM control.platform_jobs WHERE tenant_id = %s AND job_type = %s",
+            "SELECT id FROM control.platform_jobs WHERE tenant_id = %s AND job_type = %s",
             (tenant, job_type),
         ).fetchone()
     assert row is not None

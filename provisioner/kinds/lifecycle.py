@@ -17,6 +17,10 @@ succeeded and the tenant is counted ``skipped``, never ``failed``
 * ``deprovision_tenant``: revoke_app_rw, mark_archived (data kept, restorable).
 * ``purge_tenant``: revoke_app_rw, drop_schema (``DROP SCHEMA ... CASCADE``), mark_deleted. The
   control rows and every job's history stay as the audit record.
+
+For a tenant on a tenant server, each kind runs the same steps split in two
+(:mod:`provisioner.kinds.placed_lifecycle`): the schema's side on its server, the state change
+(:class:`Mark`) on control.
 """
 
 from __future__ import annotations
@@ -117,7 +121,9 @@ class Mark:
 
 def _mark(name: str, mark: Mark) -> Step:
     """The control database's step of ``mark``."""
-    return Step(name, lambda tx, ctx: mark.run(tx.pg, ctx), lambda tx, ctx: mark.present(tx.pg, ctx))
+    return Step(
+        name, lambda tx, ctx: mark.run(tx.pg, ctx), lambda tx, ctx: mark.present(tx.pg, ctx)
+    )
 
 
 #: Each lifecycle kind's state change (its last step), by the step's name.

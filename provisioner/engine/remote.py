@@ -97,11 +97,12 @@ def missing_placed(engine: Engine, kind: JobKind, ctx: StepContext) -> list[str]
         return None
     with db.translated():
         pool = engine.servers.database(control, found.server)
+    access = ControlAccess(control, engine.sessions.transaction)
     with pool.transaction() as stx:
         gone = [
             s.name
             for s in placed
-            if s.server_effect is not None and not s.server_effect(stx.pg, ctx)
+            if s.server_effect is not None and not s.server_effect(stx, ctx, access)
         ]
     with engine.sessions.transaction() as tx:
         gone += [
@@ -125,12 +126,13 @@ def _adopt(
     ctx, kind, tenant = run.context, run.kind, run.context.tenant
     recorded = set(job.steps_completed)
     scope = kind.scope(job)
+    access = ControlAccess(engine.control, engine.sessions.transaction)
     with pool.transaction() as stx:
         journal.raise_fence(stx.pg, tenant, job.id, token)
         shown = journal.steps_done(stx.pg, tenant, job.id)
         looked = (shown - recorded) | (recorded if scope is Scope.ALL else set())
         on_server = {
-            s.name: s.server_effect is None or s.server_effect(stx.pg, ctx)
+            s.name: s.server_effect is None or s.server_effect(stx, ctx, access)
             for s in placed
             if s.name in looked and s.server is not None
         }

@@ -7,7 +7,7 @@ the tenant's schema, in the server's transaction with the journal row and the fe
 part of the control database's bookkeeping (``control``: the tenant's state, run in the
 transaction of the job's checkpoint). The control side must be safe to run again: a resume
 that adopts a step the server's journal shows done runs it with the checkpoint it missed.
-Each side has its catalog check. A kind without placed steps (the product's kinds, repair)
+Each side has its catalog check. A kind without placed steps (one from PROVISIONER_JOB_KIND_MODULES that has none)
 keeps refusing a tenant that lives on a tenant server
 (:class:`provisioner.errors.TenantElsewhere`).
 
@@ -52,6 +52,8 @@ class ControlAccess:
 #: A side's work: (its transaction, the step's context, control) -> detail.
 ServerWork = Callable[[Transaction, StepContext, ControlAccess], str | None]
 ControlWork = Callable[[psycopg.Connection[Any], StepContext], str | None]
+#: Is a server side's effect there: (a transaction on the server, the context, control) -> bool.
+ServerCheck = Callable[[Transaction, StepContext, ControlAccess], bool]
 Check = Callable[[psycopg.Connection[Any], StepContext], bool]
 
 
@@ -62,8 +64,8 @@ class PlacedStep:
     name: str
     #: the work on the tenant's server (None: nothing there)
     server: ServerWork | None = None
-    #: is the server side's effect there (on the server's session)
-    server_effect: Check | None = None
+    #: is the server side's effect there (in a transaction on the server)
+    server_effect: ServerCheck | None = None
     #: the control side, in the checkpoint's transaction; safe to run again
     control: ControlWork | None = None
     #: is the control side's effect there (on the control session)
@@ -135,7 +137,9 @@ def _grant(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | N
 GRANT_PLACED = PlacedStep(
     "grant_app_rw",
     _grant,
-    lambda conn, ctx: not tenant_schema.missing_app_grants(conn, ctx.tenant.schema, ctx.app_roles),
+    lambda tx, ctx, control: (
+        not tenant_schema.missing_app_grants(tx.pg, ctx.tenant.schema, ctx.app_roles)
+    ),
 )
 
 
@@ -162,19 +166,19 @@ PROVISION_PLACED: tuple[PlacedStep, ...] = (
     PlacedStep(
         "create_schema",
         _create_schema,
-        lambda conn, ctx: tenant_schema.schema_ready(conn, ctx.tenant.schema),
+        lambda tx, ctx, control: tenant_schema.schema_ready(tx.pg, ctx.tenant.schema),
         _mark_provisioning,
     ),
     PlacedStep(
         "run_tenant_migrations",
         _migrate,
-        lambda conn, ctx: migrations.tenant_at_head(conn, ctx.tenant.schema),
+        lambda tx, ctx, control: migrations.tenant_at_head(tx.pg, ctx.tenant.schema),
     ),
     GRANT_PLACED,
     PlacedStep(
         "seed_role_profiles",
         _seed,
-        lambda conn, ctx: seeds.seeded(conn, ctx.tenant, _declared(ctx), SEEDS_TABLE),
+        lambda tx, ctx, control: seeds.seeded(tx.pg, ctx.tenant, _declared(ctx), SEEDS_TABLE),
     ),
     PlacedStep("verify_object_storage", control=_check_storage),
     PlacedStep(

@@ -11,10 +11,6 @@ schema there, and each side's catalog check reads the server's catalog.
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
 from provisioner.db import Transaction
 from provisioner.kinds.lifecycle import MARKS
 from provisioner.kinds.placed import GRANT_PLACED, ControlAccess, PlacedStep
@@ -27,8 +23,8 @@ def _revoke(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | 
     return None
 
 
-def _revoked(conn: psycopg.Connection[Any], ctx: StepContext) -> bool:
-    return tenant_schema.app_roles_cut_off(conn, ctx.tenant.schema, ctx.app_roles)
+def _revoked(tx: Transaction, ctx: StepContext, control: ControlAccess) -> bool:
+    return tenant_schema.app_roles_cut_off(tx.pg, ctx.tenant.schema, ctx.app_roles)
 
 
 def _drop(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
@@ -38,8 +34,8 @@ def _drop(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | No
     return None
 
 
-def _dropped(conn: psycopg.Connection[Any], ctx: StepContext) -> bool:
-    return tenant_schema.object_count(conn, ctx.tenant.schema) is None
+def _dropped(tx: Transaction, ctx: StepContext, control: ControlAccess) -> bool:
+    return tenant_schema.object_count(tx.pg, ctx.tenant.schema) is None
 
 
 def _mark(name: str) -> PlacedStep:

@@ -243,3 +243,32 @@ def test_a_lifecycle_kind_killed_between_its_two_commits_resumes_to_the_same_end
     assert (state[0] if state else None, app_sees(jobs_server, "victim")) == LIFECYCLE_SEAMS[
         (job_type, step)
     ]
+
+
+REPAIR_CHILD = Path(__file__).with_name("repair_child.py")
+
+
+def test_a_repair_killed_between_its_two_commits_is_adopted_by_a_worker(
+    placed: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    service.provision(placed, "victim")
+    with jobs_server.owner() as conn:
+        conn.execute("REVOKE SELECT ON tenant_victim.role_profiles FROM app_rw")
+    kill_frozen(placed, REPAIR_CHILD, "victim", "restore_catalog", "on_server")
+    assert app_sees(jobs_server, "victim") == "allowed"  # restored on the server, committed
+    assert "restore_catalog" in lifecycle_journal(database, jobs_server, "victim", "repair_tenant")
+    time.sleep(1.5)
+    with database.owner() as conn:  # the killed holder's lease expired: recovered
+        assert [j.tenant_id for j in queue.recover_stale(conn, 1.0)] == ["victim"]
+
+    env = {"PROVISIONER_WORKER_JOB_TYPES": "repair_tenant"}
+    worker = run_cli(placed, "worker", "--once", env=env)
+    assert worker.returncode == 0, worker.stderr
+    assert "adopted" in worker.stdout + worker.stderr
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT status, attempts, steps_completed FROM control.platform_jobs "
+            "WHERE job_type = 'repair_tenant'"
+        ).fetchone()
+    assert row == ("succeeded", 2, ["restore_catalog"])
+    assert service.check(placed, ["victim"]).tenants[0].state.value == "clean"

@@ -1,20 +1,25 @@
-"""Every tenant kind but repair and the product's on the tenant's own server (issue 29, items 3
-and 5), against a second real cluster: a fleet upgrade to a generated revision t005 over
-tenants on control and on the server (the verified replay of the new revisions there, proven
-against control's stored reference), and suspend, restore, deprovision, purge, each schema
-step committed on the server with its journal row and the fence, the state on control."""
+"""Every tenant kind but the product's on the tenant's own server (issue 29, items 3 and 5),
+against a second real cluster: a fleet upgrade to a generated revision t005 over tenants on
+control and on the server (the verified replay of the new revisions there, proven against
+control's stored reference); suspend, restore, deprovision, purge, each schema step committed
+on the server with its journal row and the fence, the state on control; and repair, planned
+and applied on the server, its check recorded on control."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from provisioner.engine import Engine, runner
+from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database, fingerprint, run_cli
+from tests.integration import test_job_kinds as job_kinds
 from tests.integration.test_fleet_upgrade import make_tree, use_tree
 from tests.job_server import TenantServerDb
 
@@ -147,3 +152,65 @@ def test_suspend_restore_deprovision_and_purge_run_on_the_tenant_server(
     assert state(database, "acme") == "deleted"
     assert not jobs_server.schema_exists("tenant_acme")
     assert app_sees(jobs_server, "acme") == "schema gone"
+
+
+def test_repair_restores_a_drifted_tenant_on_its_server_and_leaves_a_suspended_one_revoked(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    for tenant in ("acme", "held"):
+        provision(settings, tenant)
+    assert run_cli(settings, "suspend", "held").returncode == 0
+    with jobs_server.owner() as conn:
+        conn.execute("REVOKE SELECT ON tenant_acme.role_profiles FROM app_rw")
+        conn.execute("DROP INDEX tenant_held.datasets_created_by_idx")
+    assert app_sees(jobs_server, "acme") == "permission denied"
+
+    repaired = run_cli(settings, "repair", "acme", "held", "--json")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    found = {t["tenant_id"]: t for t in json.loads(repaired.stdout)["tenants"]}
+    for tenant in ("acme", "held"):
+        assert found[tenant]["job_status"] == "succeeded", found[tenant]
+        assert found[tenant]["after"]["state"] == "clean", found[tenant]
+    assert app_sees(jobs_server, "acme") == "allowed"
+    assert app_sees(jobs_server, "held") == "permission denied"  # suspended: never given back
+    with jobs_server.owner() as conn:
+        index = conn.execute(
+            "SELECT 1 FROM pg_indexes WHERE schemaname = 'tenant_held' "
+            "AND indexname = 'datasets_created_by_idx'"
+        ).fetchone()
+        journal = conn.execute(
+            "SELECT tenant_id FROM provisioner_server.step_journal WHERE step = 'restore_catalog' "
+            "ORDER BY 1"
+        ).fetchall()
+    assert index is not None
+    assert journal == [("acme",), ("held",)]
+    with database.owner() as conn:
+        recorded = conn.execute(
+            "SELECT tenant_id, outcome FROM control.tenant_checks ORDER BY 1"
+        ).fetchall()
+    assert recorded == [("acme", "clean"), ("held", "clean")]
+
+
+def test_a_kind_without_steps_for_a_tenant_server_fails_at_once_there(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    """The refusal left: a kind registered from outside with no placed steps."""
+    fast = replace(settings, job_kind_modules=(job_kinds.MODULE,))
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    provision(settings, "acme")
+    job = job_kinds.enqueue(database, "acme")
+    with Engine.from_settings(fast, "test-engine") as engine:
+        outcome = runner.claim_and_run(
+            engine, job.id, on_progress=lambda e: None, should_stop=lambda: False
+        )
+    assert isinstance(outcome, runner.Settled)
+    assert outcome.job.status is JobStatus.FAILED and outcome.job.steps_completed == []
+    assert outcome.job.error_detail is not None
+    assert (
+        "lives on tenant server east: stamp_tenant runs on the control database only"
+        in outcome.job.error_detail
+    )
+    assert job_kinds.display_name(database, "acme") is None  # nothing written

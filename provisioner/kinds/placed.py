@@ -7,9 +7,9 @@ the tenant's schema, in the server's transaction with the journal row and the fe
 part of the control database's bookkeeping (``control``: the tenant's state, run in the
 transaction of the job's checkpoint). The control side must be safe to run again: a resume
 that adopts a step the server's journal shows done runs it with the checkpoint it missed.
-Each side has its catalog check. A kind without placed steps (one from PROVISIONER_JOB_KIND_MODULES that has none)
-keeps refusing a tenant that lives on a tenant server
-(:class:`provisioner.errors.TenantElsewhere`).
+Each side has its catalog check. A kind without placed steps (one registered through
+``PROVISIONER_JOB_KIND_MODULES`` that has none) keeps refusing a tenant that lives on a tenant
+server (:class:`provisioner.errors.TenantElsewhere`).
 
 What differs from the steps on the control database: no warm pool (its spares are control's),
 the seeds' record on the server (:data:`provisioner.servers.journal.SEEDS_TABLE`), and the

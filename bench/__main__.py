@@ -21,6 +21,7 @@ from bench import (
     failover,
     fleet,
     fleet_scale,
+    fleet_servers,
     move,
     placement,
     pool,
@@ -49,7 +50,14 @@ SCENARIOS = (
     "move",
 )
 #: Opt-in scenarios (``--only NAME``), left out of a plain ``make bench``.
-OPT_IN = ("fleet-scale", "bulk", "placement", "failover", "server-jobs")
+OPT_IN = (
+    "fleet-scale",
+    "bulk",
+    "placement",
+    "failover",
+    "server-jobs",
+    "fleet-servers",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
                 "fleet": (
                     "fleet upgrade t004 -> t005: raw SQL, Alembic loop, 1 and 2 worker children",
                     lambda: fleet.run(cluster, results, args.fleet_tenants, args.fleet_runs),
+                ),
+                "fleet-servers": (
+                    f"fleet upgrade of {fleet_servers.TENANTS} tenants by 1 worker: all on "
+                    "control vs half on a tenant server",
+                    lambda: fleet_servers.run(cluster, results),
                 ),
                 "bulk": (
                     f"purge {args.bulk_tenants} tenants: one command each vs one batch",
@@ -311,6 +324,15 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
                 "fleet_worker_2",
                 1.0,
                 "fleet upgrade, 2 workers beat 1 (ms per tenant <= 1x)",
+            )
+        )
+    if "fleet_servers_two" in results.figures:
+        out.append(
+            goal_ratio(
+                results,
+                "fleet_servers_two",
+                1.0,
+                "fleet upgrade across two servers <= 1x one server (ms per tenant)",
             )
         )
     if "fleet_scale_behind" in results.figures:

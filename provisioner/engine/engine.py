@@ -368,10 +368,8 @@ class Engine:
         try:
             server = self._check_state(run, *claimed)
             if server is not None:  # the tenant lives on a tenant server: engine/remote.py
-                if state.opened is not None:  # opened ahead on control: the run is elsewhere
-                    self._discard_run(run.journal, state.opened)
-                    state.opened = None
-                return remote.run_placed(self, run, job, server, run.kind.placed_steps or ())
+                state.opened = None  # the claim's row: the run's there, to use or discard
+                return remote.run_placed(self, run, job, server, opened)
             # A scope of the pending steps alone (a fleet upgrade's job: its migration step)
             # leaves the recorded steps unchecked and unreported: five messages and log lines
             # per tenant of a rollout would say what the claim's ``steps_done`` already says.

@@ -15,9 +15,10 @@ For one run of such a job (:func:`run_placed`):
    writes its journal row and raises the fence again in one statement (refused:
    :class:`LeaseLost`, the transaction rolls back, nothing written); then on control, ONE
    transaction with the tenant's lock runs the step's control side and closes the step with
-   its fenced checkpoint (the job's last step completes the job there; a step's close opens
-   the next step's row in control's journal). Between the two commits the engine reports
-   :attr:`StepOutcome.ON_SERVER` (the crash tests' seam).
+   its fenced checkpoint (the job's last step completes the job there, and claims a worker
+   child's next job as on control: :mod:`provisioner.engine.handoff`; a step's close opens the
+   next step's row in control's journal, the claim's row serves the first step). Between the
+   two commits the engine reports :attr:`StepOutcome.ON_SERVER` (the crash tests' seam).
 
 A crash before the server's commit leaves nothing (the step runs again); between the two, the
 step is in the server's journal and adopted on resume (its effect is not repeated); after the
@@ -35,6 +36,7 @@ from psycopg.rows import tuple_row
 
 from provisioner import db, queue
 from provisioner.engine.events import StepEvent, StepOutcome, describe
+from provisioner.engine.handoff import HandOff
 from provisioner.errors import LeaseLost, ProvisionerError, StepFailed
 from provisioner.kinds import JobKind, Scope, StepContext
 from provisioner.kinds.placed import ControlAccess, PlacedStep
@@ -47,23 +49,36 @@ if TYPE_CHECKING:
 
 
 def run_placed(
-    engine: Engine, run: JobRun, job: Job, server: str, placed: tuple[PlacedStep, ...]
+    engine: Engine, run: JobRun, job: Job, server: str, opened: queue.OpenedRun | None
 ) -> Job:
     """Run the job's missing steps on tenant server ``server``, then complete it (see the
-    module). Raises :class:`LeaseLost` when the job stopped being ours, :class:`StepFailed`
-    naming the step that failed; the engine settles both as for any job."""
+    module). ``opened``: the journal row the claim opened ahead for the job's first step, used
+    when the run begins with that step, else discarded. Raises :class:`LeaseLost` when the job
+    stopped being ours, :class:`StepFailed` naming the step that failed; the engine settles both
+    as for any job."""
     control = engine.control
-    with db.translated():
-        pool = engine.servers.database(control, server)
-        token = queue.fence_token(control, run.lease)
-    job = _adopt(engine, run, job, pool, token, placed)
+    placed = run.kind.placed_steps or ()
+    try:
+        with db.translated():
+            pool = engine.servers.database(control, server)
+            token = queue.fence_token(control, run.lease)
+        job = _adopt(engine, run, job, pool, token, placed)
+    except BaseException:
+        if opened is not None:
+            engine._discard_run(control, opened.run_id)
+        raise
     pending = [step for step in placed if step.name not in job.steps_completed]
-    opened: int | None = None  # the next step's journal row, opened by the step before it
+    # the next step's journal row: the claim's for the first, then opened by the step before
+    ahead: int | None = None
+    if opened is not None and pending and pending[0].name == opened.step:
+        ahead = opened.run_id
+    elif opened is not None:
+        engine._discard_run(control, opened.run_id)
     for index, step in enumerate(pending):
         if run.should_stop():
-            return engine._release(run.lease, opened)
+            return engine._release(run.lease, ahead)
         following = pending[index + 1].name if index + 1 < len(pending) else None
-        job, opened = _run_step(engine, run, job, pool, token, step, opened, following)
+        job, ahead = _run_step(engine, run, job, pool, token, step, ahead, following)
     if job.status is not JobStatus.SUCCEEDED:
         with engine.sessions.transaction() as tx:
             job = queue.complete(tx.pg, run.lease)
@@ -82,11 +97,12 @@ def missing_placed(engine: Engine, kind: JobKind, ctx: StepContext) -> list[str]
         return None
     with db.translated():
         pool = engine.servers.database(control, found.server)
+    access = ControlAccess(control, engine.sessions.transaction)
     with pool.transaction() as stx:
         gone = [
             s.name
             for s in placed
-            if s.server_effect is not None and not s.server_effect(stx.pg, ctx)
+            if s.server_effect is not None and not s.server_effect(stx, ctx, access)
         ]
     with engine.sessions.transaction() as tx:
         gone += [
@@ -110,12 +126,13 @@ def _adopt(
     ctx, kind, tenant = run.context, run.kind, run.context.tenant
     recorded = set(job.steps_completed)
     scope = kind.scope(job)
+    access = ControlAccess(engine.control, engine.sessions.transaction)
     with pool.transaction() as stx:
         journal.raise_fence(stx.pg, tenant, job.id, token)
         shown = journal.steps_done(stx.pg, tenant, job.id)
         looked = (shown - recorded) | (recorded if scope is Scope.ALL else set())
         on_server = {
-            s.name: s.server_effect is None or s.server_effect(stx.pg, ctx)
+            s.name: s.server_effect is None or s.server_effect(stx, ctx, access)
             for s in placed
             if s.name in looked and s.server is not None
         }
@@ -166,6 +183,7 @@ def _run_step(
     ctx, kind, tenant = run.context, run.kind, run.context.tenant
     control = engine.control
     started = time.monotonic()
+    claim_sent = False
     if run_id is None:
         opening = queue.step_run_opening(run.lease, tenant.value, step.name)
         with db.translated(), control.cursor(row_factory=tuple_row) as cur:
@@ -186,6 +204,9 @@ def _run_step(
                 detail = step.control(tx.pg, ctx) or detail
             done = kind.ordered([*job.steps_completed, step.name])
             last = len(done) == len(kind.step_names)
+            # The last step's close claims this holder's next job, as on control
+            # (engine/handoff.py): the claim commits with it, no round trip of its own.
+            claim_sent = last and bool(run.claim_next)
             closed = queue.close_step(
                 tx.pg,
                 run_id,
@@ -194,9 +215,15 @@ def _run_step(
                 done,
                 kind.progress(done),
                 last=last,
+                claim_next=run.claim_next if last else (),
                 open_next=None if following is None else queue.NextStep(tenant.value, following),
+                first_steps=run.first_steps,
             )
+        if claim_sent:
+            engine._claimed = HandOff.of(closed)
     except BaseException as exc:
+        if claim_sent:  # the commit failed: the next job's claim may have committed
+            engine._unsure_after = job.id
         _failed(control, run_id, exc)
         seconds = time.monotonic() - started
         run.on_progress(StepEvent(job, step.name, StepOutcome.FAILED, seconds, describe(exc)))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,11 +41,12 @@ from psycopg.rows import tuple_row
 
 from provisioner import db, queue, servers
 from provisioner.control.schema import require_control_at_head
-from provisioner.errors import UnknownTenant
+from provisioner.errors import ProvisionerError, UnknownTenant
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.kinds.repair import expected_for
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.roles import AppRoles
+from provisioner.servers.reach import owner_address
 from provisioner.settings import Settings
 from provisioner.templates import expected, migrations
 from provisioner.tenant import catalog, checks, repairs
@@ -305,21 +306,42 @@ def plans(settings: Settings, report: DriftReport) -> list[TenantPlan]:
     """Each drifted tenant's repair plan, from its check (read-only: a dry run)."""
     out: list[TenantPlan] = []
     owner = db.connect(settings.owner_url, application_name="repair", autocommit=True)
-    with closing(owner) as conn, db.translated():
+    with ExitStack() as stack, db.translated():
+        conn = stack.enter_context(closing(owner))
         me = tenant_schema.schema_owner(conn, "")[1]
         placed = servers.servers_of(conn)
+        # a tenant on a tenant server is planned there, over one owner session per server
+        opened: dict[str, tuple[psycopg.Connection[Any], str] | str] = {}
         for tenant in report.drifted:
             server = placed.get(tenant.tenant_id)
-            if server is not None:  # its catalog is on its own server, read by check only
-                why = f"it lives on tenant server {server}: repair runs on the control database"
-                plan = repairs.Plan([], [repairs.LeftAlone("every difference", why)])
+            if server is not None and server not in opened:
+                opened[server] = _open(stack, conn, server, settings.owner_url)
+            there = (conn, me) if server is None else opened[server]
+            if isinstance(there, str):  # went down since the check
+                left = repairs.LeftAlone("every difference", f"tenant server {server}: {there}")
+                plan = repairs.Plan([], [left])
             else:
-                plan = _plan(conn, tenant, me)
+                plan = _plan(there[0], there[1], tenant)
             out.append(TenantPlan(tenant.tenant_id, tenant, plan))
     return out
 
 
-def _plan(conn: psycopg.Connection[Any], tenant: TenantDrift, owner: str) -> repairs.Plan:
+def _open(
+    stack: ExitStack, control: psycopg.Connection[Any], server: str, owner_url: str
+) -> tuple[psycopg.Connection[Any], str] | str:
+    """An owner session on tenant server ``server`` (closed with ``stack``) and the role it
+    runs as; or why it cannot be opened."""
+    address = owner_address(servers.get(control, server), owner_url)
+    try:
+        there = stack.enter_context(
+            closing(db.connect(address, application_name="repair", autocommit=True))
+        )
+    except ProvisionerError as exc:  # translated and redacted, on one line
+        return str(exc)
+    return there, tenant_schema.schema_owner(there, "")[1]
+
+
+def _plan(conn: psycopg.Connection[Any], owner: str, tenant: TenantDrift) -> repairs.Plan:
     """The tenant's plan, or why it cannot be repaired in place."""
     first = tenant.differences[0] if tenant.differences else None
     if first is not None and first.kind == "schema":

@@ -17,11 +17,18 @@ succeeded and the tenant is counted ``skipped``, never ``failed``
 * ``deprovision_tenant``: revoke_app_rw, mark_archived (data kept, restorable).
 * ``purge_tenant``: revoke_app_rw, drop_schema (``DROP SCHEMA ... CASCADE``), mark_deleted. The
   control rows and every job's history stay as the audit record.
+
+For a tenant on a tenant server, each kind runs the same steps split in two
+(:mod:`provisioner.kinds.placed_lifecycle`): the schema's side on its server, the state change
+(:class:`Mark`) on control.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import psycopg
 
 from provisioner import queue
 from provisioner.db import Transaction
@@ -86,27 +93,46 @@ def _schema_gone(tx: Transaction, ctx: StepContext) -> bool:
     return tenant_schema.object_count(tx.pg, ctx.tenant.schema) is None
 
 
-def _mark(name: str, statement: str, transition: Transition) -> Step:
+@dataclass(frozen=True)
+class Mark:
     """A step moving ``control.tenants.state`` with one guarded UPDATE (``statement``, which
-    spells ``transition`` in SQL); its effect is the tenant being in the transition's target
-    states."""
-    target = transition.to_states
-    leaves_fleet = all(state in INACTIVE for state in target)
+    spells ``transition`` in SQL), on a control session: the control database's step and the
+    control side of a tenant server's (:mod:`provisioner.kinds.placed_lifecycle`). Safe to run
+    again: a tenant already in the target states stays there."""
 
-    def run(tx: Transaction, ctx: StepContext) -> str | None:
-        state = tenants.transition(tx.pg, ctx.tenant, statement, target)
-        if not leaves_fleet:
+    statement: str
+    transition: Transition
+
+    def run(self, conn: psycopg.Connection[Any], ctx: StepContext) -> str | None:
+        target = self.transition.to_states
+        state = tenants.transition(conn, ctx.tenant, self.statement, target)
+        if not all(s in INACTIVE for s in target):
             return f"state {state}"
         # Out of the fleet: an upgrade still waiting in a rollout is skipped now, in this
         # transaction, so it can never run, fail on the tenant's state and trip a brake.
         steps = [step.name for step in PROVISION_STEPS]
-        skipped = queue.skip_departed_tenant(tx.pg, ctx.tenant.value, steps, f"tenant {state}")
+        skipped = queue.skip_departed_tenant(conn, ctx.tenant.value, steps, f"tenant {state}")
         return f"state {state}" + "".join(f"; skipped in rollout {r}" for r in skipped)
 
-    def present(tx: Transaction, ctx: StepContext) -> bool:
-        return tenants.state_of(tx.pg, ctx.tenant) in target
+    def present(self, conn: psycopg.Connection[Any], ctx: StepContext) -> bool:
+        """The effect: the tenant is in the transition's target states."""
+        return tenants.state_of(conn, ctx.tenant) in self.transition.to_states
 
-    return Step(name, run, present)
+
+def _mark(name: str, mark: Mark) -> Step:
+    """The control database's step of ``mark``."""
+    return Step(
+        name, lambda tx, ctx: mark.run(tx.pg, ctx), lambda tx, ctx: mark.present(tx.pg, ctx)
+    )
+
+
+#: Each lifecycle kind's state change (its last step), by the step's name.
+MARKS: dict[str, Mark] = {
+    "mark_suspended": Mark(tenants.SUSPEND, TRANSITIONS["SUSPEND"]),
+    "mark_restored": Mark(tenants.RESTORE, TRANSITIONS["RESTORE"]),
+    "mark_archived": Mark(tenants.ARCHIVE, TRANSITIONS["ARCHIVE"]),
+    "mark_deleted": Mark(tenants.DELETE, TRANSITIONS["DELETE"]),
+}
 
 
 REVOKE_APP_RW = Step("revoke_app_rw", _revoke_app_rw, _revoked)
@@ -115,27 +141,31 @@ DROP_SCHEMA = Step("drop_schema", _drop_schema, _schema_gone)
 
 SUSPEND_STEPS: tuple[Step, ...] = (
     REVOKE_APP_RW,
-    _mark("mark_suspended", tenants.SUSPEND, TRANSITIONS["SUSPEND"]),
+    _mark("mark_suspended", MARKS["mark_suspended"]),
 )
 RESTORE_STEPS: tuple[Step, ...] = (
     GRANT_APP_RW,
-    _mark("mark_restored", tenants.RESTORE, TRANSITIONS["RESTORE"]),
+    _mark("mark_restored", MARKS["mark_restored"]),
 )
 DEPROVISION_STEPS: tuple[Step, ...] = (
     REVOKE_APP_RW,
-    _mark("mark_archived", tenants.ARCHIVE, TRANSITIONS["ARCHIVE"]),
+    _mark("mark_archived", MARKS["mark_archived"]),
 )
 PURGE_STEPS: tuple[Step, ...] = (
     REVOKE_APP_RW,
     DROP_SCHEMA,
-    _mark("mark_deleted", tenants.DELETE, TRANSITIONS["DELETE"]),
+    _mark("mark_deleted", MARKS["mark_deleted"]),
 )
 
+
+#: Where each kind's steps for a tenant on a tenant server live.
+PLACED = "provisioner.kinds.placed_lifecycle"
 
 JOB_KINDS: tuple[JobKind, ...] = (
     JobKind(
         SUSPEND_JOB_TYPE,
         f"{__name__}:SUSPEND_STEPS",
+        placed_steps_ref=f"{PLACED}:SUSPEND_PLACED",
         idempotency_key=keyed_by_tenant(SUSPEND_JOB_TYPE),
         command="suspend",
         description="revoke the application role's access; data untouched",
@@ -143,6 +173,7 @@ JOB_KINDS: tuple[JobKind, ...] = (
     JobKind(
         RESTORE_JOB_TYPE,
         f"{__name__}:RESTORE_STEPS",
+        placed_steps_ref=f"{PLACED}:RESTORE_PLACED",
         idempotency_key=keyed_by_tenant(RESTORE_JOB_TYPE),
         command="restore",
         description="grant the application role's access again; back to the earlier state",
@@ -150,6 +181,7 @@ JOB_KINDS: tuple[JobKind, ...] = (
     JobKind(
         DEPROVISION_JOB_TYPE,
         f"{__name__}:DEPROVISION_STEPS",
+        placed_steps_ref=f"{PLACED}:DEPROVISION_PLACED",
         idempotency_key=keyed_by_tenant(DEPROVISION_JOB_TYPE),
         command="deprovision",
         description="revoke access and archive; data kept, restorable",
@@ -157,6 +189,7 @@ JOB_KINDS: tuple[JobKind, ...] = (
     JobKind(
         PURGE_JOB_TYPE,
         f"{__name__}:PURGE_STEPS",
+        placed_steps_ref=f"{PLACED}:PURGE_PLACED",
         idempotency_key=keyed_by_tenant(PURGE_JOB_TYPE),
         command="deprovision --purge",
         description="revoke access and drop the schema; control rows and history kept",

@@ -1,18 +1,21 @@
 """A kind's steps for a tenant placed on a tenant server (:class:`PlacedStep`), and the
-provisioning kind's (:data:`PROVISION_PLACED`).
+provisioning kind's (:data:`PROVISION_PLACED`: a fleet upgrade's job is one of its runs; the
+lifecycle kinds' are in :mod:`provisioner.kinds.placed_lifecycle`).
 
 On a tenant server a step has two sides: its work on the tenant's server (``server``: DDL in
 the tenant's schema, in the server's transaction with the journal row and the fence), and its
 part of the control database's bookkeeping (``control``: the tenant's state, run in the
 transaction of the job's checkpoint). The control side must be safe to run again: a resume
 that adopts a step the server's journal shows done runs it with the checkpoint it missed.
-Each side has its catalog check. A kind without placed steps keeps refusing a tenant that lives
-on a tenant server (:class:`provisioner.errors.TenantElsewhere`).
+Each side has its catalog check. A kind without placed steps (one registered through
+``PROVISIONER_JOB_KIND_MODULES`` that has none) keeps refusing a tenant that lives on a tenant
+server (:class:`provisioner.errors.TenantElsewhere`).
 
 What differs from the steps on the control database: no warm pool (its spares are control's),
 the seeds' record on the server (:data:`provisioner.servers.journal.SEEDS_TABLE`), and the
-template's verified replay read from control's stored reference (Alembic when there is none
-or it does not verify on that server).
+verified replays (the template's for a new schema, the new revisions' for one behind the
+head) proven against control's stored references (Alembic when there is none or it does not
+verify on that server).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from provisioner.kinds.step import StepContext
 from provisioner.servers.journal import SEEDS_TABLE
 from provisioner.templates import migrations, seeds
 from provisioner.templates.reference import Reference
-from provisioner.templates.replay import replay
+from provisioner.templates.replay import connection_key, replay
+from provisioner.templates.upgrade import ReferenceSource
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 
@@ -48,6 +52,8 @@ class ControlAccess:
 #: A side's work: (its transaction, the step's context, control) -> detail.
 ServerWork = Callable[[Transaction, StepContext, ControlAccess], str | None]
 ControlWork = Callable[[psycopg.Connection[Any], StepContext], str | None]
+#: Is a server side's effect there: (a transaction on the server, the context, control) -> bool.
+ServerCheck = Callable[[Transaction, StepContext, ControlAccess], bool]
 Check = Callable[[psycopg.Connection[Any], StepContext], bool]
 
 
@@ -58,8 +64,8 @@ class PlacedStep:
     name: str
     #: the work on the tenant's server (None: nothing there)
     server: ServerWork | None = None
-    #: is the server side's effect there (on the server's session)
-    server_effect: Check | None = None
+    #: is the server side's effect there (in a transaction on the server)
+    server_effect: ServerCheck | None = None
     #: the control side, in the checkpoint's transaction; safe to run again
     control: ControlWork | None = None
     #: is the control side's effect there (on the control session)
@@ -77,17 +83,23 @@ def _mark_provisioning(conn: psycopg.Connection[Any], ctx: StepContext) -> str |
 
 
 def _migrate(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
-    """The schema to head: the template's verified replay for a new schema (control's stored
-    reference, computed there once if missing, proven again here by the fingerprint), else
-    Alembic."""
+    """The schema to head. One behind it (a fleet upgrade's job): the verified replay of the
+    new revisions (:meth:`UpgradeCache.upgrade_placed`, control's stored reference), else
+    Alembic. A new schema: the template's verified replay (control's stored reference, computed
+    there once if missing, proven again here by the fingerprint), else Alembic."""
     schema = ctx.tenant.schema
+    source = ReferenceSource(connection_key(control.conn), control.transaction)
+    upgraded = ctx.upgrades.upgrade_placed(
+        tx,
+        schema,
+        lock_timeout_ms=ctx.lock_timeout_ms,
+        app_roles=ctx.app_roles,
+        holder=ctx.templates.holder,
+        source=source,
+    )
+    if upgraded is not None:
+        return upgraded
     tree = migrations.tenant_tree_state()
-    versions = migrations.tenant_versions(tx.pg, schema)
-    if versions == tree.heads:
-        return "current"
-    if versions:
-        migrations.upgrade_tenant(tx.sa, schema, start=versions)
-        return f"alembic: upgraded from {migrations.head_label(versions)}"
     if tenant_schema.object_count(tx.pg, schema) != 0:
         migrations.upgrade_tenant(tx.sa, schema)
         return "alembic: the schema holds objects"
@@ -121,6 +133,16 @@ def _grant(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | N
     return None
 
 
+#: The grant step (provisioning's, and restore's: :mod:`provisioner.kinds.placed_lifecycle`).
+GRANT_PLACED = PlacedStep(
+    "grant_app_rw",
+    _grant,
+    lambda tx, ctx, control: (
+        not tenant_schema.missing_app_grants(tx.pg, ctx.tenant.schema, ctx.app_roles)
+    ),
+)
+
+
 def _declared(ctx: StepContext) -> tuple[seeds.Seed, ...]:
     return seeds.declared(ctx.seeds, migrations.tenant_tree())
 
@@ -144,25 +166,19 @@ PROVISION_PLACED: tuple[PlacedStep, ...] = (
     PlacedStep(
         "create_schema",
         _create_schema,
-        lambda conn, ctx: tenant_schema.schema_ready(conn, ctx.tenant.schema),
+        lambda tx, ctx, control: tenant_schema.schema_ready(tx.pg, ctx.tenant.schema),
         _mark_provisioning,
     ),
     PlacedStep(
         "run_tenant_migrations",
         _migrate,
-        lambda conn, ctx: migrations.tenant_at_head(conn, ctx.tenant.schema),
+        lambda tx, ctx, control: migrations.tenant_at_head(tx.pg, ctx.tenant.schema),
     ),
-    PlacedStep(
-        "grant_app_rw",
-        _grant,
-        lambda conn, ctx: (
-            not tenant_schema.missing_app_grants(conn, ctx.tenant.schema, ctx.app_roles)
-        ),
-    ),
+    GRANT_PLACED,
     PlacedStep(
         "seed_role_profiles",
         _seed,
-        lambda conn, ctx: seeds.seeded(conn, ctx.tenant, _declared(ctx), SEEDS_TABLE),
+        lambda tx, ctx, control: seeds.seeded(tx.pg, ctx.tenant, _declared(ctx), SEEDS_TABLE),
     ),
     PlacedStep("verify_object_storage", control=_check_storage),
     PlacedStep(

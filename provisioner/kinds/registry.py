@@ -104,8 +104,8 @@ class JobKind:
     #: keeps no step journal; control c005's row-level security names the same kinds)
     by_application: bool = False
     #: its steps open their own sessions on the servers they need (a move's source and
-    #: target), so it runs whichever server the tenant lives on; the engine refuses every
-    #: other kind for a tenant on a tenant server (TenantElsewhere)
+    #: target), so it runs whichever server the tenant lives on; the engine refuses a kind
+    #: with neither this nor placed steps for a tenant on a tenant server (TenantElsewhere)
     any_server: bool = False
     #: ``"module:ATTRIBUTE"`` naming a tuple of :class:`provisioner.kinds.placed.PlacedStep`:
     #: its steps for a tenant on a tenant server (None: such a tenant's job fails at once)

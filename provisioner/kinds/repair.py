@@ -18,11 +18,12 @@ deleted. A tenant behind the head, or without its version table, is not repaired
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from provisioner.db import Transaction
 from provisioner.errors import PermanentError
 from provisioner.kinds.registry import JobKind, keyed_by_tenant
-from provisioner.kinds.step import Step, StepContext
+from provisioner.kinds.step import RunMemo, Step, StepContext
 from provisioner.roles import AppRoles
 from provisioner.templates import expected, migrations
 from provisioner.tenant import catalog, checks, repairs
@@ -43,20 +44,31 @@ def expected_for(
     return catalog.without_access_of(head, app_roles) if state in REVOKED_STATES else head
 
 
-def current_plan(tx: Transaction, ctx: StepContext) -> repairs.Plan:
-    """The tenant's repair plan now, in the step's transaction."""
-    return _planner(tx, ctx)()[1]
+def current_plan(
+    tx: Transaction, ctx: StepContext, state: TenantState | None = None
+) -> repairs.Plan:
+    """The tenant's repair plan now, in the step's transaction; ``state``: the tenant's (read
+    in ``tx`` when not given: the control database's)."""
+    return _planner(tx, ctx, state)()[1]
 
 
 #: What ``control.tenant_checks`` records as the author of a repair job's check.
 CHECKED_BY = "repair_tenant job"
 
 
+@dataclass
+class RepairMemo(RunMemo):
+    """A repair run's memo: the check its step left, for a tenant server's run to record on
+    control (:mod:`provisioner.kinds.placed_repair`)."""
+
+    check: checks.CheckRecord | None = None
+
+
 def _planner(
-    tx: Transaction, ctx: StepContext
+    tx: Transaction, ctx: StepContext, state: TenantState | None = None
 ) -> Callable[[], tuple[list[catalog.Difference], repairs.Plan]]:
     """The tenant's differences and plan as it is at each call, against the head's shape
-    built once."""
+    built once (``state``: the tenant's, read in ``tx`` when not given)."""
     schema = ctx.tenant.schema
     versions = migrations.tenant_versions(tx.pg, schema)
     if versions is None:
@@ -71,7 +83,9 @@ def _planner(
             f"{migrations.head_label(heads)}: `provisioner upgrade {ctx.tenant}` first"
         )
     head = expected.build(tx.pg, tx.sa, ctx.app_roles)
-    want = expected_for(head, tenants.state_of(tx.pg, ctx.tenant), ctx.app_roles)
+    if state is None:
+        state = tenants.state_of(tx.pg, ctx.tenant)
+    want = expected_for(head, state, ctx.app_roles)
     owner = tenant_schema.schema_owner(tx.pg, schema)[1]
 
     def plan() -> tuple[list[catalog.Difference], repairs.Plan]:
@@ -85,9 +99,19 @@ def _planner(
 
 
 def _restore(tx: Transaction, ctx: StepContext) -> str | None:
+    detail, check = restore(tx, ctx, None)
+    # What is left is the tenant's check now: recorded with the step, for the fleet's figures.
+    checks.record(tx.pg, [check], CHECKED_BY)
+    return detail
+
+
+def restore(
+    tx: Transaction, ctx: StepContext, state: TenantState | None
+) -> tuple[str, checks.CheckRecord]:
     """Plan and apply, then once more: what belongs to an object created again (a view's
-    grants, a column of a restored type) is only seen once that object exists."""
-    planner = _planner(tx, ctx)
+    grants, a column of a restored type) is only seen once that object exists. The detail,
+    and the tenant's check as it is left (``state``: see :func:`_planner`)."""
+    planner = _planner(tx, ctx, state)
     left, plan = planner()
     applied = repairs.apply(tx.pg, plan.actions)
     if applied.restored:
@@ -97,8 +121,6 @@ def _restore(tx: Transaction, ctx: StepContext) -> str | None:
         applied = repairs.Applied(applied.restored + more.restored, applied.failed + more.failed)
     if applied.restored:
         left, _ = planner()
-    # What is left is the tenant's check now: recorded with the step, for the fleet's figures.
-    checks.record(tx.pg, [checks.of_differences(ctx.tenant.value, left)], CHECKED_BY)
     parts = [f"restored {len(applied.restored)}"]
     if applied.restored:
         parts[0] += ": " + "; ".join(applied.restored)
@@ -111,7 +133,7 @@ def _restore(tx: Transaction, ctx: StepContext) -> str | None:
             f"left alone {len(plan.left_alone)}: "
             + "; ".join(f"{a.what} ({a.reason})" for a in plan.left_alone)
         )
-    return " | ".join(parts)
+    return " | ".join(parts), checks.of_differences(ctx.tenant.value, left)
 
 
 def _nothing_to_restore(tx: Transaction, ctx: StepContext) -> bool:
@@ -129,5 +151,7 @@ JOB_KINDS: tuple[JobKind, ...] = (
         command="repair",
         refused_states=(TenantState.PENDING, TenantState.PROVISIONING, TenantState.DELETED),
         description="restore what drifted from the template head where it is safe",
+        memo=RepairMemo,
+        placed_steps_ref="provisioner.kinds.placed_repair:REPAIR_PLACED",
     ),
 )

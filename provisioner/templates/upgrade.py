@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,6 +226,17 @@ ReferenceKey = tuple[str, frozenset[str], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
+class ReferenceSource:
+    """Where the reference of a replay on a tenant server is read, or computed and stored:
+    control's (its :func:`provisioner.templates.replay.database_key`, and a transaction of its
+    own there). The fingerprint does not depend on the database: the replay on the server is
+    proven against it as on control."""
+
+    key: tuple[str, ...]
+    transaction: Callable[[], AbstractContextManager[Transaction]]
+
+
+@dataclass(frozen=True)
 class ReplayPlan:
     """A replay this cache proved on a tenant (its script and the reference it matched), tried
     first, in one round trip, on the next schema of the same tree state and database."""
@@ -396,6 +409,36 @@ class UpgradeCache:
         with self._lock:
             return self._upgrade(tx, schema, versions, tree, app_roles, templates.holder).detail
 
+    def upgrade_placed(
+        self,
+        tx: Transaction,
+        schema: str,
+        *,
+        lock_timeout_ms: int,
+        app_roles: AppRoles,
+        holder: str,
+        source: ReferenceSource,
+    ) -> str | None:
+        """A schema on a tenant server to the head in the step's transaction there, as
+        :meth:`migrate` does with ``existing`` on control (the last plan proven on this server
+        first, else the verified replay, else Alembic), with the reference read from control
+        (``source``; computed and stored there once when missing). Its detail; None when the
+        schema records no revision (a new schema: the caller's template path)."""
+        planned = self._planned(tx, schema, lock_timeout_ms, app_roles)
+        if planned is not None:
+            return planned.detail
+        with translated():
+            versions = _set_lock_timeout_and_read_versions(tx, schema, lock_timeout_ms)
+        tree = migrations.tenant_tree_state()
+        if not versions:
+            return None
+        if versions == tree.heads:
+            return Outcome("current", tree.heads).detail
+        with translated():
+            tenant_schema.revoke_version_writes(tx.pg, schema, app_roles)
+        with self._lock:
+            return self._upgrade(tx, schema, versions, tree, app_roles, holder, source).detail
+
     def _upgrade(
         self,
         tx: Transaction,
@@ -404,6 +447,7 @@ class UpgradeCache:
         tree: migrations.TreeState,
         app_roles: AppRoles,
         holder: str,
+        source: ReferenceSource | None = None,
     ) -> UpgradeOutcome:
         script = self.scripts.get((tree.digest, start))
         if script is None:
@@ -419,11 +463,18 @@ class UpgradeCache:
         if script.digest != tree.digest:
             del self.scripts[(tree.digest, start)]
             return self._alembic(tx, schema, start, reason="the tree changed since the capture")
-        key = (upgrade_reference_key(tree.digest, app_roles), start, database_key(tx))
+        home = database_key(tx) if source is None else source.key
+        key = (upgrade_reference_key(tree.digest, app_roles), start, home)
         reference = self.references.get(key)
         if reference is None:
             try:
-                reference = obtain_reference(tx, start, tree, app_roles, holder, script)
+                if source is None:
+                    reference = obtain_reference(tx, start, tree, app_roles, holder, script)
+                else:
+                    with source.transaction() as at_home:
+                        reference = obtain_reference(
+                            at_home, start, tree, app_roles, holder, script
+                        )
             except NotReplayable as exc:
                 return self._alembic(tx, schema, start, reason=str(exc))
             self.references[key] = reference
@@ -431,7 +482,8 @@ class UpgradeCache:
             return self._alembic(tx, schema, start, reason=reference.refused)
         problem = self._replay(tx, schema, script, reference.fingerprint)
         if problem is None:
-            self.plans[(key[0], key[2])] = ReplayPlan(script, reference.fingerprint)
+            # kept for the database the replay ran in (a tenant server's own plan)
+            self.plans[(key[0], database_key(tx))] = ReplayPlan(script, reference.fingerprint)
             return UpgradeOutcome("replay", start, tree.heads)
         return self._alembic(tx, schema, start, reason=problem)
 

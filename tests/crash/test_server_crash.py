@@ -1,6 +1,9 @@
 """A tenant on a tenant server (a second real cluster): SIGKILL at each seam of a step's two
 commits, and a SIGSTOPped holder woken after its job was taken over (issue 29, item 3).
 
+A lifecycle kind (suspend, restore, purge) is killed at its ON_SERVER seam as well, and resumes
+to the same end with its server step adopted.
+
 The seams, each a point where a real child process freezes and is killed:
 ``started`` (before the server's commit), ``on_server`` (the server committed the step and its
 journal row, control's checkpoint not yet), ``done`` (both committed). The re-run must repeat no
@@ -18,9 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from provisioner import queue, service
+from provisioner import kinds, queue, service
 from provisioner.engine import StepEvent
 from provisioner.kinds.provision import STEPS
 from provisioner.models import JobStatus
@@ -156,3 +160,115 @@ def test_a_sigstopped_holder_taken_over_cannot_write_on_either_server(
     assert row == ("succeeded", 2, list(STEPS))
     with jobs_server.owner() as conn:
         assert fingerprint(conn, "tenant_sleeper") == clean_fingerprint
+
+
+LIFECYCLE_CHILD = Path(__file__).with_name("lifecycle_child.py")
+#: A lifecycle kind's server step killed at its ON_SERVER seam, and the end it resumes to:
+#: (the tenant's state, what the application role gets on the server).
+LIFECYCLE_SEAMS = {
+    ("suspend_tenant", "revoke_app_rw"): ("suspended", "permission denied"),
+    ("restore_tenant", "grant_app_rw"): ("onboarding", "allowed"),
+    ("purge_tenant", "drop_schema"): ("deleted", "schema gone"),
+}
+
+
+def app_sees(jobs_server: TenantServerDb, tenant: str) -> str:
+    try:
+        with jobs_server.app() as app:
+            app.execute(f"SELECT count(*) FROM tenant_{tenant}.role_profiles").fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        return "permission denied"
+    except psycopg.errors.UndefinedTable:
+        return "schema gone"
+    return "allowed"
+
+
+def lifecycle_journal(
+    database: Database, jobs_server: TenantServerDb, tenant: str, job_type: str
+) -> dict[str, int]:
+    """The server's journal of the tenant's job of ``job_type``: step -> the token that wrote
+    it (restore's grant_app_rw shares its name with provisioning's: read by the job's id)."""
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT id FROM control.platform_jobs WHERE tenant_id = %s AND job_type = %s",
+            (tenant, job_type),
+        ).fetchone()
+    assert row is not None
+    with jobs_server.owner() as conn:
+        rows = conn.execute(
+            "SELECT step, token FROM provisioner_server.step_journal WHERE job_id = %s",
+            (row[0],),
+        ).fetchall()
+    return {str(step): int(token) for step, token in rows}
+
+
+@pytest.mark.parametrize(
+    ("job_type", "step"), list(LIFECYCLE_SEAMS), ids=[k for k, _ in LIFECYCLE_SEAMS]
+)
+def test_a_lifecycle_kind_killed_between_its_two_commits_resumes_to_the_same_end(
+    placed: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    job_type: str,
+    step: str,
+) -> None:
+    service.provision(placed, "victim")
+    if job_type == "restore_tenant":
+        service.change_lifecycle(placed, "victim", "suspend_tenant")
+        assert app_sees(jobs_server, "victim") == "permission denied"
+    kill_frozen(placed, LIFECYCLE_CHILD, "victim", job_type, step, "on_server")
+    first = lifecycle_journal(database, jobs_server, "victim", job_type)
+    assert step in first  # committed on the server ...
+    with database.owner() as conn:  # ... and not in control's checkpoint
+        row = conn.execute(
+            "SELECT steps_completed FROM control.platform_jobs WHERE tenant_id = 'victim' "
+            "AND job_type = %s",
+            (job_type,),
+        ).fetchone()
+    assert row is not None and step not in row[0]
+
+    events: list[StepEvent] = []
+    result = service.change_lifecycle(placed, "victim", job_type, on_progress=events.append)
+
+    job = result.job
+    assert job is not None
+    assert (job.status, job.attempts) == (JobStatus.SUCCEEDED, 2)
+    assert job.steps_completed == list(kinds.BUILTIN[job_type].step_names)
+    adopted = [e.step for e in events if e.outcome == "skipped" and e.detail]
+    assert adopted == [step]  # not run again: its journal row keeps the first run's token
+    assert lifecycle_journal(database, jobs_server, "victim", job_type)[step] == first[step]
+    with database.owner() as conn:
+        found = conn.execute("SELECT state FROM control.tenants WHERE tenant_id = 'victim'")
+        state = found.fetchone()
+    assert (state[0] if state else None, app_sees(jobs_server, "victim")) == LIFECYCLE_SEAMS[
+        (job_type, step)
+    ]
+
+
+REPAIR_CHILD = Path(__file__).with_name("repair_child.py")
+
+
+def test_a_repair_killed_between_its_two_commits_is_adopted_by_a_worker(
+    placed: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    service.provision(placed, "victim")
+    with jobs_server.owner() as conn:
+        conn.execute("REVOKE SELECT ON tenant_victim.role_profiles FROM app_rw")
+    kill_frozen(placed, REPAIR_CHILD, "victim", "restore_catalog", "on_server")
+    assert app_sees(jobs_server, "victim") == "allowed"  # restored on the server, committed
+    assert "restore_catalog" in lifecycle_journal(database, jobs_server, "victim", "repair_tenant")
+    time.sleep(1.5)
+    with database.owner() as conn:  # the killed holder's lease expired: recovered
+        assert [j.tenant_id for j in queue.recover_stale(conn, 1.0)] == ["victim"]
+
+    env = {"PROVISIONER_WORKER_JOB_TYPES": "repair_tenant"}
+    worker = run_cli(placed, "worker", "--once", env=env)
+    assert worker.returncode == 0, worker.stderr
+    assert "adopted" in worker.stdout + worker.stderr
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT status, attempts, steps_completed FROM control.platform_jobs "
+            "WHERE job_type = 'repair_tenant'"
+        ).fetchone()
+    assert row == ("succeeded", 2, ["restore_catalog"])
+    assert service.check(placed, ["victim"]).tenants[0].state.value == "clean"

@@ -145,7 +145,7 @@ def test_upgrade_all_queues_the_tenants_behind_on_every_server_and_reports_per_s
     settings: Settings, database: Database, fleet: dict[str, TenantServer]
 ) -> None:
     """The tenants at the head on a tenant server are read there (not queued); those behind
-    are queued, counted under their server (their jobs run once jobs run on tenant servers)."""
+    are queued, counted under their server (their jobs run there: test_server_lifecycle.py)."""
     with fleet["west"].admin() as conn:
         conn.execute("UPDATE tenant_w1.alembic_version SET version_num = 'c0ffee'")
     out = run_cli(settings, "upgrade", "--all", "--dry-run", "--json")

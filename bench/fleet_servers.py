@@ -1,0 +1,141 @@
+"""A fleet upgrade across two servers vs on one (issue 29: "a fleet upgrade across two servers
+at no more per tenant than on one").
+
+Two deployments on the bench cluster, each with its own control database and N tenants at t004:
+``one`` keeps every tenant on its control database; ``two`` has half of them on control and
+half on a tenant server (a third database of the same cluster, reached through its reference
+and the cluster's password file), where each job's migration step commits with its journal
+row and fence, then its checkpoint in control (:mod:`provisioner.engine.remote`). Each is
+brought to the bench's t005 (:mod:`bench.fleet`) by ``upgrade --all`` and one running worker
+with one child; the time counts from the upgrade call (the versions read on each server, the
+rollout queued) to the last job's finish, with the worker idle before it. Runs alternate the
+order of the two deployments; each run builds both again. Opt-in (``python -m bench --only
+fleet-servers``): building 4 x 60 tenants takes minutes on a loaded machine.
+
+The tenant server is on the same cluster: the figure is the tool's own cost of the second
+server (two commits per step, the server's pool, the fan-out's read), not a network's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+
+from bench import worker_process
+from bench.cluster import BenchCluster, BenchDatabase, say
+from bench.figures import Figure, Results
+from bench.fleet import t005_tree, tenant_tree
+from bench.server_jobs import _reference
+from provisioner import fleet, servers, service
+from provisioner.templates import migrations
+
+TENANTS = 60
+RUNS = 2
+
+
+def _deploy(
+    cluster: BenchCluster, label: str, tenants: int, server: BenchDatabase | None
+) -> BenchDatabase:
+    """A control database with ``tenants`` provisioned at t004; with ``server``, the second
+    half placed there (listed after the first half is provisioned on control)."""
+    control = cluster.create_database(label)
+    settings = control.settings()
+    half = tenants // 2 if server is not None else tenants
+    for i in range(tenants):
+        if i == half and server is not None:
+            with psycopg.connect(control.owner_url, autocommit=True) as conn:
+                servers.add(conn, "east", _reference(cluster, server))
+            servers.migrate_servers(control.owner_url)
+        service.provision(settings, f"u{i:04d}")
+    return control
+
+
+def _upgrade(control: BenchDatabase, tenants: int, tree: Path) -> float:
+    """Seconds from the upgrade call to the last job's finish, one worker with one child."""
+    worker = worker_process.WorkerProcess(
+        control,
+        "--concurrency",
+        "1",
+        env={migrations.TENANT_TREE_ENV: str(tree), "PROVISIONER_POLL_SECONDS": "0.2"},
+    )
+    try:
+        if not worker_process.wait_for(lambda: '"idle"' in worker.log(), 300, step=0.05):
+            raise RuntimeError(f"worker never idle: {worker.log()[-2000:]}")
+        began = time.perf_counter()
+        report = fleet.upgrade(control.settings())
+        if len(report.behind) != tenants:
+            raise RuntimeError(f"{len(report.behind)} of {tenants} tenants behind")
+        with psycopg.connect(control.owner_url, autocommit=True) as conn:
+
+            def done() -> bool:
+                row = conn.execute(
+                    "SELECT count(*) FROM control.platform_jobs WHERE status <> 'succeeded'"
+                ).fetchone()
+                return bool(row and row[0] == 0)
+
+            if not worker_process.wait_for(done, 600, step=0.02):
+                raise RuntimeError(f"upgrade did not finish: {worker.log()[-2000:]}")
+        return time.perf_counter() - began
+    finally:
+        worker.close()
+
+
+def _paths(control: BenchDatabase) -> Counter[str]:
+    """How each tenant's migration step ran (replay / alembic), from control's journal (a
+    step on the tenant server closes there too, with its detail)."""
+    with psycopg.connect(control.owner_url) as conn:
+        rows = conn.execute(
+            "SELECT split_part(split_part(detail, 'path=', 2), ' ', 1) "
+            "FROM control.job_step_runs WHERE detail LIKE '%%from=t004%%'"
+        ).fetchall()
+    return Counter(str(r[0]) for r in rows)
+
+
+def run(cluster: BenchCluster, results: Results, tenants: int = TENANTS, runs: int = RUNS) -> None:
+    samples: dict[str, list[float]] = {"one": [], "two": []}
+    paths: Counter[str] = Counter()
+    with t005_tree() as tree:
+        for run_no in range(runs):
+            order = ("one", "two") if run_no % 2 == 0 else ("two", "one")
+            for label in order:
+                server = cluster.create_database("fs_server") if label == "two" else None
+                control = _deploy(cluster, f"fs_{label}", tenants, server)
+                try:
+                    with tenant_tree(tree):
+                        seconds = _upgrade(control, tenants, tree)
+                        if server is not None:
+                            paths = _paths(control)
+                finally:
+                    cluster.drop_database(control)
+                    if server is not None:
+                        cluster.drop_database(server)
+                samples[label].append(seconds / tenants * 1000)
+                per_tenant = samples[label][-1]
+                say(f"  fleet-servers: run {run_no + 1}, {label}: {per_tenant:.2f} ms/tenant")
+    results.add(
+        Figure(
+            "fleet_servers_one",
+            f"fleet upgrade t004->t005, {tenants} tenants on the control database, 1 worker",
+            "ms",
+            samples["one"],
+            note="baseline, per tenant",
+        )
+    )
+    results.add(
+        Figure(
+            "fleet_servers_two",
+            f"fleet upgrade t004->t005, {tenants} tenants half on control, half on a tenant "
+            "server, 1 worker",
+            "ms",
+            samples["two"],
+            baseline="fleet_servers_one",
+            note="per tenant",
+        )
+    )
+    results.notes["fleet_servers"] = (
+        f"migration step paths over both servers in the last two-server run: {dict(paths)}. "
+        "Per-tenant figures are seconds from the upgrade call to the last job's finish / tenants."
+    )

@@ -91,7 +91,8 @@ WITH taken AS (
     DELETE FROM control.tenant_pool
      WHERE schema_name = (
            SELECT p.schema_name FROM control.tenant_pool p
-            WHERE p.tree_digest = %(digest)s AND p.app_roles IN (%(roles)s, '')
+            WHERE p.server IS NULL
+              AND p.tree_digest = %(digest)s AND p.app_roles IN (%(roles)s, '')
               AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
               AND NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = %(tenant)s)
             ORDER BY p.created_at
@@ -103,12 +104,42 @@ RETURNING s.schema_name
 """
 
 # Record the name of a schema the pool is about to create, in the transaction that creates it
-# (no row when a schema of that name exists: the builder picks another name).
+# (no row when a schema of that name exists: the builder picks another name). On a tenant
+# server the name is recorded first, then created there (:data:`RECORD_SERVER_SPARE_SCHEMA`).
 RECORD_SPARE_SCHEMA = """
 INSERT INTO control.tenant_pool_schemas (schema_name, created_by)
 SELECT %(schema)s::text, %(created_by)s::text
  WHERE NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s::text)
 RETURNING schema_name
+"""
+
+# The name of a spare about to be created on a tenant server, recorded on control first (the
+# server's catalog is not control's: the creation there says whether the name is free).
+RECORD_SERVER_SPARE_SCHEMA = """
+INSERT INTO control.tenant_pool_schemas (schema_name, created_by, server)
+VALUES (%(schema)s, %(created_by)s, %(server)s)
+ON CONFLICT DO NOTHING
+RETURNING schema_name
+"""
+
+# On a tenant server: whether no schema holds a spare's name (then it is created).
+SERVER_NAME_FREE = """
+SELECT NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s) AS free
+"""
+
+# On a tenant server: whether a recorded spare's schema is there and owned by the connected
+# role (only then is it dropped).
+SERVER_SCHEMA_OURS = """
+SELECT EXISTS (SELECT 1 FROM pg_namespace n
+                WHERE n.nspname = %(schema)s
+                  AND n.nspowner = (SELECT oid FROM pg_roles WHERE rolname = current_user))
+"""
+
+# Forget a spare on a tenant server (its ready row if any, and its name), once its schema there
+# is dropped or gone.
+FORGET_SERVER_SPARE = """
+WITH ready AS (DELETE FROM control.tenant_pool WHERE schema_name = %(schema)s)
+DELETE FROM control.tenant_pool_schemas WHERE schema_name = %(schema)s
 """
 
 # Forget a schema the pool recorded, and say whether the schema is there and still owned by
@@ -123,15 +154,18 @@ RETURNING EXISTS (SELECT 1 FROM pg_namespace n
 
 # Record a spare built (and verified) in the same transaction, with the roles it was granted for.
 ADD_SPARE = """
-INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by, app_roles)
-VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s, %(roles)s)
+INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by, app_roles, server)
+VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s, %(roles)s, %(server)s)
 """
+
+# (Spares on tenant servers, ``server`` not NULL, are :mod:`provisioner.pool.server_spares`'.)
 
 # Schemas the pool recorded that hold no ready spare: being built, or left by a build whose
 # process died (dropped by the next builder, under the builders' lock).
 UNFINISHED_SPARES = """
 SELECT s.schema_name FROM control.tenant_pool_schemas s
- WHERE NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = s.schema_name)
+ WHERE s.server IS NULL
+   AND NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = s.schema_name)
  ORDER BY s.created_at
 """
 
@@ -156,7 +190,7 @@ SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usabl
        ARRAY(SELECT f.schema_name FROM ({FOREIGN_SCHEMAS}) f) AS foreign_schemas
   FROM (SELECT tree_digest = %(digest)s AND app_roles IN (%(roles)s, '')
                AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name) AS usable
-          FROM control.tenant_pool p) s
+          FROM control.tenant_pool p WHERE p.server IS NULL) s
 """
 
 # One useless spare, to drop (with its schema, if any) in the same transaction; what it was
@@ -165,8 +199,9 @@ CLAIM_STALE_SPARE = """
 DELETE FROM control.tenant_pool
  WHERE schema_name = (
        SELECT p.schema_name FROM control.tenant_pool p
-        WHERE p.tree_digest <> %(digest)s OR p.app_roles NOT IN (%(roles)s, '')
-           OR NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
+        WHERE p.server IS NULL
+          AND (p.tree_digest <> %(digest)s OR p.app_roles NOT IN (%(roles)s, '')
+               OR NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name))
         ORDER BY p.created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING schema_name, tree_digest = %(digest)s AS same_tree, app_roles
 """
@@ -242,9 +277,18 @@ def take(tx: Transaction, tenant_schema_name: str, app_roles: AppRoles) -> Taken
             {"digest": digest, "roles": roles_key(app_roles), "tenant": tenant_schema_name},
         )
         row = cur.fetchone()
-        if row is None:
-            return None
-        spare = str(row[0])
+    if row is None:
+        return None
+    return rename_spare(tx, str(row[0]), tenant_schema_name, app_roles)
+
+
+def rename_spare(
+    tx: Transaction, spare: str, tenant_schema_name: str, app_roles: AppRoles
+) -> Taken:
+    """The take's work on the spare's own database once the spare is the caller's (its row
+    deleted in ``tx``, or claimed on control for a tenant server): read its grants, then
+    rename it to the tenant's schema and grant USAGE in one round trip (see :func:`take`)."""
+    with tx.pg.cursor() as cur:
         found = [grants_held(tx.pg, spare, role) for role in app_roles]
         grants = tuple(held for held in found if held is not None)
         assert len(grants) == len(app_roles)  # the take found the schema, and holds its row
@@ -332,6 +376,15 @@ def foreign_schemas(conn: Any) -> list[tuple[str, str]]:
         return [(str(name), str(owner)) for name, owner in cur.fetchall()]
 
 
+@dataclass(frozen=True)
+class OnServer:
+    """A spare built on tenant server ``name`` (its schema there, on ``session``); its records
+    stay on control, where placement reads them."""
+
+    name: str
+    session: db.Session
+
+
 def build_spare(
     session: db.Session,
     created_by: str,
@@ -340,9 +393,10 @@ def build_spare(
     stop: Callable[[], bool] = lambda: False,
     go_on: Callable[[], bool] = lambda: False,
     references: dict[str, template_reference.Reference] | None = None,
+    on: OnServer | None = None,
 ) -> str:
     """Build one spare at the head and record it; its name. The caller holds the builders'
-    lock (:func:`builder_lock`).
+    lock (:func:`builder_lock`) of the database the spare is built on.
 
     The reference is read (or computed once, see :mod:`provisioner.templates.reference`) in the
     transaction that creates the schema (``references``: the ones a refill already read, by
@@ -355,16 +409,24 @@ def build_spare(
     :class:`TemplateUnusable` when the tree cannot be replayed, :class:`BuildStopped` when
     ``stop()`` says so between two transactions: the schema is then dropped (by the next
     builder, if this process dies).
+
+    ``on``: built on a tenant server. ``session`` is then control's: the reference is read and
+    the name recorded there first, the schema is built on the server, and the ready row is
+    recorded on control after the server's last check. A crash between two of those leaves a
+    recorded name with no ready row, which the server's next builder drops there.
     """
     tree = migrations.tenant_tree_state()
     known = {} if references is None else references
+    target = session if on is None else on.session
     with session.transaction() as tx:
         reference = known.get(tree.digest)
         if reference is None:
             reference, _ = template_reference.obtain(tx, tree, created_by)
             known[tree.digest] = reference
-        name = _create_recorded_schema(tx, created_by)
+        name = _create_recorded_schema(tx, created_by, on)
     try:
+        if on is not None:
+            _create_on_server(on, name)
         search_path = sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(name))
         statements = reference.template.statements
         replay = [
@@ -372,10 +434,10 @@ def build_spare(
             for at in range(0, len(statements), BATCH)
         ]
         try:
-            _run_batches(session, replay, stop, go_on)
+            _run_batches(target, replay, stop, go_on)
         except DatabaseError as exc:
             raise SpareRejected(f"replay failed: {exc}") from exc
-        with session.transaction() as tx:
+        with target.transaction() as tx:
             problem = mismatch(reference.fingerprint, tenant_schema.fingerprint(tx.pg, name))
             # After the fingerprint: the reference has no grants.
             batches = (
@@ -383,9 +445,12 @@ def build_spare(
             )
         if problem is not None:
             raise SpareRejected(problem)
-        _run_batches(session, batches, stop, go_on)
+        _run_batches(target, batches, stop, go_on)
+        if on is not None and app_roles is not None:
+            with target.transaction() as tx:
+                check_spare_grants(tx.pg, name, app_roles)
         with session.transaction() as tx:
-            if app_roles is not None:
+            if on is None and app_roles is not None:
                 check_spare_grants(tx.pg, name, app_roles)
             tx.pg.execute(
                 ADD_SPARE,
@@ -395,10 +460,11 @@ def build_spare(
                     "heads": sorted(reference.heads),
                     "created_by": created_by,
                     "roles": roles_key(app_roles),
+                    "server": None if on is None else on.name,
                 },
             )
-    except BaseException:
-        _drop_schema_quietly(session, name)
+    except BaseException as exc:
+        _drop_schema_quietly(session, name, on, ours=not isinstance(exc, NameTaken))
         raise
     return name
 
@@ -434,13 +500,22 @@ def _between_batches(stop: Callable[[], bool]) -> None:
         raise BuildStopped("the spare build was stopped")
 
 
-def _create_recorded_schema(tx: Transaction, created_by: str) -> str:
+def _create_recorded_schema(tx: Transaction, created_by: str, on: OnServer | None = None) -> str:
     """Record a new spare's name, then create its schema, in ``tx``: the pool's schemas are
     those it recorded, whatever else is named ``pool_*``. A name already taken (by a schema
-    that is not the pool's) is skipped for another."""
+    that is not the pool's) is skipped for another. On a tenant server the name is only
+    recorded here (:func:`_create_on_server` creates it there once this commits)."""
     for _ in range(NAME_ATTEMPTS):
         name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
         with tx.pg.cursor() as cur:
+            if on is not None:
+                cur.execute(
+                    RECORD_SERVER_SPARE_SCHEMA,
+                    {"schema": name, "created_by": created_by, "server": on.name},
+                )
+                if cur.fetchone() is not None:
+                    return name
+                continue
             cur.execute(RECORD_SPARE_SCHEMA, {"schema": name, "created_by": created_by})
             if cur.fetchone() is None:
                 continue
@@ -451,11 +526,53 @@ def _create_recorded_schema(tx: Transaction, created_by: str) -> str:
     raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
 
 
-def _drop_schema_quietly(session: db.Session, schema: str) -> None:
+class NameTaken(PermanentError):
+    """A recorded spare's name is held by a schema on its tenant server that is not the pool's
+    (never dropped: the record alone is forgotten)."""
+
+
+def _create_on_server(on: OnServer, name: str) -> None:
+    with on.session.transaction() as tx, tx.pg.cursor() as cur:
+        cur.execute(SERVER_NAME_FREE, {"schema": name})
+        free = cur.fetchone()
+        if free is None or not free[0]:
+            raise NameTaken(f"schema {name} exists on tenant server {on.name}")
+        cur.execute(
+            sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(sql.Identifier(name))
+        )
+
+
+def _drop_schema_quietly(
+    session: db.Session, schema: str, on: OnServer | None, *, ours: bool = True
+) -> None:
     """Drop a spare schema a build did not finish; when that fails too (the server is gone),
     the next builder drops it."""
-    with suppress(ProvisionerError), session.transaction() as tx:
-        drop_schema(tx, schema)
+    with suppress(ProvisionerError):
+        if on is None:
+            with session.transaction() as tx:
+                drop_schema(tx, schema)
+        else:
+            drop_server_schema(session, on, schema, ours=ours)
+
+
+def drop_server_schema(
+    control: db.Session, on: OnServer, schema: str, *, ours: bool = True
+) -> bool:
+    """Drop a recorded spare's schema on its tenant server (if it is there and owned by the
+    connected role, and ``ours``), then forget it on control (its ready row too); True when
+    dropped. In that order: a crash between the two leaves the record, and the next builder
+    drops nothing more and forgets it."""
+    dropped = False
+    if ours:
+        with on.session.transaction() as tx, tx.pg.cursor() as cur:
+            cur.execute(SERVER_SCHEMA_OURS, {"schema": schema})
+            found = cur.fetchone()
+            if found is not None and found[0]:
+                cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+                dropped = True
+    with control.transaction() as tx:
+        tx.pg.execute(FORGET_SERVER_SPARE, {"schema": schema})
+    return dropped
 
 
 def drop_schema(tx: Transaction, schema: str) -> bool:

@@ -19,8 +19,7 @@ A take there spans two databases, so it is done in three commits (:func:`take_on
 
 A crash before 2 commits leaves the claim, which the resume reuses; between 2 and 3 the step is
 in the server's journal, adopted on resume, whose checkpoint runs 3. The spare is taken once
-and its record goes once (pinned by ``tests/crash/test_pool_crash.py::
-test_sigkill_after_the_server_take_keeps_the_spare_taken_once``). A claim left by a tenant
+and its record goes once (pinned by ``tests/crash/test_server_pool_crash.py``). A claim left by a tenant
 with no provisioning job queued or running any more is useless: the keeper drops its spare
 (the schema by its spare name only: a renamed spare is the tenant's and is never touched).
 """

@@ -195,3 +195,20 @@ def test_placement_prefers_a_server_with_a_spare_to_spare(
     assert jobs_server.schema_exists("tenant_second")
     assert [r[1] for r in pool_rows(database)] == ["east", "east"]  # one of three taken
     assert second_server.schema_exists("tenant_third")
+
+
+def test_a_tenant_that_holds_a_claim_takes_that_spare_and_no_other(
+    placed: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    oldest, newest = fill(placed, jobs_server, "east", 2)
+    # A run that claimed the newest spare on control and died before the server's commit.
+    with database.owner() as conn:
+        ensure_provision_job(conn, TenantId("acme"))
+        conn.execute(
+            "UPDATE control.tenant_pool SET claimed_by = 'acme' WHERE schema_name = %s", (newest,)
+        )
+        assert pool.server_counts(conn, "east", placed.app_roles).ready == 1  # claimed: not
+    result = service.provision(placed, "acme")
+    assert result.job.status is JobStatus.SUCCEEDED
+    assert not jobs_server.schema_exists(newest) and jobs_server.schema_exists(oldest)
+    assert pool_rows(database) == [(oldest, "east", None)]

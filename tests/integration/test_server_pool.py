@@ -5,8 +5,10 @@ prefers a server with a spare to spare."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -20,6 +22,13 @@ from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
 from tests.conftest import Database, run_cli
 from tests.job_server import TenantServerDb
+from tests.workers import Workers, job_row, wait_until
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    """The workers' settings (tests.workers): a quick heartbeat."""
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=10.0)
 
 
 @pytest.fixture
@@ -212,3 +221,38 @@ def test_a_tenant_that_holds_a_claim_takes_that_spare_and_no_other(
     assert result.job.status is JobStatus.SUCCEEDED
     assert not jobs_server.schema_exists(newest) and jobs_server.schema_exists(oldest)
     assert pool_rows(database) == [(oldest, "east", None)]
+
+
+def test_a_workers_keeper_fills_each_active_servers_pool_and_reports_it(
+    placed: Settings, database: Database, jobs_server: TenantServerDb, workers: Workers
+) -> None:
+    worker = workers.start(env={"PROVISIONER_POOL_SIZE": "1"})
+
+    def east_ready() -> int:
+        with database.owner() as conn:
+            return pool.server_counts(conn, "east", placed.app_roles).ready
+
+    wait_until(lambda: east_ready() == 1, 90, "a spare on east")
+    (spare, server, claimed) = next(r for r in pool_rows(database) if r[1] == "east")
+    assert (server, claimed) == ("east", None) and jobs_server.schema_exists(spare)
+    wait_until(
+        lambda: (
+            json.loads(run_cli(placed, "health", "--json").stdout)["components"][0]["detail"]
+            .get("pool", {})
+            .get("servers", {})
+            .get("east", {})
+            .get("ready")
+            == 1
+        ),
+        30,
+        "the heartbeat to report east's pool",
+    )
+    # A sign-up placed on east takes it; the keeper builds the next one there.
+    with db.connect(placed.app_url) as conn:
+        ensure_provision_job(conn, TenantId("acme"))
+        conn.commit()
+    wait_until(lambda: job_row(database, "acme")["status"] == "succeeded", 60, "acme")
+    assert not jobs_server.schema_exists(spare) and jobs_server.schema_exists("tenant_acme")
+    wait_until(lambda: east_ready() == 1, 90, "east's pool refilled")
+    assert spare not in {r[0] for r in pool_rows(database)}
+    assert worker.stop() == 0, worker.output()

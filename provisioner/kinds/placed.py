@@ -77,9 +77,7 @@ def _create_schema(tx: Transaction, ctx: StepContext, control: ControlAccess) ->
     # in this transaction: pool.server_spares), else an empty schema.
     taken = None
     if control.server is not None:
-        taken = pool.take_on_server(
-            tx, control.transaction, control.server, ctx.tenant, ctx.app_roles
-        )
+        taken = pool.take_on_server(tx, control.conn, control.server, ctx.tenant, ctx.app_roles)
     if taken is None:
         tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
         return None

@@ -19,18 +19,17 @@ A take there spans two databases, so it is done in three commits (:func:`take_on
 
 A crash before 2 commits leaves the claim, which the resume reuses; between 2 and 3 the step is
 in the server's journal, adopted on resume, whose checkpoint runs 3. The spare is taken once
-and its record goes once (pinned by ``tests/crash/test_server_pool_crash.py``). A claim left by a tenant
-with no provisioning job queued or running any more is useless: the keeper drops its spare
-(the schema by its spare name only: a renamed spare is the tenant's and is never touched).
+and its record goes once (pinned by ``tests/crash/test_server_pool_crash.py``). A claim left
+by a tenant with no provisioning job queued or running any more is useless: the keeper drops
+its spare (by its spare name only: a renamed spare is the tenant's and is never touched).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
-from psycopg.rows import dict_row
+import psycopg
+from psycopg.rows import dict_row, tuple_row
 
 from provisioner import db
 from provisioner.db import Transaction
@@ -165,17 +164,19 @@ def drop_stale_on(control: db.Session, on: OnServer, app_roles: AppRoles | None)
 
 def take_on_server(
     tx: Transaction,
-    control: Callable[[], AbstractContextManager[Transaction]],
+    control: psycopg.Connection[Any],
     server: str,
     tenant: TenantId,
     app_roles: AppRoles,
 ) -> Taken | None:
     """Steps 1 and 2 of a take (see the module): claim a ready spare of ``server`` on control
-    (a transaction of ``control``'s, committed), then rename it to the tenant's schema in
-    ``tx``, the server's step transaction. None when no spare is ready there; a claimed spare
-    whose schema is gone is forgotten, and one claimed while the tenant's schema already
-    exists is given back."""
-    with control() as ctl, ctl.pg.cursor() as cur:
+    (``control``: an autocommit session, the claim one statement committed by itself: one
+    round trip, and none more than before when the server has no spare), then rename it to the
+    tenant's schema in ``tx``, the server's step transaction. None when no spare is ready
+    there; a claimed spare whose schema is gone is forgotten, and one claimed while the
+    tenant's schema already exists is given back."""
+    assert control.autocommit, "the claim commits on its own"
+    with db.translated(), control.cursor(row_factory=tuple_row) as cur:
         params = {**_params(server, app_roles), "tenant": tenant.value}
         cur.execute(CLAIM_SERVER_SPARE, params)
         claimed = cur.fetchone()
@@ -188,11 +189,11 @@ def take_on_server(
     assert there is not None
     if bool(there[0]) and not bool(there[1]):
         return rename_spare(tx, spare, tenant.schema, app_roles)
-    with control() as ctl:
+    with db.translated():
         if there[0]:
-            ctl.pg.execute(RELEASE_CLAIM, {"schema": spare, "tenant": tenant.value})
+            control.execute(RELEASE_CLAIM, {"schema": spare, "tenant": tenant.value})
         else:
-            ctl.pg.execute(FORGET_SERVER_SPARE, {"schema": spare})
+            control.execute(FORGET_SERVER_SPARE, {"schema": spare})
     return None
 
 

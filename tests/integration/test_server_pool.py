@@ -99,7 +99,7 @@ def test_a_tenant_placed_on_a_server_with_spares_takes_one(
 
     result = service.provision(placed, "acme")
 
-    assert result.job.status is JobStatus.SUCCEEDED
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error_detail
     assert result.job.steps_completed == list(STEPS)
     oldest = built[0]
     assert not jobs_server.schema_exists(oldest)  # renamed: the tenant's schema now

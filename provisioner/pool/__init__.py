@@ -33,6 +33,7 @@ from provisioner.pool.keeper import (
     drop_unfinished,
     refill,
 )
+from provisioner.pool.server_schemas import OnServer
 from provisioner.pool.server_spares import (
     active_servers,
     finish_take,
@@ -46,13 +47,11 @@ from provisioner.pool.spares import (
     COUNT_SPARES,
     FOREIGN_SCHEMAS,
     FORGET_SPARE_SCHEMA,
-    RECORD_SPARE_SCHEMA,
     SPARE_PREFIX,
     TAKE_PLANS,
     TAKE_SPARE,
     UNFINISHED_SPARES,
     WARM_TOUCHES,
-    OnServer,
     PoolCounts,
     Taken,
     build_spare,
@@ -74,7 +73,6 @@ __all__ = [
     "FORGET_SPARE_SCHEMA",
     "GRANTS_HELD",
     "POOL_LOCK_CLASS",
-    "RECORD_SPARE_SCHEMA",
     "RELEASE_BUILD_LOCK",
     "SPARE_PREFIX",
     "TAKE_PLANS",

@@ -60,6 +60,7 @@ from provisioner.errors import (
     TemplateUnusable,
 )
 from provisioner.logs import event
+from provisioner.pool.server_schemas import OnServer
 from provisioner.pool.server_spares import (
     active_servers,
     drop_stale_on,
@@ -69,7 +70,6 @@ from provisioner.pool.server_spares import (
 from provisioner.pool.spares import (
     CLAIM_STALE_SPARE,
     UNFINISHED_SPARES,
-    OnServer,
     build_spare,
     counts,
     drop_schema,

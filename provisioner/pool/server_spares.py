@@ -34,15 +34,8 @@ from psycopg.rows import dict_row, tuple_row
 from provisioner import db
 from provisioner.db import Transaction
 from provisioner.models import TenantId
-from provisioner.pool.spares import (
-    FORGET_SERVER_SPARE,
-    OnServer,
-    PoolCounts,
-    Taken,
-    drop_server_schema,
-    rename_spare,
-    roles_key,
-)
+from provisioner.pool.server_schemas import FORGET_SERVER_SPARE, OnServer, drop_server_schema
+from provisioner.pool.spares import PoolCounts, Taken, rename_spare, roles_key
 from provisioner.roles import AppRoles
 from provisioner.servers.directory import TenantServer
 from provisioner.templates import migrations

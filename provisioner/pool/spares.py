@@ -54,6 +54,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
@@ -68,6 +69,13 @@ from provisioner.pool.grants import (
     grants_held,
     spare_grant_batches,
     take_grants,
+)
+from provisioner.pool.server_schemas import (
+    RECORD_SERVER_SPARE_SCHEMA,
+    NameTaken,
+    OnServer,
+    create_on_server,
+    drop_server_schema,
 )
 from provisioner.roles import AppRoles
 from provisioner.templates import migrations
@@ -101,45 +109,6 @@ WITH taken AS (
     RETURNING schema_name)
 DELETE FROM control.tenant_pool_schemas s USING taken WHERE s.schema_name = taken.schema_name
 RETURNING s.schema_name
-"""
-
-# Record the name of a schema the pool is about to create, in the transaction that creates it
-# (no row when a schema of that name exists: the builder picks another name). On a tenant
-# server the name is recorded first, then created there (:data:`RECORD_SERVER_SPARE_SCHEMA`).
-RECORD_SPARE_SCHEMA = """
-INSERT INTO control.tenant_pool_schemas (schema_name, created_by)
-SELECT %(schema)s::text, %(created_by)s::text
- WHERE NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s::text)
-RETURNING schema_name
-"""
-
-# The name of a spare about to be created on a tenant server, recorded on control first (the
-# server's catalog is not control's: the creation there says whether the name is free).
-RECORD_SERVER_SPARE_SCHEMA = """
-INSERT INTO control.tenant_pool_schemas (schema_name, created_by, server)
-VALUES (%(schema)s, %(created_by)s, %(server)s)
-ON CONFLICT DO NOTHING
-RETURNING schema_name
-"""
-
-# On a tenant server: whether no schema holds a spare's name (then it is created).
-SERVER_NAME_FREE = """
-SELECT NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s) AS free
-"""
-
-# On a tenant server: whether a recorded spare's schema is there and owned by the connected
-# role (only then is it dropped).
-SERVER_SCHEMA_OURS = """
-SELECT EXISTS (SELECT 1 FROM pg_namespace n
-                WHERE n.nspname = %(schema)s
-                  AND n.nspowner = (SELECT oid FROM pg_roles WHERE rolname = current_user))
-"""
-
-# Forget a spare on a tenant server (its ready row if any, and its name), once its schema there
-# is dropped or gone.
-FORGET_SERVER_SPARE = """
-WITH ready AS (DELETE FROM control.tenant_pool WHERE schema_name = %(schema)s)
-DELETE FROM control.tenant_pool_schemas WHERE schema_name = %(schema)s
 """
 
 # Forget a schema the pool recorded, and say whether the schema is there and still owned by
@@ -376,15 +345,6 @@ def foreign_schemas(conn: Any) -> list[tuple[str, str]]:
         return [(str(name), str(owner)) for name, owner in cur.fetchall()]
 
 
-@dataclass(frozen=True)
-class OnServer:
-    """A spare built on tenant server ``name`` (its schema there, on ``session``); its records
-    stay on control, where placement reads them."""
-
-    name: str
-    session: db.Session
-
-
 def build_spare(
     session: db.Session,
     created_by: str,
@@ -417,35 +377,91 @@ def build_spare(
     """
     tree = migrations.tenant_tree_state()
     known = {} if references is None else references
-    target = session if on is None else on.session
-    with session.transaction() as tx:
-        reference = known.get(tree.digest)
-        if reference is None:
+    reference = known.get(tree.digest)
+    if reference is None:
+        with session.transaction() as tx:
             reference, _ = template_reference.obtain(tx, tree, created_by)
-            known[tree.digest] = reference
-        name = _create_recorded_schema(tx, created_by, on)
+        known[tree.digest] = reference
+    for _ in range(NAME_ATTEMPTS):
+        name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
+        try:
+            _build(session, name, reference, created_by, app_roles, stop, go_on, on)
+        except _NameTaken:
+            continue
+        return name
+    raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
+
+
+class _NameTaken(Exception):
+    """The name drawn for a spare is a schema's already: draw another."""
+
+
+def _build(
+    session: db.Session,
+    name: str,
+    reference: template_reference.Reference,
+    created_by: str,
+    app_roles: AppRoles | None,
+    stop: Callable[[], bool],
+    go_on: Callable[[], bool],
+    on: OnServer | None,
+) -> None:
+    """:func:`build_spare` under the name ``name``; :class:`_NameTaken` when a schema holds it.
+
+    Per spare, one transaction of bookkeeping beyond the build's own batches: on the control
+    database the name's record and the schema's creation ride the first replay batch (a name
+    already taken fails it: nothing is left, another is drawn), the fingerprint and the list of
+    relations to grant are read in the last replay batch's transaction, before its commit (which
+    begins the first grant batch), and the last transaction checks the grants and records the
+    spare. Where there were four transactions and a dozen round trips around the batches, there
+    is one transaction and three."""
+    target = session if on is None else on.session
+    opening: sql.Composable | None = None
+    if on is None:
+        opening = sql.SQL(
+            "INSERT INTO control.tenant_pool_schemas (schema_name, created_by) VALUES ({}, {});"
+            " CREATE SCHEMA {} AUTHORIZATION CURRENT_USER"
+        ).format(sql.Literal(name), sql.Literal(created_by), sql.Identifier(name))
+    else:
+        with session.transaction() as tx, tx.pg.cursor() as cur:
+            cur.execute(
+                RECORD_SERVER_SPARE_SCHEMA,
+                {"schema": name, "created_by": created_by, "server": on.name},
+            )
+            if cur.fetchone() is None:
+                raise _NameTaken(name)
     try:
         if on is not None:
-            _create_on_server(on, name)
+            create_on_server(on, name)
         search_path = sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(name))
         statements = reference.template.statements
         replay = [
             sql.SQL("{};\n{}").format(search_path, sql.SQL("\n".join(statements[at : at + BATCH])))
             for at in range(0, len(statements), BATCH)
-        ]
-        try:
-            _run_batches(target, replay, stop, go_on)
-        except DatabaseError as exc:
-            raise SpareRejected(f"replay failed: {exc}") from exc
-        with target.transaction() as tx:
+        ] or [search_path]
+        if opening is not None:
+            replay[0] = sql.SQL("{};\n{}").format(opening, replay[0])
+
+        def verified(tx: Transaction) -> list[sql.Composed]:
+            # Before any grant: the reference has none. Read under the session's search_path,
+            # as the reference was (the batch's own names the spare, and the catalog's
+            # definitions then leave the spare's names unqualified).
+            tx.pg.execute("SET LOCAL search_path TO DEFAULT")
             problem = mismatch(reference.fingerprint, tenant_schema.fingerprint(tx.pg, name))
-            # After the fingerprint: the reference has no grants.
-            batches = (
-                [] if app_roles is None else spare_grant_batches(name, app_roles, tx.pg, BATCH)
-            )
-        if problem is not None:
-            raise SpareRejected(problem)
-        _run_batches(target, batches, stop, go_on)
+            if problem is not None:
+                raise SpareRejected(problem)
+            if app_roles is None:
+                return []
+            return spare_grant_batches(name, app_roles, tx.pg, BATCH)
+
+        try:
+            _run_batches(target, replay, stop, go_on, at_end=verified)
+        except DatabaseError as exc:
+            if opening is not None and isinstance(
+                exc.__cause__, (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation)
+            ):
+                raise _NameTaken(name) from exc
+            raise SpareRejected(f"replay failed: {exc}") from exc
         if on is not None and app_roles is not None:
             with target.transaction() as tx:
                 check_spare_grants(tx.pg, name, app_roles)
@@ -466,7 +482,6 @@ def build_spare(
     except BaseException as exc:
         _drop_schema_quietly(session, name, on, ours=not isinstance(exc, NameTaken))
         raise
-    return name
 
 
 def _run_batches(
@@ -474,6 +489,7 @@ def _run_batches(
     batches: list[sql.Composed],
     stop: Callable[[], bool],
     go_on: Callable[[], bool],
+    at_end: Callable[[Transaction], list[sql.Composed]] | None = None,
 ) -> None:
     """Each batch its own transaction, one simple query. While ``go_on()`` says so (the
     keeper: the worker is idle), a batch's commit begins the next batch's transaction with its
@@ -482,64 +498,30 @@ def _run_batches(
     a ``BEGIN``, the batch and a ``COMMIT`` were three. When it does not, the commit goes
     alone and ``stop()`` runs before the next batch (it pauses while the worker has a job:
     nothing of the build runs meanwhile). A chained batch that fails after its predecessor's
-    commit is begun again by the next transaction, which meets the error. psycopg keeps the
-    session's prepared statements (:func:`keeping_prepared_statements`)."""
+    commit is begun again by the next transaction, which meets the error. ``at_end`` runs in
+    the last batch's transaction, before its commit, and returns batches to run after it (the
+    commit begins the first). psycopg keeps the session's prepared statements
+    (:func:`keeping_prepared_statements`)."""
+    pending = list(batches)
     chained = False
     with keeping_prepared_statements(session.driver):
-        for at, batch in enumerate(batches):
+        at = 0
+        while at < len(pending):
             if not chained:
                 _between_batches(stop)
-            following = batches[at + 1] if at + 1 < len(batches) else None
-            with session.transaction(batch) as tx:
+            with session.transaction(pending[at]) as tx:
+                if at + 1 == len(pending) and at_end is not None:
+                    pending.extend(at_end(tx))
+                    at_end = None
+                following = pending[at + 1] if at + 1 < len(pending) else None
                 chained = following is not None and go_on()
                 tx.begin_next_with(following if chained else None)
+            at += 1
 
 
 def _between_batches(stop: Callable[[], bool]) -> None:
     if stop():
         raise BuildStopped("the spare build was stopped")
-
-
-def _create_recorded_schema(tx: Transaction, created_by: str, on: OnServer | None = None) -> str:
-    """Record a new spare's name, then create its schema, in ``tx``: the pool's schemas are
-    those it recorded, whatever else is named ``pool_*``. A name already taken (by a schema
-    that is not the pool's) is skipped for another. On a tenant server the name is only
-    recorded here (:func:`_create_on_server` creates it there once this commits)."""
-    for _ in range(NAME_ATTEMPTS):
-        name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
-        with tx.pg.cursor() as cur:
-            if on is not None:
-                cur.execute(
-                    RECORD_SERVER_SPARE_SCHEMA,
-                    {"schema": name, "created_by": created_by, "server": on.name},
-                )
-                if cur.fetchone() is not None:
-                    return name
-                continue
-            cur.execute(RECORD_SPARE_SCHEMA, {"schema": name, "created_by": created_by})
-            if cur.fetchone() is None:
-                continue
-            cur.execute(
-                sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(sql.Identifier(name))
-            )
-        return name
-    raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
-
-
-class NameTaken(PermanentError):
-    """A recorded spare's name is held by a schema on its tenant server that is not the pool's
-    (never dropped: the record alone is forgotten)."""
-
-
-def _create_on_server(on: OnServer, name: str) -> None:
-    with on.session.transaction() as tx, tx.pg.cursor() as cur:
-        cur.execute(SERVER_NAME_FREE, {"schema": name})
-        free = cur.fetchone()
-        if free is None or not free[0]:
-            raise NameTaken(f"schema {name} exists on tenant server {on.name}")
-        cur.execute(
-            sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(sql.Identifier(name))
-        )
 
 
 def _drop_schema_quietly(
@@ -553,26 +535,6 @@ def _drop_schema_quietly(
                 drop_schema(tx, schema)
         else:
             drop_server_schema(session, on, schema, ours=ours)
-
-
-def drop_server_schema(
-    control: db.Session, on: OnServer, schema: str, *, ours: bool = True
-) -> bool:
-    """Drop a recorded spare's schema on its tenant server (if it is there and owned by the
-    connected role, and ``ours``), then forget it on control (its ready row too); True when
-    dropped. In that order: a crash between the two leaves the record, and the next builder
-    drops nothing more and forgets it."""
-    dropped = False
-    if ours:
-        with on.session.transaction() as tx, tx.pg.cursor() as cur:
-            cur.execute(SERVER_SCHEMA_OURS, {"schema": schema})
-            found = cur.fetchone()
-            if found is not None and found[0]:
-                cur.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-                dropped = True
-    with control.transaction() as tx:
-        tx.pg.execute(FORGET_SERVER_SPARE, {"schema": schema})
-    return dropped
 
 
 def drop_schema(tx: Transaction, schema: str) -> bool:

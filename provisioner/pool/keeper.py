@@ -23,8 +23,11 @@ that the builders' lock does not keep an idle replica from building
 A refill is one pass under the builders' lock: the lock, the look for unfinished builds, the
 count and the template's reference once, then spares one after the other; within a spare, while
 the worker stays idle, each batch's commit begins the next batch in the same round trip
-(:func:`provisioner.pool.spares._run_batches`). Per spare that left the build's own round
-trips, instead of five more transactions of bookkeeping and three round trips per batch. A
+(:func:`provisioner.pool.spares._run_batches`), and a spare's bookkeeping rides its batches
+(its record and schema with the first, the fingerprint and the grants' list with the last:
+:func:`provisioner.pool.spares._build`), one transaction of it left per spare (the grants'
+check and the record), where there were four (and five more per spare, with three round
+trips per batch, before the refill was one pass). A
 SIGKILL anywhere in it leaves the spares recorded before it whole and the one under way
 unfinished (``tests/crash/test_pool_crash.py::
 test_a_refill_killed_between_chained_batches_keeps_its_recorded_spares_whole``).

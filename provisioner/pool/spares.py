@@ -386,14 +386,10 @@ def build_spare(
         name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
         try:
             _build(session, name, reference, created_by, app_roles, stop, go_on, on)
-        except _NameTaken:
+        except NameTaken:  # a schema holds the name drawn: draw another
             continue
         return name
     raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
-
-
-class _NameTaken(Exception):
-    """The name drawn for a spare is a schema's already: draw another."""
 
 
 def _build(
@@ -406,7 +402,7 @@ def _build(
     go_on: Callable[[], bool],
     on: OnServer | None,
 ) -> None:
-    """:func:`build_spare` under the name ``name``; :class:`_NameTaken` when a schema holds it.
+    """:func:`build_spare` under the name ``name``; :class:`NameTaken` when a schema holds it.
 
     Per spare, one transaction of bookkeeping beyond the build's own batches: on the control
     database the name's record and the schema's creation ride the first replay batch (a name
@@ -429,7 +425,7 @@ def _build(
                 {"schema": name, "created_by": created_by, "server": on.name},
             )
             if cur.fetchone() is None:
-                raise _NameTaken(name)
+                raise NameTaken(name)
     try:
         if on is not None:
             create_on_server(on, name)
@@ -460,7 +456,7 @@ def _build(
             if opening is not None and isinstance(
                 exc.__cause__, (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation)
             ):
-                raise _NameTaken(name) from exc
+                raise NameTaken(name) from exc
             raise SpareRejected(f"replay failed: {exc}") from exc
         if on is not None and app_roles is not None:
             with target.transaction() as tx:

@@ -78,7 +78,7 @@ def run_placed(
         if run.should_stop():
             return engine._release(run.lease, ahead)
         following = pending[index + 1].name if index + 1 < len(pending) else None
-        job, ahead = _run_step(engine, run, job, pool, token, step, ahead, following)
+        job, ahead = _run_step(engine, run, job, (server, pool), token, step, ahead, following)
     if job.status is not JobStatus.SUCCEEDED:
         with engine.sessions.transaction() as tx:
             job = queue.complete(tx.pg, run.lease)
@@ -170,7 +170,7 @@ def _run_step(
     engine: Engine,
     run: JobRun,
     job: Job,
-    pool: db.Database,
+    where: tuple[str, db.Database],
     token: int,
     step: PlacedStep,
     run_id: int | None,
@@ -179,9 +179,10 @@ def _run_step(
     """Step 3 of the module for one step: the server's transaction, then control's. The
     step's row in control's journal is the one the step before it opened (``run_id``), else
     committed now; its close opens the row of the step ``following`` it, whose id is
-    returned with the job."""
+    returned with the job. ``where``: the tenant's server's name and its sessions."""
     ctx, kind, tenant = run.context, run.kind, run.context.tenant
     control = engine.control
+    server, pool = where
     started = time.monotonic()
     claim_sent = False
     if run_id is None:
@@ -195,7 +196,7 @@ def _run_step(
         detail = None
         if step.server is not None:
             with pool.transaction() as stx:
-                access = ControlAccess(control, engine.sessions.transaction)
+                access = ControlAccess(control, engine.sessions.transaction, server)
                 detail = step.server(stx, ctx, access)
                 journal.record_step(stx.pg, tenant, job.id, step.name, token, detail)
             run.on_progress(StepEvent(job, step.name, StepOutcome.ON_SERVER, 0.0, detail))

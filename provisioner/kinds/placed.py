@@ -11,11 +11,12 @@ Each side has its catalog check. A kind without placed steps (one registered thr
 ``PROVISIONER_JOB_KIND_MODULES`` that has none) keeps refusing a tenant that lives on a tenant
 server (:class:`provisioner.errors.TenantElsewhere`).
 
-What differs from the steps on the control database: no warm pool (its spares are control's),
-the seeds' record on the server (:data:`provisioner.servers.journal.SEEDS_TABLE`), and the
-verified replays (the template's for a new schema, the new revisions' for one behind the
-head) proven against control's stored references (Alembic when there is none or it does not
-verify on that server).
+What differs from the steps on the control database: the warm pool's take spans two
+databases (a claim on control, the rename on the server, the record's end in the checkpoint:
+:mod:`provisioner.pool.server_spares`), the seeds' record on the server
+(:data:`provisioner.servers.journal.SEEDS_TABLE`), and the verified replays (the template's
+for a new schema, the new revisions' for one behind the head) proven against control's stored
+references (Alembic when there is none or it does not verify on that server).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from typing import Any
 
 import psycopg
 
+from provisioner import pool
 from provisioner.db import Transaction
 from provisioner.errors import TemplateUnusable
+from provisioner.kinds.provision import GRANTS_IN_PLACE
 from provisioner.kinds.step import StepContext
 from provisioner.servers.journal import SEEDS_TABLE
 from provisioner.templates import migrations, seeds
@@ -47,6 +50,8 @@ class ControlAccess:
 
     conn: psycopg.Connection[Any]
     transaction: Callable[[], AbstractContextManager[Transaction]]
+    #: the tenant's server, by name (its spares are taken there)
+    server: str | None = None
 
 
 #: A side's work: (its transaction, the step's context, control) -> detail.
@@ -73,11 +78,21 @@ class PlacedStep:
 
 
 def _create_schema(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
-    tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
-    return None
+    # A spare of the server's warm pool when one is ready there (claimed on control, renamed
+    # in this transaction: pool.server_spares), else an empty schema.
+    taken = None
+    if control.server is not None:
+        taken = pool.take_on_server(tx, control.conn, control.server, ctx.tenant, ctx.app_roles)
+    if taken is None:
+        tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
+        return None
+    return taken.detail
 
 
 def _mark_provisioning(conn: psycopg.Connection[Any], ctx: StepContext) -> str | None:
+    # With the checkpoint: a spare the server side took is the tenant's schema now, its record
+    # goes (nothing when none was taken; safe to run again, as on an adoption).
+    pool.finish_take(conn, ctx.tenant)
     tenants.mark_provisioning(conn, ctx.tenant)
     return None
 
@@ -129,6 +144,9 @@ def _reference(ctx: StepContext, control: ControlAccess, tree: migrations.TreeSt
 
 
 def _grant(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
+    # A taken spare carries every grant (the take granted USAGE): one check of every ACL.
+    if pool.grant_usage_if_in_place(tx.pg, ctx.tenant.schema, ctx.app_roles):
+        return GRANTS_IN_PLACE
     tenant_schema.grant_app_roles(tx.pg, ctx.tenant.schema, ctx.app_roles)
     return None
 

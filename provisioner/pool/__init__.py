@@ -4,7 +4,9 @@
 * :mod:`provisioner.pool.grants`: the application roles' grants a spare carries, and the checks
   the build and the take make of them;
 * :mod:`provisioner.pool.keeper`: the worker's keeper thread, which refills the pool while
-  idle, one builder per database.
+  idle, one builder per database;
+* :mod:`provisioner.pool.server_spares`: the spares on each tenant server, and their take
+  there (claimed on control, renamed on the server).
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ from provisioner.pool.keeper import (
     drop_unfinished,
     refill,
 )
+from provisioner.pool.server_schemas import OnServer
+from provisioner.pool.server_spares import (
+    active_servers,
+    finish_take,
+    server_counts,
+    take_on_server,
+)
 from provisioner.pool.spares import (
     ADD_SPARE,
     BATCH,
@@ -38,7 +47,6 @@ from provisioner.pool.spares import (
     COUNT_SPARES,
     FOREIGN_SCHEMAS,
     FORGET_SPARE_SCHEMA,
-    RECORD_SPARE_SCHEMA,
     SPARE_PREFIX,
     TAKE_PLANS,
     TAKE_SPARE,
@@ -51,6 +59,7 @@ from provisioner.pool.spares import (
     drop_schema,
     foreign_schemas,
     plan_take,
+    rename_spare,
     roles_key,
     take,
 )
@@ -64,7 +73,6 @@ __all__ = [
     "FORGET_SPARE_SCHEMA",
     "GRANTS_HELD",
     "POOL_LOCK_CLASS",
-    "RECORD_SPARE_SCHEMA",
     "RELEASE_BUILD_LOCK",
     "SPARE_PREFIX",
     "TAKE_PLANS",
@@ -75,11 +83,13 @@ __all__ = [
     "BuildStopped",
     "Dropped",
     "GrantsHeld",
+    "OnServer",
     "PoolCounts",
     "PoolKeeper",
     "SpareRejected",
     "Taken",
     "Tended",
+    "active_servers",
     "build_spare",
     "builder_lock",
     "check_spare_grants",
@@ -87,13 +97,17 @@ __all__ = [
     "drop_schema",
     "drop_stale_spare",
     "drop_unfinished",
+    "finish_take",
     "foreign_schemas",
     "grant_usage_if_in_place",
     "grants_held",
     "plan_take",
     "refill",
+    "rename_spare",
     "roles_key",
+    "server_counts",
     "spare_grant_batches",
     "take",
+    "take_on_server",
     "usage_held",
 ]

@@ -23,8 +23,11 @@ that the builders' lock does not keep an idle replica from building
 A refill is one pass under the builders' lock: the lock, the look for unfinished builds, the
 count and the template's reference once, then spares one after the other; within a spare, while
 the worker stays idle, each batch's commit begins the next batch in the same round trip
-(:func:`provisioner.pool.spares._run_batches`). Per spare that left the build's own round
-trips, instead of five more transactions of bookkeeping and three round trips per batch. A
+(:func:`provisioner.pool.spares._run_batches`), and a spare's bookkeeping rides its batches
+(its record and schema with the first, the fingerprint and the grants' list with the last:
+:func:`provisioner.pool.spares._build`), one transaction of it left per spare (the grants'
+check and the record), where there were four (and five more per spare, with three round
+trips per batch, before the refill was one pass). A
 SIGKILL anywhere in it leaves the spares recorded before it whole and the one under way
 unfinished (``tests/crash/test_pool_crash.py::
 test_a_refill_killed_between_chained_batches_keeps_its_recorded_spares_whole``).
@@ -60,6 +63,13 @@ from provisioner.errors import (
     TemplateUnusable,
 )
 from provisioner.logs import event
+from provisioner.pool.server_schemas import OnServer
+from provisioner.pool.server_spares import (
+    active_servers,
+    drop_stale_on,
+    drop_unfinished_on,
+    server_counts,
+)
 from provisioner.pool.spares import (
     CLAIM_STALE_SPARE,
     UNFINISHED_SPARES,
@@ -70,6 +80,8 @@ from provisioner.pool.spares import (
     roles_key,
 )
 from provisioner.roles import AppRoles
+from provisioner.servers.directory import TenantServer
+from provisioner.servers.reach import owner_address
 from provisioner.templates import migrations
 from provisioner.templates.reference import Reference
 
@@ -83,6 +95,8 @@ POOL_LOCK_CLASS = 0x706F6F6C
 
 #: How often a paused build looks whether the worker is idle again.
 PAUSE_CHECK_SECONDS = 0.01
+#: How long the keeper leaves a tenant server alone after a failed look (then tries again).
+SERVER_RETRY_SECONDS = 5.0
 #: The longest pause before a build gives up (its schema dropped, the builders' lock released).
 PAUSE_LIMIT_SECONDS = 30.0
 
@@ -138,6 +152,7 @@ def refill(
     go_on: Callable[[], bool] = lambda: False,
     on_built: Callable[[str, int], None] = lambda name, ready: None,
     on_dropped: Callable[[str], None] = lambda name: None,
+    on: OnServer | None = None,
 ) -> Tended:
     """Under the builders' lock (unless another builder holds it: nothing is done), drop the
     schemas of unfinished builds, count the ready spares, then build spares one after the other
@@ -148,22 +163,38 @@ def refill(
     once per refill, not once per spare: each was its own transaction, a round trip or three,
     and a refill paid them for every spare. Between two spares (as between two batches of one)
     ``stop()`` is asked: a refill makes no progress while the worker has a job. A spare taken
-    meanwhile leaves the pool short after the refill: the keeper's next look counts again."""
-    with builder_lock(session) as locked:
+    meanwhile leaves the pool short after the refill: the keeper's next look counts again.
+
+    ``on``: the spares of a tenant server (``session`` is control's): under that server's
+    builders' lock, its useless spares are dropped too (:func:`drop_stale_on`), and they are
+    built there (:mod:`provisioner.pool.server_spares`)."""
+    with builder_lock(session if on is None else on.session) as locked:
         if not locked:
             return Tended()
-        dropped = tuple(drop_unfinished(session))
+        if on is None:
+            dropped = tuple(drop_unfinished(session))
+        else:
+            dropped = (*drop_unfinished_on(session, on), *drop_stale_on(session, on, app_roles))
         for name in dropped:
             on_dropped(name)
         with session.transaction() as tx:
-            ready = counts(tx.pg, app_roles).ready
+            if on is None:
+                ready = counts(tx.pg, app_roles).ready
+            else:
+                ready = server_counts(tx.pg, on.name, app_roles).ready
         built: list[str] = []
         references: dict[str, Reference] = {}
         while ready < size:
             if built and stop():
                 raise BuildStopped("the refill was stopped")
             name = build_spare(
-                session, created_by, app_roles, stop=stop, go_on=go_on, references=references
+                session,
+                created_by,
+                app_roles,
+                stop=stop,
+                go_on=go_on,
+                references=references,
+                on=on,
             )
             ready += 1
             built.append(name)
@@ -245,6 +276,11 @@ class PoolKeeper(threading.Thread):
         self._db = db.Database(
             owner_url, application_name=holder, settings={"synchronous_commit": "off"}
         )
+        self.owner_url = owner_url
+        #: the owner's sessions on each active tenant server the keeper built spares on
+        self._servers: dict[str, db.Database] = {}
+        #: a server whose last look failed, and when to look again (monotonic seconds)
+        self._server_retry: dict[str, float] = {}
         self._status: dict[str, Any] = {"size": size, "ready": None, "stale": None}
         self._problem: str | None = None
         #: ``pool_*`` schemas not the pool's that were reported (each is logged once)
@@ -266,9 +302,89 @@ class PoolKeeper(threading.Thread):
                     self.wake.clear()
         finally:
             self._db.close()
+            for database in self._servers.values():
+                database.close()
 
     def _tend(self) -> bool:
-        """One unit of work; True when there may be more to do at once."""
+        """One unit of work on the control database, then on each active tenant server; True
+        when there may be more to do at once."""
+        busy = self._tend_control()
+        return self._tend_servers() or busy
+
+    def _tend_servers(self) -> bool:
+        """Each active tenant server's spares (:mod:`provisioner.pool.server_spares`): counted
+        for the heartbeat, refilled while the worker is idle. A server that fails is reported
+        in its entry and looked at again later; the others go on."""
+        try:
+            with self._db.transaction() as tx:
+                found = active_servers(tx.pg)
+        except (DatabaseUnavailable, DatabaseError):
+            return False  # _tend_control said so
+        entries: dict[str, Any] = {}
+        busy = False
+        for server in found:
+            entry: dict[str, Any] = {}
+            busy = self._tend_server(server, entry) or busy
+            entries[server.name] = entry
+        if entries or "servers" in self._status:
+            self._status["servers"] = entries
+        return busy
+
+    def _tend_server(self, server: TenantServer, entry: dict[str, Any]) -> bool:
+        try:
+            with self._db.transaction() as tx:
+                found = server_counts(tx.pg, server.name, self.app_roles)
+            entry.update(ready=found.ready, stale=found.stale, unfinished=found.unfinished)
+            if not self.is_idle() or self._problem is not None:
+                return False
+            if self._server_retry.get(server.name, 0.0) > time.monotonic():
+                return False
+            if found.ready >= self.size and not found.unfinished and not found.stale:
+                return False
+            with self._db.session() as session, self._server(server).session() as there:
+                tended = refill(
+                    session,
+                    self.size,
+                    self.holder,
+                    self.app_roles,
+                    stop=self.yield_to_jobs,
+                    go_on=self._may_go_on,
+                    on_built=lambda name, ready: event(
+                        self.log, "pool_spare_built", schema=name, ready=ready, server=server.name
+                    ),
+                    on_dropped=lambda name: event(
+                        self.log, "pool_spare_dropped", schema=name, server=server.name
+                    ),
+                    on=OnServer(server.name, there),
+                )
+            return bool(tended.built or tended.dropped)
+        except BuildStopped:
+            return False
+        except (SpareRejected, TemplateUnusable) as exc:
+            self._problem = f"spares not built: {exc}"
+            event(self.log, "pool_disabled", logging.ERROR, error=self._problem)
+            return False
+        except ProvisionerError as exc:  # unreachable, refused: this server only, later
+            entry["error"] = str(exc)
+            self._server_retry[server.name] = time.monotonic() + SERVER_RETRY_SECONDS
+            event(self.log, "pool_error", logging.WARNING, error=str(exc), server=server.name)
+            return False
+
+    def _server(self, server: TenantServer) -> db.Database:
+        """The owner's sessions on ``server``, opened on first use, committing without waiting
+        for the disk as on control (see the module)."""
+        found = self._servers.get(server.name)
+        if found is None:
+            found = db.Database(
+                owner_address(server, self.owner_url),
+                application_name=self.holder,
+                settings={"synchronous_commit": "off"},
+            )
+            self._servers[server.name] = found
+        return found
+
+    def _tend_control(self) -> bool:
+        """The control database's spares; True when there may be more to do at once."""
         try:
             with self._db.transaction() as tx:
                 found = counts(tx.pg, self.app_roles)

@@ -54,6 +54,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
@@ -68,6 +69,13 @@ from provisioner.pool.grants import (
     grants_held,
     spare_grant_batches,
     take_grants,
+)
+from provisioner.pool.server_schemas import (
+    RECORD_SERVER_SPARE_SCHEMA,
+    NameTaken,
+    OnServer,
+    create_on_server,
+    drop_server_schema,
 )
 from provisioner.roles import AppRoles
 from provisioner.templates import migrations
@@ -92,7 +100,8 @@ WITH taken AS (
     DELETE FROM control.tenant_pool
      WHERE schema_name = (
            SELECT p.schema_name FROM control.tenant_pool p
-            WHERE p.tree_digest = %(digest)s AND p.app_roles IN (%(roles)s, '')
+            WHERE p.server IS NULL
+              AND p.tree_digest = %(digest)s AND p.app_roles IN (%(roles)s, '')
               AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
               AND NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = %(tenant)s)
             ORDER BY p.created_at
@@ -101,15 +110,6 @@ WITH taken AS (
     RETURNING schema_name)
 DELETE FROM control.tenant_pool_schemas s USING taken WHERE s.schema_name = taken.schema_name
 RETURNING s.schema_name
-"""
-
-# Record the name of a schema the pool is about to create, in the transaction that creates it
-# (no row when a schema of that name exists: the builder picks another name).
-RECORD_SPARE_SCHEMA = """
-INSERT INTO control.tenant_pool_schemas (schema_name, created_by)
-SELECT %(schema)s::text, %(created_by)s::text
- WHERE NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s::text)
-RETURNING schema_name
 """
 
 # Forget a schema the pool recorded, and say whether the schema is there and still owned by
@@ -124,15 +124,18 @@ RETURNING EXISTS (SELECT 1 FROM pg_namespace n
 
 # Record a spare built (and verified) in the same transaction, with the roles it was granted for.
 ADD_SPARE = """
-INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by, app_roles)
-VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s, %(roles)s)
+INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by, app_roles, server)
+VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s, %(roles)s, %(server)s)
 """
+
+# (Spares on tenant servers, ``server`` not NULL, are :mod:`provisioner.pool.server_spares`'.)
 
 # Schemas the pool recorded that hold no ready spare: being built, or left by a build whose
 # process died (dropped by the next builder, under the builders' lock).
 UNFINISHED_SPARES = """
 SELECT s.schema_name FROM control.tenant_pool_schemas s
- WHERE NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = s.schema_name)
+ WHERE s.server IS NULL
+   AND NOT EXISTS (SELECT 1 FROM control.tenant_pool p WHERE p.schema_name = s.schema_name)
  ORDER BY s.created_at
 """
 
@@ -157,7 +160,7 @@ SELECT count(*) FILTER (WHERE usable) AS ready, count(*) FILTER (WHERE NOT usabl
        ARRAY(SELECT f.schema_name FROM ({FOREIGN_SCHEMAS}) f) AS foreign_schemas
   FROM (SELECT tree_digest = %(digest)s AND app_roles IN (%(roles)s, '')
                AND EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name) AS usable
-          FROM control.tenant_pool p) s
+          FROM control.tenant_pool p WHERE p.server IS NULL) s
 """
 
 # One useless spare, to drop (with its schema, if any) in the same transaction; what it was
@@ -166,8 +169,9 @@ CLAIM_STALE_SPARE = """
 DELETE FROM control.tenant_pool
  WHERE schema_name = (
        SELECT p.schema_name FROM control.tenant_pool p
-        WHERE p.tree_digest <> %(digest)s OR p.app_roles NOT IN (%(roles)s, '')
-           OR NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name)
+        WHERE p.server IS NULL
+          AND (p.tree_digest <> %(digest)s OR p.app_roles NOT IN (%(roles)s, '')
+               OR NOT EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = p.schema_name))
         ORDER BY p.created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING schema_name, tree_digest = %(digest)s AS same_tree, app_roles
 """
@@ -243,9 +247,18 @@ def take(tx: Transaction, tenant_schema_name: str, app_roles: AppRoles) -> Taken
             {"digest": digest, "roles": roles_key(app_roles), "tenant": tenant_schema_name},
         )
         row = cur.fetchone()
-        if row is None:
-            return None
-        spare = str(row[0])
+    if row is None:
+        return None
+    return rename_spare(tx, str(row[0]), tenant_schema_name, app_roles)
+
+
+def rename_spare(
+    tx: Transaction, spare: str, tenant_schema_name: str, app_roles: AppRoles
+) -> Taken:
+    """The take's work on the spare's own database once the spare is the caller's (its row
+    deleted in ``tx``, or claimed on control for a tenant server): read its grants, then
+    rename it to the tenant's schema and grant USAGE in one round trip (see :func:`take`)."""
+    with tx.pg.cursor() as cur:
         found = [grants_held(tx.pg, spare, role) for role in app_roles]
         grants = tuple(held for held in found if held is not None)
         assert len(grants) == len(app_roles)  # the take found the schema, and holds its row
@@ -341,9 +354,10 @@ def build_spare(
     stop: Callable[[], bool] = lambda: False,
     go_on: Callable[[], bool] = lambda: False,
     references: dict[str, template_reference.Reference] | None = None,
+    on: OnServer | None = None,
 ) -> str:
     """Build one spare at the head and record it; its name. The caller holds the builders'
-    lock (:func:`builder_lock`).
+    lock (:func:`builder_lock`) of the database the spare is built on.
 
     The reference is read (or computed once, see :mod:`provisioner.templates.reference`) in the
     transaction that creates the schema (``references``: the ones a refill already read, by
@@ -356,37 +370,100 @@ def build_spare(
     :class:`TemplateUnusable` when the tree cannot be replayed, :class:`BuildStopped` when
     ``stop()`` says so between two transactions: the schema is then dropped (by the next
     builder, if this process dies).
+
+    ``on``: built on a tenant server. ``session`` is then control's: the reference is read and
+    the name recorded there first, the schema is built on the server, and the ready row is
+    recorded on control after the server's last check. A crash between two of those leaves a
+    recorded name with no ready row, which the server's next builder drops there.
     """
     tree = migrations.tenant_tree_state()
     known = {} if references is None else references
-    with session.transaction() as tx:
-        reference = known.get(tree.digest)
-        if reference is None:
+    reference = known.get(tree.digest)
+    if reference is None:
+        with session.transaction() as tx:
             reference, _ = template_reference.obtain(tx, tree, created_by)
-            known[tree.digest] = reference
-        name = _create_recorded_schema(tx, created_by)
+        known[tree.digest] = reference
+    for _ in range(NAME_ATTEMPTS):
+        name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
+        try:
+            _build(session, name, reference, created_by, app_roles, stop, go_on, on)
+        except NameTaken:  # a schema holds the name drawn: draw another
+            continue
+        return name
+    raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
+
+
+def _build(
+    session: db.Session,
+    name: str,
+    reference: template_reference.Reference,
+    created_by: str,
+    app_roles: AppRoles | None,
+    stop: Callable[[], bool],
+    go_on: Callable[[], bool],
+    on: OnServer | None,
+) -> None:
+    """:func:`build_spare` under the name ``name``; :class:`NameTaken` when a schema holds it.
+
+    Per spare, one transaction of bookkeeping beyond the build's own batches: on the control
+    database the name's record and the schema's creation ride the first replay batch (a name
+    already taken fails it: nothing is left, another is drawn), the fingerprint and the list of
+    relations to grant are read in the last replay batch's transaction, before its commit (which
+    begins the first grant batch), and the last transaction checks the grants and records the
+    spare. Where there were four transactions and a dozen round trips around the batches, there
+    is one transaction and three."""
+    target = session if on is None else on.session
+    opening: sql.Composable | None = None
+    if on is None:
+        opening = sql.SQL(
+            "INSERT INTO control.tenant_pool_schemas (schema_name, created_by) VALUES ({}, {});"
+            " CREATE SCHEMA {} AUTHORIZATION CURRENT_USER"
+        ).format(sql.Literal(name), sql.Literal(created_by), sql.Identifier(name))
+    else:
+        with session.transaction() as tx, tx.pg.cursor() as cur:
+            cur.execute(
+                RECORD_SERVER_SPARE_SCHEMA,
+                {"schema": name, "created_by": created_by, "server": on.name},
+            )
+            if cur.fetchone() is None:
+                raise NameTaken(name)
     try:
+        if on is not None:
+            create_on_server(on, name)
         search_path = sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(name))
         statements = reference.template.statements
         replay = [
             sql.SQL("{};\n{}").format(search_path, sql.SQL("\n".join(statements[at : at + BATCH])))
             for at in range(0, len(statements), BATCH)
-        ]
-        try:
-            _run_batches(session, replay, stop, go_on)
-        except DatabaseError as exc:
-            raise SpareRejected(f"replay failed: {exc}") from exc
-        with session.transaction() as tx:
+        ] or [search_path]
+        if opening is not None:
+            replay[0] = sql.SQL("{};\n{}").format(opening, replay[0])
+
+        def verified(tx: Transaction) -> list[sql.Composed]:
+            # Before any grant: the reference has none. Read under the session's search_path,
+            # as the reference was (the batch's own names the spare, and the catalog's
+            # definitions then leave the spare's names unqualified).
+            tx.pg.execute("SET LOCAL search_path TO DEFAULT")
             problem = mismatch(reference.fingerprint, fingerprint(tx.pg, name))
-            # After the fingerprint: the reference has no grants.
-            batches = (
-                [] if app_roles is None else spare_grant_batches(name, app_roles, tx.pg, BATCH)
-            )
-        if problem is not None:
-            raise SpareRejected(problem)
-        _run_batches(session, batches, stop, go_on)
+            if problem is not None:
+                raise SpareRejected(problem)
+            if app_roles is None:
+                return []
+            return spare_grant_batches(name, app_roles, tx.pg, BATCH)
+
+        try:
+            _run_batches(target, replay, stop, go_on, at_end=verified)
+        except DatabaseError as exc:
+            if opening is not None and isinstance(
+                exc.__cause__, (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation)
+            ):
+                raise NameTaken(name) from exc
+            raise SpareRejected(f"replay failed: {exc}") from exc
+        if on is not None and app_roles is not None:
+            with target.transaction() as tx:
+                check_spare_grants(tx.pg, name, app_roles)
         with session.transaction() as tx:
-            if app_roles is not None:
+            if on is None and app_roles is not None:
                 check_spare_grants(tx.pg, name, app_roles)
             tx.pg.execute(
                 ADD_SPARE,
@@ -396,12 +473,12 @@ def build_spare(
                     "heads": sorted(reference.heads),
                     "created_by": created_by,
                     "roles": roles_key(app_roles),
+                    "server": None if on is None else on.name,
                 },
             )
-    except BaseException:
-        _drop_schema_quietly(session, name)
+    except BaseException as exc:
+        _drop_schema_quietly(session, name, on, ours=not isinstance(exc, NameTaken))
         raise
-    return name
 
 
 def _run_batches(
@@ -409,6 +486,7 @@ def _run_batches(
     batches: list[sql.Composed],
     stop: Callable[[], bool],
     go_on: Callable[[], bool],
+    at_end: Callable[[Transaction], list[sql.Composed]] | None = None,
 ) -> None:
     """Each batch its own transaction, one simple query. While ``go_on()`` says so (the
     keeper: the worker is idle), a batch's commit begins the next batch's transaction with its
@@ -417,17 +495,25 @@ def _run_batches(
     a ``BEGIN``, the batch and a ``COMMIT`` were three. When it does not, the commit goes
     alone and ``stop()`` runs before the next batch (it pauses while the worker has a job:
     nothing of the build runs meanwhile). A chained batch that fails after its predecessor's
-    commit is begun again by the next transaction, which meets the error. psycopg keeps the
-    session's prepared statements (:func:`keeping_prepared_statements`)."""
+    commit is begun again by the next transaction, which meets the error. ``at_end`` runs in
+    the last batch's transaction, before its commit, and returns batches to run after it (the
+    commit begins the first). psycopg keeps the session's prepared statements
+    (:func:`keeping_prepared_statements`)."""
+    pending = list(batches)
     chained = False
     with keeping_prepared_statements(session.driver):
-        for at, batch in enumerate(batches):
+        at = 0
+        while at < len(pending):
             if not chained:
                 _between_batches(stop)
-            following = batches[at + 1] if at + 1 < len(batches) else None
-            with session.transaction(batch) as tx:
+            with session.transaction(pending[at]) as tx:
+                if at + 1 == len(pending) and at_end is not None:
+                    pending.extend(at_end(tx))
+                    at_end = None
+                following = pending[at + 1] if at + 1 < len(pending) else None
                 chained = following is not None and go_on()
                 tx.begin_next_with(following if chained else None)
+            at += 1
 
 
 def _between_batches(stop: Callable[[], bool]) -> None:
@@ -435,28 +521,17 @@ def _between_batches(stop: Callable[[], bool]) -> None:
         raise BuildStopped("the spare build was stopped")
 
 
-def _create_recorded_schema(tx: Transaction, created_by: str) -> str:
-    """Record a new spare's name, then create its schema, in ``tx``: the pool's schemas are
-    those it recorded, whatever else is named ``pool_*``. A name already taken (by a schema
-    that is not the pool's) is skipped for another."""
-    for _ in range(NAME_ATTEMPTS):
-        name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
-        with tx.pg.cursor() as cur:
-            cur.execute(RECORD_SPARE_SCHEMA, {"schema": name, "created_by": created_by})
-            if cur.fetchone() is None:
-                continue
-            cur.execute(
-                sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(sql.Identifier(name))
-            )
-        return name
-    raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
-
-
-def _drop_schema_quietly(session: db.Session, schema: str) -> None:
+def _drop_schema_quietly(
+    session: db.Session, schema: str, on: OnServer | None, *, ours: bool = True
+) -> None:
     """Drop a spare schema a build did not finish; when that fails too (the server is gone),
     the next builder drops it."""
-    with suppress(ProvisionerError), session.transaction() as tx:
-        drop_schema(tx, schema)
+    with suppress(ProvisionerError):
+        if on is None:
+            with session.transaction() as tx:
+                drop_schema(tx, schema)
+        else:
+            drop_server_schema(session, on, schema, ours=ours)
 
 
 def drop_schema(tx: Transaction, schema: str) -> bool:

@@ -498,8 +498,9 @@ def _relations_in(database: Database, schema: str) -> int:
 
 
 class BusyAtTheFirstBatch:
-    """A worker's ``idle()`` for the keeper: idle when asked whether to build, then busy from
-    the first time a build asks between two of its transactions, until released."""
+    """A worker's ``idle()`` for the keeper: idle when asked whether to build and before the
+    first batch (which creates the schema), then busy from the first batch's commit (which
+    asks whether to begin the next batch with it), until released."""
 
     def __init__(self, database: Database | None = None) -> None:
         self.calls = 0
@@ -511,10 +512,10 @@ class BusyAtTheFirstBatch:
 
     def __call__(self) -> bool:
         self.calls += 1
-        if self.calls == 2:  # the first call let the build start; this one is between batches
-            if self.database is not None:
-                self.seen = _unfinished(self.database)
+        if self.calls == 3:  # asked at the first batch's commit: the job arrived
             self.busy.set()
+        elif self.calls == 4 and self.database is not None:  # between the first two batches
+            self.seen = _unfinished(self.database)
         return not self.busy.is_set()
 
 
@@ -529,17 +530,18 @@ def test_a_spare_build_pauses_while_the_worker_has_a_job(
     )
     keeper.start()
     try:
-        wait_until(lambda: idle.busy.is_set(), 60, "the build to reach its first batch")
+        wait_until(lambda: idle.calls >= 5, 60, "the build to pause after its first batch")
         (paused,) = _unfinished(database)
+        built = _relations_in(database, paused)
         asked = idle.calls
         wait_until(lambda: idle.calls >= asked + 5, 30, "the paused build to ask again")
         assert ready_spares(database) == [] and _unfinished(database) == [paused]
-        assert _relations_in(database, paused) == 0  # not one batch ran while busy
+        assert _relations_in(database, paused) == built > 0  # not one batch ran while busy
 
         idle.busy.clear()
         wait_until(lambda: ready_spares(database) == [paused], 60, "the build to go on")
         assert _unfinished(database) == [] and keeper.pauses == 1
-        assert _relations_in(database, paused) > 0
+        assert _relations_in(database, paused) > built
     finally:
         keeper.stop()
 
@@ -559,7 +561,7 @@ def test_a_build_paused_past_its_limit_gives_up_and_drops_its_schema(
     )
     keeper.start()
     try:
-        wait_until(lambda: idle.busy.is_set(), 60, "the build to reach its first batch")
+        wait_until(lambda: idle.calls >= 5, 60, "the build to pause after its first batch")
         (paused,) = idle.seen
         wait_until(lambda: _unfinished(database) == [], 30, "the build to give up")
         assert ready_spares(database) == [] and keeper.pauses == 0

@@ -1,0 +1,258 @@
+"""The warm pool on tenant servers (issue 29, item 2), against a second real cluster: spares
+built there and recorded on control with their server, taken by a tenant placed there (renamed
+in the server's step transaction, the record gone with the checkpoint), and placement that
+prefers a server with a spare to spare."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from provisioner import db, pool, service
+from provisioner.kinds.provision import STEPS, ensure_provision_job
+from provisioner.local import cluster as local_pg
+from provisioner.models import JobStatus, TenantId
+from provisioner.settings import Settings
+from provisioner.tenant.fingerprint import fingerprint
+from tests.conftest import Database, run_cli
+from tests.job_server import TenantServerDb
+from tests.workers import Workers, job_row, wait_until
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    """The workers' settings (tests.workers): a quick heartbeat."""
+    return replace(settings, heartbeat_seconds=0.5, job_stale_after_seconds=10.0)
+
+
+@pytest.fixture
+def placed(settings: Settings, database: Database, jobs_server: TenantServerDb) -> Settings:
+    """The test's control database with the tenant server ``east`` in its directory, migrated."""
+    jobs_server.add_to(database)
+    migrated = run_cli(settings, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    return settings
+
+
+@pytest.fixture
+def second_server(jobs_server: TenantServerDb) -> Iterator[TenantServerDb]:
+    """Another fresh database on the second cluster, as a second tenant server."""
+    name = f"ts_{uuid.uuid4().hex[:12]}"
+    admin = jobs_server.cluster.superuser_url()
+    local_pg.bootstrap_database(admin, name)
+    try:
+        yield TenantServerDb(jobs_server.cluster, name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def fill(settings: Settings, server: TenantServerDb, name: str, size: int) -> tuple[str, ...]:
+    """Refill server ``name``'s spares to ``size`` as the worker's keeper does."""
+    control = db.Database(settings.owner_url)
+    there = db.Database(server.cluster.url(local_pg.OWNER_ROLE, server.name))
+    try:
+        with control.session() as session, there.session() as target:
+            on = pool.OnServer(name, target)
+            return pool.refill(session, size, "test", settings.app_roles, on=on).built
+    finally:
+        control.close()
+        there.close()
+
+
+def pool_rows(database: Database) -> list[tuple[str, str | None, str | None]]:
+    with database.owner() as conn:
+        rows = conn.execute(
+            "SELECT schema_name, server, claimed_by FROM control.tenant_pool ORDER BY created_at"
+        ).fetchall()
+    return [(str(a), b, c) for a, b, c in rows]
+
+
+def recorded_names(database: Database) -> set[str]:
+    with database.owner() as conn:
+        rows = conn.execute("SELECT schema_name FROM control.tenant_pool_schemas").fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def test_a_tenant_placed_on_a_server_with_spares_takes_one(
+    placed: Settings, database: Database, jobs_server: TenantServerDb, clean_fingerprint: dict
+) -> None:
+    built = fill(placed, jobs_server, "east", 2)
+    assert len(built) == 2 and all(jobs_server.schema_exists(name) for name in built)
+    assert pool_rows(database) == [(name, "east", None) for name in built]
+    with database.owner() as conn:  # control's own pool is left alone: nothing there
+        assert pool.counts(conn, placed.app_roles).ready == 0
+        assert pool.server_counts(conn, "east", placed.app_roles).ready == 2
+        # The spares live on the server, not on control.
+        on_control = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = ANY(%s)", (list(built),)
+        ).fetchone()
+    assert on_control == (0,)
+
+    result = service.provision(placed, "acme")
+
+    assert result.job.status is JobStatus.SUCCEEDED, result.job.error_detail
+    assert result.job.steps_completed == list(STEPS)
+    oldest = built[0]
+    assert not jobs_server.schema_exists(oldest)  # renamed: the tenant's schema now
+    assert jobs_server.schema_exists(built[1])
+    with jobs_server.owner() as conn:
+        assert fingerprint(conn, "tenant_acme") == clean_fingerprint
+        detail = conn.execute(
+            "SELECT detail FROM provisioner_server.step_journal WHERE step = 'create_schema'"
+        ).fetchone()
+    assert detail == (f"taken from the warm pool: {oldest}",)
+    assert pool_rows(database) == [(built[1], "east", None)]  # the taken spare's row is gone
+    assert oldest not in recorded_names(database)
+    # The application reaches its tenant there, with the spare's grants and USAGE.
+    with jobs_server.app() as app:
+        app.execute("SET search_path TO tenant_acme")
+        app.execute("SELECT count(*) FROM role_profiles").fetchone()
+    # The next tenant takes the other one; a third builds its schema as before.
+    assert service.provision(placed, "bravo").job.status is JobStatus.SUCCEEDED
+    assert pool_rows(database) == []
+    assert service.provision(placed, "carol").job.status is JobStatus.SUCCEEDED
+    with jobs_server.owner() as conn:
+        carol = conn.execute(
+            "SELECT detail FROM provisioner_server.step_journal"
+            " WHERE tenant_id = 'carol' AND step = 'create_schema'"
+        ).fetchone()
+        assert fingerprint(conn, "tenant_carol") == clean_fingerprint
+    assert carol == (None,)
+
+
+def test_a_spare_claimed_by_a_tenant_whose_schema_exists_is_given_back(
+    placed: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    (spare,) = fill(placed, jobs_server, "east", 1)
+    with jobs_server.owner() as conn:  # the tenant's schema is there already (by hand)
+        conn.execute("CREATE SCHEMA tenant_acme")
+    result = service.provision(placed, "acme")
+    assert result.job.status is JobStatus.SUCCEEDED
+    assert jobs_server.schema_exists(spare)
+    assert pool_rows(database) == [(spare, "east", None)]  # unclaimed again, still ready
+
+
+def test_the_keeper_drops_a_server_spare_of_another_tree_state_and_an_unfinished_one(
+    placed: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    stale, unfinished = fill(placed, jobs_server, "east", 2)
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.tenant_pool SET tree_digest = 'old' WHERE schema_name = %s", (stale,)
+        )
+        conn.execute("DELETE FROM control.tenant_pool WHERE schema_name = %s", (unfinished,))
+    rebuilt = fill(placed, jobs_server, "east", 2)
+    assert len(rebuilt) == 2
+    assert not jobs_server.schema_exists(stale) and not jobs_server.schema_exists(unfinished)
+    assert [r[0] for r in pool_rows(database)] == list(rebuilt)
+    assert recorded_names(database) == set(rebuilt)
+
+
+def _server_of(database: Database, tenant: str) -> str | None:
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT server FROM control.tenants WHERE tenant_id = %s", (tenant,)
+        ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_placement_prefers_a_server_with_a_spare_to_spare(
+    placed: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    second_server: TenantServerDb,
+) -> None:
+    second_server.add_to(database, "west")
+    assert run_cli(placed, "migrate").returncode == 0
+    # Without spares: the least loaded, by name among equals (east).
+    assert service.provision(placed, "first").job.status is JobStatus.SUCCEEDED
+    assert _server_of(database, "first") == "east"
+    # West is the less loaded now; a spare on east has east preferred.
+    fill(placed, jobs_server, "east", 1)
+    with database.owner() as conn:
+        ensure_provision_job(conn, TenantId("second"))
+    assert _server_of(database, "second") == "east"
+    # East's one spare is spoken for by the queued job of "second": the next goes by load.
+    with database.owner() as conn:
+        ensure_provision_job(conn, TenantId("third"))
+    assert _server_of(database, "third") == "west"
+    # A server at its capacity is never chosen, spares or not.
+    with database.owner() as conn:
+        conn.execute("UPDATE control.tenant_servers SET capacity = 2 WHERE name = 'east'")
+    fill(placed, jobs_server, "east", 3)
+    with database.owner() as conn:
+        ensure_provision_job(conn, TenantId("fourth"))
+    assert _server_of(database, "fourth") == "west"
+    # The queued tenants provision on their servers; "second" takes east's oldest spare.
+    worker = run_cli(placed, "worker", "--once")
+    assert worker.returncode == 0, worker.stderr
+    with database.owner() as conn:
+        states = dict(
+            conn.execute("SELECT tenant_id, status FROM control.platform_jobs").fetchall()
+        )
+    assert states == {t: "succeeded" for t in ("first", "second", "third", "fourth")}
+    assert jobs_server.schema_exists("tenant_second")
+    assert [r[1] for r in pool_rows(database)] == ["east", "east"]  # one of three taken
+    assert second_server.schema_exists("tenant_third")
+
+
+def test_a_tenant_that_holds_a_claim_takes_that_spare_and_no_other(
+    placed: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    oldest, newest = fill(placed, jobs_server, "east", 2)
+    # A run that claimed the newest spare on control and died before the server's commit.
+    with database.owner() as conn:
+        ensure_provision_job(conn, TenantId("acme"))
+        conn.execute(
+            "UPDATE control.tenant_pool SET claimed_by = 'acme' WHERE schema_name = %s", (newest,)
+        )
+        assert pool.server_counts(conn, "east", placed.app_roles).ready == 1  # claimed: not
+    result = service.provision(placed, "acme")
+    assert result.job.status is JobStatus.SUCCEEDED
+    assert not jobs_server.schema_exists(newest) and jobs_server.schema_exists(oldest)
+    assert pool_rows(database) == [(oldest, "east", None)]
+
+
+def test_a_workers_keeper_fills_each_active_servers_pool_and_reports_it(
+    placed: Settings, database: Database, jobs_server: TenantServerDb, workers: Workers
+) -> None:
+    worker = workers.start(env={"PROVISIONER_POOL_SIZE": "1"})
+
+    def east_ready() -> int:
+        with database.owner() as conn:
+            return pool.server_counts(conn, "east", placed.app_roles).ready
+
+    wait_until(lambda: east_ready() == 1, 90, "a spare on east")
+    (spare, server, claimed) = next(r for r in pool_rows(database) if r[1] == "east")
+    assert (server, claimed) == ("east", None) and jobs_server.schema_exists(spare)
+    wait_until(
+        lambda: (
+            json.loads(run_cli(placed, "health", "--json").stdout)["components"][0]["detail"]
+            .get("pool", {})
+            .get("servers", {})
+            .get("east", {})
+            .get("ready")
+            == 1
+        ),
+        30,
+        "the heartbeat to report east's pool",
+    )
+    # A sign-up placed on east takes it; the keeper builds the next one there.
+    with db.connect(placed.app_url) as conn:
+        ensure_provision_job(conn, TenantId("acme"))
+        conn.commit()
+    wait_until(lambda: job_row(database, "acme")["status"] == "succeeded", 60, "acme")
+    assert not jobs_server.schema_exists(spare) and jobs_server.schema_exists("tenant_acme")
+    wait_until(lambda: east_ready() == 1, 90, "east's pool refilled")
+    assert spare not in {r[0] for r in pool_rows(database)}
+    assert worker.stop() == 0, worker.output()

@@ -144,13 +144,11 @@ BEGIN
         LOOP
             SELECT s.name, s.capacity, s.placed INTO chosen, room, taken
               FROM control.tenant_servers s
-              LEFT JOIN (SELECT m.target, count(*) AS n FROM control.tenant_moves m
-                          WHERE m.phase = 'moving' GROUP BY m.target) c
-                ON c.target = s.name
+             CROSS JOIN LATERAL (SELECT s.placed + count(*) AS held FROM control.tenant_moves m
+                                  WHERE m.target = s.name AND m.phase = 'moving') c
              WHERE s.status = 'active' AND s.name <> ALL (passed)
-               AND (s.capacity IS NULL OR s.placed + coalesce(c.n, 0) < s.capacity)
-             ORDER BY (s.placed + coalesce(c.n, 0) + 1)::float8 / s.weight,
-                      s.placed + coalesce(c.n, 0), s.name
+               AND (s.capacity IS NULL OR c.held < s.capacity)
+             ORDER BY (c.held + 1)::float8 / s.weight, c.held, s.name
              LIMIT 1
                FOR UPDATE OF s;
             EXIT WHEN chosen IS NULL OR room IS NULL;

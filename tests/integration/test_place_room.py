@@ -148,18 +148,28 @@ def test_a_switched_move_counts_once_among_the_tenants(
     assert placed(database) == {"east": 3} and nothing_of(database, "third")
 
 
-@pytest.mark.parametrize("first", ["move", "enqueue"])
+@pytest.mark.parametrize(
+    ("first", "spare"),
+    [("move", False), ("enqueue", False), ("move", True)],
+    ids=["move-first", "enqueue-first", "move-first-spare-server"],
+)
 def test_a_move_and_an_enqueue_at_the_same_instant_never_overfill_a_server(
-    settings: Settings, database: Database, tenant_server: TenantServer, first: str
+    settings: Settings, database: Database, tenant_server: TenantServer, first: str, spare: bool
 ) -> None:
     """The move and the enqueue queue on the row of a server with one place left, in a known
     order; released, the first takes the place and the second is refused. Move first is the
     case a room counted by the enqueue's locking statement alone misses: that statement's
-    snapshot predates the move's commit, and the row it waited for was locked, not updated."""
+    snapshot predates the move's commit, and the row it waited for was locked, not updated.
+    With a spare server (as loaded, second by name), the enqueue passes the full one over and
+    places the tenant there."""
     service.provision(settings, "mover")
     with database.owner() as conn:
         servers.add(conn, "east", tenant_server.reference, capacity=2)
+        if spare:
+            servers.add(conn, "west", WEST)
     enqueue(database, "first", "east")
+    if spare:
+        enqueue(database, "w1", "west")
     commands = {
         "move": ["move", "mover", "--to", "east", "--queue"],
         "enqueue": ["enqueue", "newcomer"],
@@ -182,6 +192,12 @@ def test_a_move_and_an_enqueue_at_the_same_instant_never_overfill_a_server(
         outs = {name: child.communicate(timeout=120) for name, child in children.items()}
     codes = {name: child.returncode for name, child in children.items()}
     second = order[1]
+    if spare:
+        assert codes == {"move": 0, "enqueue": 0}, outs
+        assert service.locate(settings, "newcomer").server == "west"
+        assert placed(database) == {None: 1, "east": 1, "west": 2}
+        assert coming(database, "east") == 1
+        return
     assert codes == {first: 0, second: 2}, outs
     refused = outs[second][1].strip()
     if second == "enqueue":

@@ -16,7 +16,9 @@ switched. This revision redefines the function to count the moves under way, as 
   locking statement re-reads the row it waited for, not a count it made before the wait).
   A server found full then is passed over (its row stays locked to the end of the
   transaction, as a chosen one's does) and the next least loaded one is tried; a named one
-  is refused as one at its capacity.
+  is refused as one at its capacity. Two enqueues that each pass over a server and then wait
+  for the other's (moves into both landing while they choose) are a deadlock PostgreSQL
+  breaks by failing one of them, its transaction rolled back: nothing of it is created.
 
 Everything else is as before: a tenant already registered keeps its server, the same
 ``PV001`` errors, the control database when no server is in the directory but retired ones.

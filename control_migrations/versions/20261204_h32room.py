@@ -33,7 +33,7 @@ Create Date: 2026-12-04
 from alembic import op
 
 revision = "20261204_h32room"
-down_revision = "20261203_h31move"
+down_revision = "20261204_h32pool"
 branch_labels = None
 depends_on = None
 

@@ -31,14 +31,14 @@ LOAD_ORDER = "(s.placed + 1)::float8 / s.weight, s.placed, s.name"
 #: This revision's: first a server with a ready spare left once the provisioning jobs queued
 #: for its tenants take theirs (the queued jobs are few, read by the queue's partial index;
 #: the pool's rows are a few per server).
-SPARE_FIRST = (
+SPARE_PREFERENCE = (
     "(SELECT count(*) FROM control.tenant_pool p"
     " WHERE p.server = s.name AND p.claimed_by IS NULL)"
     " > (SELECT count(*) FROM control.platform_jobs j"
     " JOIN control.tenants t ON t.tenant_id = j.tenant_id"
     " WHERE j.status = 'queued' AND j.job_type = 'provision_tenant' AND t.server = s.name)"
-    " DESC, " + LOAD_ORDER
 )
+SPARE_FIRST = SPARE_PREFERENCE + " DESC, " + LOAD_ORDER
 
 
 def _place_tenant(order: str) -> str:

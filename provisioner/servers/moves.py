@@ -68,8 +68,9 @@ RETURNING *
 
 # The target's row, locked until the caller's transaction ends: a move takes its room there
 # (placed + moves under way < capacity) under the same row lock as the placement of a new
-# tenant (control.place_tenant), so two moves at once into the last free place queue on the
-# row. The moves under way are counted by a statement of their own, once the lock is held: its
+# tenant (control.place_tenant), which counts the same moves (revision 20261204_h32room), so
+# two moves at once, or a move and a sign-up, into the last free place queue on the row. The
+# moves under way are counted by a statement of their own, once the lock is held: its
 # snapshot, taken then, sees the move that held the lock before (read committed; a subquery of
 # the locking statement would read the snapshot taken before the wait, and miss it).
 LOCK_ROOM = """

@@ -15,20 +15,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from provisioner import queue, service
+from provisioner import queue, servers, service
 from provisioner.engine import StepEvent
 from provisioner.kinds.provision import STEPS
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
-from tests.conftest import Database, run_cli, settings_env
-from tests.job_server import TenantServerDb
-from tests.workers import kill_frozen
+from tests.conftest import Database, settings_env
+from tests.extra_clusters import TenantServerDb
+from tests.workers import kill_frozen, wait_until
 
 KILL_CHILD = Path(__file__).with_name("provision_child.py")
 PAUSE_CHILD = Path(__file__).with_name("pause_child.py")
@@ -45,8 +44,9 @@ SEAMS = [(step, "on_server") for step in SERVER_STEPS] + [
 def placed(settings: Settings, database: Database, jobs_server: TenantServerDb) -> Settings:
     """The test's control database with the tenant server in its directory, migrated."""
     jobs_server.add_to(database)
-    migrated = run_cli(settings, "migrate")
-    assert migrated.returncode == 0, migrated.stderr
+    # ``provisioner migrate``'s library call (the command itself: tests/integration/
+    # test_server_jobs.py), in process: a child process here would cost a second a test
+    assert [m.server for m in servers.migrate_servers(settings.owner_url)] == ["east"]
     return settings
 
 
@@ -131,9 +131,13 @@ def test_a_sigstopped_holder_taken_over_cannot_write_on_either_server(
     zombie = _paused(placed, go, step, outcome)
     os.kill(zombie.pid, signal.SIGSTOP)
     before = jobs_server.journal("sleeper")
-    time.sleep(1.5)
-    with database.owner() as conn:  # its lease expired while it was stopped: recovered
-        assert [j.tenant_id for j in queue.recover_stale(conn, 1.0)] == ["sleeper"]
+
+    def recovered() -> list[str]:
+        with database.owner() as conn:
+            return [j.tenant_id for j in queue.recover_stale(conn, 1.0)]
+
+    # its lease expires while it is stopped (a second without heartbeat): then recovered
+    assert wait_until(recovered, 60, "the stopped holder's lease to expire") == ["sleeper"]
 
     result = service.provision(placed, "sleeper")
     assert (result.job.status, result.job.attempts) == (JobStatus.SUCCEEDED, 2)

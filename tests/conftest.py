@@ -50,8 +50,7 @@ pytest_plugins = [
     "tests.console_server",
     "tests.pgbouncer",
     "tests.failover",
-    "tests.move_server",
-    "tests.job_server",
+    "tests.extra_clusters",
 ]
 
 # A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest

@@ -1,7 +1,7 @@
 """``provisioner move`` killed with SIGKILL before and after each of its steps, then run
 again: the move resumes (the dead holder's job taken over) and ends as an uninterrupted move
 does; a second move while one runs is refused. Two real clusters: the control database's and
-a tenant server (:mod:`tests.move_server`)."""
+a tenant server (:mod:`tests.extra_clusters`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from provisioner.kinds.move import MOVE_JOB_TYPE
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from tests.conftest import Database, run_cli, settings_env
-from tests.move_server import TenantServer
+from tests.extra_clusters import TenantServer
 from tests.workers import kill_frozen
 
 CHILD = Path(__file__).with_name("move_child.py")

@@ -18,21 +18,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from provisioner import kinds, queue, service
+from provisioner import kinds, queue, servers, service
 from provisioner.engine import StepEvent
 from provisioner.kinds.provision import STEPS
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, run_cli, settings_env
-from tests.job_server import TenantServerDb
-from tests.workers import kill_frozen
+from tests.extra_clusters import TenantServerDb
+from tests.workers import kill_frozen, wait_until
 
 KILL_CHILD = Path(__file__).with_name("provision_child.py")
 PAUSE_CHILD = Path(__file__).with_name("pause_child.py")
@@ -49,8 +48,9 @@ SEAMS = [(step, "on_server") for step in SERVER_STEPS] + [
 def placed(settings: Settings, database: Database, jobs_server: TenantServerDb) -> Settings:
     """The test's control database with the tenant server in its directory, migrated."""
     jobs_server.add_to(database)
-    migrated = run_cli(settings, "migrate")
-    assert migrated.returncode == 0, migrated.stderr
+    # ``provisioner migrate``'s library call (the command itself: tests/integration/
+    # test_server_jobs.py), in process: a child process here would cost a second a test
+    assert [m.server for m in servers.migrate_servers(settings.owner_url)] == ["east"]
     return settings
 
 
@@ -135,9 +135,13 @@ def test_a_sigstopped_holder_taken_over_cannot_write_on_either_server(
     zombie = _paused(placed, go, step, outcome)
     os.kill(zombie.pid, signal.SIGSTOP)
     before = jobs_server.journal("sleeper")
-    time.sleep(1.5)
-    with database.owner() as conn:  # its lease expired while it was stopped: recovered
-        assert [j.tenant_id for j in queue.recover_stale(conn, 1.0)] == ["sleeper"]
+
+    def recovered() -> list[str]:
+        with database.owner() as conn:
+            return [j.tenant_id for j in queue.recover_stale(conn, 1.0)]
+
+    # its lease expires while it is stopped (a second without heartbeat): then recovered
+    assert wait_until(recovered, 60, "the stopped holder's lease to expire") == ["sleeper"]
 
     result = service.provision(placed, "sleeper")
     assert (result.job.status, result.job.attempts) == (JobStatus.SUCCEEDED, 2)
@@ -257,9 +261,13 @@ def test_a_repair_killed_between_its_two_commits_is_adopted_by_a_worker(
     kill_frozen(placed, REPAIR_CHILD, "victim", "restore_catalog", "on_server")
     assert app_sees(jobs_server, "victim") == "allowed"  # restored on the server, committed
     assert "restore_catalog" in lifecycle_journal(database, jobs_server, "victim", "repair_tenant")
-    time.sleep(1.5)
-    with database.owner() as conn:  # the killed holder's lease expired: recovered
-        assert [j.tenant_id for j in queue.recover_stale(conn, 1.0)] == ["victim"]
+
+    def recovered() -> list[str]:
+        with database.owner() as conn:
+            return [j.tenant_id for j in queue.recover_stale(conn, 1.0)]
+
+    # the killed holder's lease expires (a second without heartbeat): then recovered
+    assert wait_until(recovered, 60, "the killed holder's lease to expire") == ["victim"]
 
     env = {"PROVISIONER_WORKER_JOB_TYPES": "repair_tenant"}
     worker = run_cli(placed, "worker", "--once", env=env)

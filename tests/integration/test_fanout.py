@@ -1,8 +1,9 @@
 """Fleet commands across servers (issue 29, item 5): ``check --all``, ``tenants list``,
 ``health`` and ``upgrade --all`` reach tenants on the control database and on two real tenant
-servers (clusters this module starts), report per server, and report a server that is down
-(``pg_ctl stop``) while the others proceed. The fan-out's bound (one session per server, a few
-servers at once) is observed in ``pg_stat_activity`` of every cluster.
+servers (the run's extra clusters, :mod:`tests.extra_clusters`), report per server, and report
+a server that is down (its address refusing connections, as a stopped server's does) while the
+others proceed. The fan-out's bound (one session per server, a few servers at once) is observed
+in ``pg_stat_activity`` of every cluster.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ from typing import Any
 import psycopg
 import pytest
 
-from provisioner import servers
+from provisioner import servers, service
 from provisioner.fleet import progress
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli
-from tests.tenant_servers import TenantServer, clusters, place, register, tenant_servers
-
-__all__ = ["clusters", "tenant_servers"]  # the fixtures, used by name
+from tests.extra_clusters import FleetServer as TenantServer
+from tests.extra_clusters import place, register
 
 
 def provision_here(settings: Settings, tenant: str) -> None:
-    out = run_cli(settings, "provision", tenant)
-    assert out.returncode == 0, out.stderr
+    """``tenant`` on the control database (in process: the fleet commands are under test)."""
+    result = service.provision(settings, tenant)
+    assert result.job.status.value == "succeeded", result.job.error_detail
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """``provisioner move`` (issue 29, step 4) between two real clusters: the control database's
-and a second one as tenant server ``east`` (:mod:`tests.move_server`), each command a real
+and a second one as tenant server ``east`` (:mod:`tests.extra_clusters`), each command a real
 child process, the application a concurrent process writing all along."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
@@ -17,8 +16,8 @@ from provisioner.kinds import move_copy
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from tests.conftest import Database, run_cli, settings_env
-from tests.move_server import TenantServer
-from tests.workers import kill_frozen
+from tests.extra_clusters import TenantServer
+from tests.workers import kill_frozen, wait_until
 
 WRITER = Path(__file__).resolve().parent.parent / "move_writer.py"
 CHILD = Path(__file__).resolve().parent.parent / "crash" / "move_child.py"
@@ -63,6 +62,12 @@ def app_write(url: str, tenant: str) -> str:
     return "ok"
 
 
+def written(log: Path, outcome: str, server: str = "control") -> bool:
+    """Has the writer logged a write with ``outcome`` on ``server`` (see tests/move_writer.py)?"""
+    whole = log.read_text().split("\n")[:-1] if log.exists() else []  # the last may be partial
+    return any(line.split()[0] == outcome and line.split()[-1] == server for line in whole)
+
+
 def moves_row(database: Database, tenant: str) -> tuple | None:
     with database.owner() as conn:
         return conn.execute(
@@ -94,9 +99,13 @@ def test_a_tenant_moves_under_live_writes_and_loses_nothing(
         for name, log in logs.items()
     ]
     try:
-        time.sleep(0.5)
+        # both writers acknowledged writes on control before the move, and after it the router
+        # on east and the stale one refused on control (waited for: never a fixed sleep)
+        wait_until(lambda: all(written(log, "ok") for log in logs.values()), 60, "writes")
         out = move_cli(settings, tenant_server, "big", "--to", "east", "--json")
-        time.sleep(0.5)
+        assert out.returncode == 0, out.stderr
+        wait_until(lambda: written(logs["router"], "ok", "east"), 60, "a write on east")
+        wait_until(lambda: written(logs["stale"], "denied", "control"), 60, "a refused write")
     finally:
         stop.touch()
         for writer in writers:

@@ -17,7 +17,7 @@ from provisioner.local import cluster as local_pg
 from provisioner.settings import Settings
 from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, run_cli
-from tests.job_server import TenantServerDb
+from tests.extra_clusters import TenantServerDb
 
 #: The provisioning steps with work on the tenant's server (the journal's rows).
 SERVER_STEPS = ("create_schema", "run_tenant_migrations", "grant_app_rw", "seed_role_profiles")

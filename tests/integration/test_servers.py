@@ -13,7 +13,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
@@ -23,6 +22,7 @@ import provisioner
 from provisioner import servers
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli, settings_env
+from tests.workers import wait_until
 
 A = "host=127.0.0.1 port=1 dbname=tenants_a"
 B = "host=127.0.0.1 port=2 dbname=tenants_b"
@@ -319,6 +319,7 @@ import provisioner
 
 url, prefix, count, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 with psycopg.connect(url) as conn:
+    Path(sys.argv[5]).touch()  # connected: waiting for the others
     while not go.exists():
         time.sleep(0.005)
     refused = 0
@@ -339,16 +340,18 @@ def test_concurrent_enqueues_from_several_processes_never_exceed_a_capacity(
     add(database, "east", A, capacity=25)
     add(database, "west", B, capacity=35)
     go = tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(4)]
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", CHILD, database.app_url, f"p{i}_", "20", str(go)],
+            [sys.executable, "-c", CHILD, database.app_url, f"p{i}_", "20", str(go), str(mark)],
             stdout=subprocess.PIPE,
             text=True,
             env=settings_env(settings),
         )
-        for i in range(4)
+        for i, mark in enumerate(ready)
     ]
-    time.sleep(0.5)  # each child connected and waiting
+    # every child connected and waiting before any enqueues (waited for, not slept on)
+    wait_until(lambda: all(mark.exists() for mark in ready), 120, "the children to connect")
     go.touch()
     refused = 0
     for child in children:

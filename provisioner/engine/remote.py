@@ -187,7 +187,7 @@ def _adopt(
     begun = _Begun(pool)
     try:
         stx = begun.tx
-        shown = journal.raise_and_read(stx.pg, tenant, job.id, token)
+        shown = journal.raise_and_read(stx.pg, tenant, job.id, token, ctx.lock_timeout_ms)
         looked = (shown - recorded) | (recorded if scope is Scope.ALL else set())
         on_server = {
             s.name: s.server_effect is None or s.server_effect(stx, ctx, access)

@@ -121,6 +121,9 @@ ON CONFLICT (tenant_id, job_id, step) DO UPDATE
 RETURNING token
 """
 
+# The lock timeout of the transaction that raises the fence (and runs a first step).
+LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
+
 # The steps of a job the server's journal shows done.
 STEPS_DONE = """
 SELECT step FROM provisioner_server.step_journal WHERE tenant_id = %(tenant)s AND job_id = %(job)s
@@ -197,15 +200,19 @@ def record_step(
 
 
 def raise_and_read(
-    conn: psycopg.Connection[Any], tenant: TenantId, job: UUID, token: int
+    conn: psycopg.Connection[Any], tenant: TenantId, job: UUID, token: int, lock_timeout_ms: int
 ) -> frozenset[str]:
     """Raise the tenant's fence to ``token`` (:func:`raise_fence`), then read the job's steps
     the journal shows done, in the caller's transaction and in one round trip (a pipeline).
     Two statements, not one: the read's snapshot is taken once the raise has its row lock, so
-    it sees a step that an older holder committed while the raise waited for that lock."""
+    it sees a step that an older holder committed while the raise waited for that lock. The
+    transaction waits for a lock ``lock_timeout_ms`` at most (as a step does): a frozen holder
+    whose first step's transaction still holds the fence row fails the run as contended,
+    rather than hanging it."""
     params = {"tenant": tenant.value, "token": token, "job": job}
     with conn.cursor(row_factory=tuple_row) as fence, conn.cursor(row_factory=tuple_row) as read:
         with pipeline(conn):
+            conn.execute(LOCAL_LOCK_TIMEOUT, {"ms": f"{lock_timeout_ms}ms"})
             fence.execute(RAISE_FENCE, params)
             read.execute(STEPS_DONE, params)
         if fence.fetchone() is None:

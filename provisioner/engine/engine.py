@@ -192,6 +192,7 @@ class Engine:
         self._claimed: HandOff | None = None
         #: the journal row that claim opened for the claimed job's first step, until it runs
         self._opened: queue.OpenedRun | None = None
+        self._last: queue.Claim | None = None  #: its last claim (remote.claimed_token)
         #: the job whose last step's commit failed after claiming the next one (unknown fate)
         self._unsure_after: UUID | None = None
 
@@ -254,21 +255,20 @@ class Engine:
     def claim(self, job_types: tuple[str, ...]) -> queue.Claim | None:
         """This holder's next job of ``job_types`` (a worker child's): the one the previous
         job's last step claimed with its commit (see :meth:`run`), else one claimed now on the
-        control session (its commit is asynchronous).
-
-        When that last step's commit failed after the claim was sent, the server may or may not
-        have committed it: such a job is handed back first (untouched), so it never sits
-        claimed by a live holder that does not know it.
-        """
+        control session (asynchronous, unless the tenant is on a tenant server: the claim
+        gives its run's fencing token, queue/fence.py). A job whose claim rode on a last step's
+        failed commit (committed or not) is handed back first, untouched: it never sits claimed
+        by a live holder that does not know it."""
         if self._claimed is not None:
             handed, self._claimed = self._claimed, None
-            self._opened = handed.opened
+            self._opened, self._last = handed.opened, handed.claim
             return handed.claim
         with db.translated():
             if self._unsure_after is not None:
                 queue.release_unreported(self.control, self.holder, [self._unsure_after])
                 self._unsure_after = None
-            return queue.claim_next_with_state(self.control, job_types, self.holder)
+            self._last = queue.claim_next_with_state(self.control, job_types, self.holder)
+            return self._last
 
     def close(self) -> None:
         if self._claimed is not None:  # claimed by the last job, never started: hand it back

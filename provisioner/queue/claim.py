@@ -13,6 +13,7 @@ from provisioner.errors import InvalidInput
 from provisioner.models import (
     Job,
 )
+from provisioner.queue.fence import CLAIM_DURABLE_IF_PLACED, CLAIM_FENCE
 from provisioner.queue.rows import TENANT_JOB_LOCK_CLASS, Conn, fetch_one
 
 # Claim the oldest claimable job of the allowed types; SKIP LOCKED keeps claimants apart. A job
@@ -47,15 +48,16 @@ CLAIMABLE = """
 """
 
 
-# The claim's common expressions (``claimed``: the job's row as claimed), which CLAIM_NEXT and
-# the hand-off's claim (queue/handoff.py) select from.
+# The claim's common expressions (``claimed``: the job's row as claimed, and the ``xmin`` its
+# claim wrote, the run's fencing token: queue/fence.py), which CLAIM_NEXT and the hand-off's
+# claim (queue/handoff.py) select from.
 CLAIMING = f"""next AS ({CLAIMABLE}), claimed AS (
     UPDATE control.platform_jobs AS j
        SET status = 'running', attempts = j.attempts + 1, locked_at = clock_timestamp(),
            locked_by = %(worker)s, updated_at = now()
       FROM next
      WHERE j.id = next.id
-    RETURNING j.*
+    RETURNING j.*, j.xmin AS claim_xmin
 )"""
 
 # ``more``: another ready job of the kinds was queued when the claim ran (a hint, read from the
@@ -67,10 +69,13 @@ MORE_QUEUED = """EXISTS (SELECT 1 FROM control.platform_jobs o
                    AND o.job_type = ANY(%(job_types)s) AND o.id <> claimed.id) AS more"""
 
 
+# The step engine's claim, with the tenant's state and server, the hint, and the run's fencing
+# token; its commit waits for the disk when the tenant lives on a tenant server (the token is
+# used there: queue/fence.py), else it keeps the session's mode (asynchronous for the engine).
 CLAIM_NEXT = f"""
 WITH {CLAIMING}
 SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server,
-       {MORE_QUEUED}
+       {MORE_QUEUED}, {CLAIM_FENCE} AS fence_token, {CLAIM_DURABLE_IF_PLACED} AS commit_waits
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
 """
 
@@ -146,6 +151,9 @@ class Claim:
     tenant_server: str | None = None
     #: another ready job of the claimed kinds was queued (CLAIM_NEXT's hint; True when unread)
     more: bool = True
+    #: the run's fencing token for a tenant server, when the claim's own write gives one
+    #: (CLAIM_NEXT alone in its transaction, or in a hand-off's savepoint: queue/fence.py)
+    fence: int | None = None
 
 
 def claim_params(job_types: Sequence[str], worker: str) -> dict[str, Any]:
@@ -167,9 +175,13 @@ def plan_claim(conn: Conn, worker: str) -> None:
 def as_claim(row: dict[str, Any] | None) -> Claim | None:
     if not row:
         return None
-    more = row.get("more")
+    more, fence = row.get("more"), row.get("fence_token")
     return Claim(
-        Job.from_row(row), row["tenant_state"], row.get("tenant_server"), more is not False
+        Job.from_row(row),
+        row["tenant_state"],
+        row.get("tenant_server"),
+        more is not False,
+        None if fence is None else int(fence),
     )
 
 

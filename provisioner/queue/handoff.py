@@ -30,10 +30,13 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from provisioner.queue.claim import CLAIMING, MORE_QUEUED, claim_params
+from provisioner.queue.fence import CLAIM_FENCE
 
 # CLAIM_NEXT, and the claimed job's first pending step opened in the journal (STEP_RUN_OPEN's
 # row) by the same statement. ``first_steps``: {job type: its steps in order}; a job with no
 # step left (or of a type not in it) opens nothing. ``started_at`` is the clock at the claim.
+# Its caller runs it in a savepoint of its own, whose id is the run's fencing token (its commit,
+# the last step's before it, waits for the disk: queue/fence.py).
 CLAIM_NEXT_OPENING = f"""
 WITH {CLAIMING}, opened AS (
     INSERT INTO control.job_step_runs (job_id, tenant_id, run, attempt, step, worker, started_at)
@@ -46,7 +49,7 @@ WITH {CLAIMING}, opened AS (
     RETURNING id, step
 )
 SELECT claimed.*, t.state AS tenant_state, t.server AS tenant_server, {MORE_QUEUED},
-       opened.id AS first_run_id, opened.step AS first_run_step
+       opened.id AS first_run_id, opened.step AS first_run_step, {CLAIM_FENCE} AS fence_token
   FROM claimed LEFT JOIN control.tenants t ON t.tenant_id = claimed.tenant_id
   LEFT JOIN opened ON true
 """

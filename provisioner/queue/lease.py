@@ -21,6 +21,7 @@ from provisioner.models import (
     Lease,
 )
 from provisioner.queue.claim import CLAIM_NEXT, Claim, as_claim, claim_params
+from provisioner.queue.fence import CLAIM_RELEASE, CLAIM_SAVEPOINT
 from provisioner.queue.handoff import (
     CLAIM_NEXT_OPENING,
     OpenedRun,
@@ -315,7 +316,10 @@ def close_step(
             with conn.cursor(row_factory=dict_row) as claim:
                 with pipeline(conn):
                     record.execute(statement, params)
+                    # in a savepoint: the claim's id of its own is the run's token (fence.py)
+                    conn.execute(CLAIM_SAVEPOINT)
                     claim.execute(claiming, claiming_params)
+                    conn.execute(CLAIM_RELEASE)
                 claimed_row = claim.fetchone()
         else:
             record.execute(statement, params)

@@ -10,8 +10,10 @@ repeated or lost (:mod:`provisioner.engine.remote`).
 The fence: one row per tenant carrying the token of the run that last wrote there. A run's
 token is a transaction id of ``control``, taken by a write fenced by the job's lease
 (:func:`provisioner.queue.fence_token`), so a run that took the job over always holds a larger
-token than the run it took it from. A run raises the fence to its token when it begins (before
-it adopts anything), and every step transaction here raises it again with its journal row, in
+token than the run it took it from (the invariant: :mod:`provisioner.queue.fence`). A run
+raises the fence to its token when it begins (before it adopts anything), in the transaction
+that reads this journal and, when there is nothing to adopt, goes on to run its first step
+(:func:`raise_and_read`); every step transaction here raises it again with its journal row, in
 one statement, refused when the fence holds a larger one: a holder whose lease was taken over (a
 frozen process that wakes up) cannot write on the tenant's server once its successor has begun.
 
@@ -31,6 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from provisioner.db.pipelines import pipeline
 from provisioner.errors import LeaseLost
 from provisioner.models import TenantId
 
@@ -118,6 +121,9 @@ ON CONFLICT (tenant_id, job_id, step) DO UPDATE
 RETURNING token
 """
 
+# The lock timeout of the transaction that raises the fence (and runs a first step).
+LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
+
 # The steps of a job the server's journal shows done.
 STEPS_DONE = """
 SELECT step FROM provisioner_server.step_journal WHERE tenant_id = %(tenant)s AND job_id = %(job)s
@@ -191,6 +197,27 @@ def record_step(
         found = cur.execute(RECORD_STEP, params).fetchone()
     if found is None:
         raise LeaseLost(_fenced_out(tenant, job, token))
+
+
+def raise_and_read(
+    conn: psycopg.Connection[Any], tenant: TenantId, job: UUID, token: int, lock_timeout_ms: int
+) -> frozenset[str]:
+    """Raise the tenant's fence to ``token`` (:func:`raise_fence`), then read the job's steps
+    the journal shows done, in the caller's transaction and in one round trip (a pipeline).
+    Two statements, not one: the read's snapshot is taken once the raise has its row lock, so
+    it sees a step that an older holder committed while the raise waited for that lock. The
+    transaction waits for a lock ``lock_timeout_ms`` at most (as a step does): a frozen holder
+    whose first step's transaction still holds the fence row fails the run as contended,
+    rather than hanging it."""
+    params = {"tenant": tenant.value, "token": token, "job": job}
+    with conn.cursor(row_factory=tuple_row) as fence, conn.cursor(row_factory=tuple_row) as read:
+        with pipeline(conn):
+            conn.execute(LOCAL_LOCK_TIMEOUT, {"ms": f"{lock_timeout_ms}ms"})
+            fence.execute(RAISE_FENCE, params)
+            read.execute(STEPS_DONE, params)
+        if fence.fetchone() is None:
+            raise LeaseLost(_fenced_out(tenant, job, token))
+        return frozenset(str(r[0]) for r in read.fetchall())
 
 
 def steps_done(conn: psycopg.Connection[Any], tenant: TenantId, job: UUID) -> frozenset[str]:

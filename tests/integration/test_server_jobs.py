@@ -6,14 +6,23 @@ every step committed on the tenant server with its journal row and the fence."""
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import psycopg
 import pytest
+from psycopg import pq
+from psycopg.rows import dict_row
 
-from provisioner import service
-from provisioner.kinds.provision import STEPS
+from provisioner import queue, service
+from provisioner.engine import Engine, runner
+from provisioner.kinds.provision import PROVISION_JOB_TYPE, STEPS
 from provisioner.local import cluster as local_pg
+from provisioner.models import Job, JobStatus
+from provisioner.queue.claim import claim_params
 from provisioner.settings import Settings
 from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, run_cli
@@ -148,3 +157,117 @@ def test_a_worker_provisions_tenants_on_the_tenant_server(
         assert jobs_server.schema_exists(f"tenant_{tenant}")
         assert not on_control(database, f"tenant_{tenant}")
         assert sorted(jobs_server.journal(tenant)) == sorted(SERVER_STEPS)
+
+
+def _drain_once(engine: Engine, claims: list[queue.Claim]) -> runner.Outcome:
+    """What a worker's engine process does for each job of its drain (provisioning only)."""
+    return runner.claim_next_and_run(
+        engine,
+        (PROVISION_JOB_TYPE,),
+        on_claimed=claims.append,
+        on_progress=lambda event: None,
+        should_stop=lambda: False,
+    )
+
+
+def _sent(trace: IO[bytes]) -> list[str]:
+    """The messages a traced session sent (libpq's trace: "F" lines), message and text."""
+    trace.seek(0)
+    lines = trace.read().decode(errors="replace").splitlines()
+    return [line for line in lines if line.split("\t")[:1] == ["F"]]
+
+
+@contextmanager
+def _traced(wire: pq.abc.PGconn) -> Iterator[IO[bytes]]:
+    with tempfile.TemporaryFile() as trace:
+        wire.trace(trace.fileno())
+        wire.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield trace
+        finally:
+            wire.untrace()
+
+
+def test_a_placed_job_takes_its_token_from_its_claim_and_raises_its_fence_with_its_first_step(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    """queue/fence.py and engine/remote.py: a worker child's job on a tenant server takes its
+    fencing token from its claim (the first job's, alone; the second's, riding on the first
+    job's last commit), so its run writes nothing on control before its first step; and its
+    fence is raised in its first step's server transaction: one server transaction per step,
+    none of the adopt's own."""
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    for tenant in ("one", "two"):
+        service.enqueue(settings, tenant)
+    claims: list[queue.Claim] = []
+    with Engine.from_settings(settings, "drainer") as engine:
+        assert isinstance(_drain_once(engine, claims), runner.Settled)
+        assert engine.holds_claim()  # the second job, claimed by the first one's last commit
+        pool = engine.servers.database(engine.control, "east")
+        with pool.session() as session:  # the pool's one session, which the next job takes
+            server_wire = session.driver.pgconn
+        with _traced(engine.control.pgconn) as on_control, _traced(server_wire) as on_server:
+            second = _drain_once(engine, claims)
+            control_sent, server_sent = _sent(on_control), _sent(on_server)
+    assert isinstance(second, runner.Settled) and second.job.status is JobStatus.SUCCEEDED
+    assert [c.job.tenant_id for c in claims] == ["one", "two"]
+    first_token, second_token = (c.fence for c in claims)
+    assert first_token is not None and second_token is not None
+    for claim in claims:
+        tenant = str(claim.job.tenant_id)
+        assert set(jobs_server.journal(tenant).values()) == {claim.fence}
+        assert jobs_server.fence(tenant) == claim.fence
+    assert control_sent == []  # no token of its own taken on control (no RUN_FENCE)
+    # one server transaction per step (psycopg sends each COMMIT as a query of its own; a
+    # BEGIN it may send prepared), none of the adopt's own
+    commits = [line for line in server_sent if line.endswith('Query\t "COMMIT"')]
+    assert len(commits) == len(SERVER_STEPS), server_sent
+
+
+def test_a_hand_offs_claim_token_is_its_own_and_a_placed_claim_commits_durably(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    """queue/fence.py: a last step's transaction got its id early; a token another run took
+    meanwhile (committed before the claim) is larger than that id, and the hand-off's claim
+    token, its savepoint's own id, larger still. A claim of a job whose tenant lives on a
+    tenant server asks for a durable commit; one of a tenant on control does not."""
+    service.enqueue(settings, "here")  # before the server joins: on the control database
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    for tenant in ("there", "later"):
+        service.enqueue(settings, tenant)
+    params = claim_params([PROVISION_JOB_TYPE], "w")
+    with psycopg.connect(database.owner_url, autocommit=True, row_factory=dict_row) as conn:
+        row = conn.execute(queue.CLAIM_NEXT, params).fetchone()
+        assert row is not None and (row["tenant_id"], row["tenant_server"]) == ("here", None)
+        assert row["commit_waits"] is None and row["fence_token"] is not None
+        lease = Job.from_row(row).lease
+        opened = conn.execute(queue.step_run_opening(lease, "here", STEPS[0])).fetchone()
+        assert opened is not None
+    with psycopg.connect(database.owner_url) as tx:
+        early = tx.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        with psycopg.connect(database.owner_url, autocommit=True) as other:
+            taken = other.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        closed = queue.close_step(
+            tx,
+            int(opened["id"]),
+            None,
+            lease,
+            list(STEPS),
+            100,
+            last=True,
+            claim_next=(PROVISION_JOB_TYPE,),
+            first_steps={PROVISION_JOB_TYPE: list(STEPS)},
+        )
+        tx.commit()
+    assert closed.claimed is not None and closed.claimed.job.tenant_id == "there"
+    assert early is not None and taken is not None and closed.claimed.fence is not None
+    assert early[0] < taken[0] < closed.claimed.fence
+    with psycopg.connect(database.owner_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("UPDATE control.platform_jobs SET status = 'succeeded' "
+                     "WHERE tenant_id = 'there'")  # fmt: skip
+        row = conn.execute(queue.CLAIM_NEXT, params).fetchone()
+        assert row is not None and (row["tenant_id"], row["tenant_server"]) == ("later", "east")
+        assert row["commit_waits"] == "on"
+        assert int(row["fence_token"]) == int(row["claim_xmin"]) > closed.claimed.fence

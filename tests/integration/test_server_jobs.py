@@ -218,7 +218,12 @@ def test_a_placed_job_takes_its_token_from_its_claim_and_raises_its_fence_with_i
         tenant = str(claim.job.tenant_id)
         assert set(jobs_server.journal(tenant).values()) == {claim.fence}
         assert jobs_server.fence(tenant) == claim.fence
-    assert control_sent == []  # no token of its own taken on control (no RUN_FENCE)
+    # on control, the warm pool's claim of a spare on the server alone (one statement, bound to
+    # the tenant and its server: pool/server_spares.py); no token of its own (no RUN_FENCE)
+    executes = [line for line in control_sent if "\tExecute\t" in line]
+    binds = [line for line in control_sent if "\tBind\t" in line]
+    assert len(executes) == len(binds) == 1, control_sent
+    assert "'two'" in binds[0] and "'east'" in binds[0], control_sent
     # one server transaction per step (psycopg sends each COMMIT as a query of its own; a
     # BEGIN it may send prepared), none of the adopt's own
     commits = [line for line in server_sent if line.endswith('Query\t "COMMIT"')]

@@ -157,7 +157,7 @@ def _alembic(database: BenchDatabase, tenants: int) -> float:
         engine.dispose()
 
 
-def _workers(database: BenchDatabase, tenants: int, children: int, tree: Path) -> float:
+def upgrade_by_worker(database: BenchDatabase, tenants: int, children: int, tree: Path) -> float:
     """Seconds from the upgrade call to the last job's finish (worker start-up excluded:
     the worker is started first and the upgrade is timed from when it is idle)."""
     worker = worker_process.WorkerProcess(
@@ -233,7 +233,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> Non
                                     fleet.upgrade(clone.settings(), dry_run=True)
                                     behind_ms.append((time.perf_counter() - began) * 1000)
                                 children = int(contender.split("_")[1])
-                                seconds = _workers(clone, tenants, children, tree)
+                                seconds = upgrade_by_worker(clone, tenants, children, tree)
                                 if contender == "worker_1":
                                     paths = _paths(clone)
                                     steps.append(_step_ms(clone))
@@ -293,7 +293,7 @@ def run_scale(database: BenchDatabase, results: Results, tenants: int, block: in
         )
         say(f"  scale: who is behind over {len(report.behind)} tenants: {min(behind):.0f} ms")
         began = time.perf_counter()
-        seconds = _workers(database, len(report.behind), 2, tree)
+        seconds = upgrade_by_worker(database, len(report.behind), 2, tree)
         say(f"  scale: fleet upgrade of {len(report.behind)} tenants in {seconds:.0f} s")
         with psycopg.connect(database.owner_url) as conn:
             finished = [

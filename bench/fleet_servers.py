@@ -18,19 +18,15 @@ server (two commits per step, the server's pool, the fan-out's read), not a netw
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from pathlib import Path
 
 import psycopg
 
-from bench import worker_process
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
-from bench.fleet import t005_tree, tenant_tree
+from bench.fleet import t005_tree, tenant_tree, upgrade_by_worker
 from bench.server_jobs import _reference
-from provisioner import fleet, servers, service
-from provisioner.templates import migrations
+from provisioner import servers, service
 
 TENANTS = 60
 RUNS = 2
@@ -51,36 +47,6 @@ def _deploy(
             servers.migrate_servers(control.owner_url)
         service.provision(settings, f"u{i:04d}")
     return control
-
-
-def _upgrade(control: BenchDatabase, tenants: int, tree: Path) -> float:
-    """Seconds from the upgrade call to the last job's finish, one worker with one child."""
-    worker = worker_process.WorkerProcess(
-        control,
-        "--concurrency",
-        "1",
-        env={migrations.TENANT_TREE_ENV: str(tree), "PROVISIONER_POLL_SECONDS": "0.2"},
-    )
-    try:
-        if not worker_process.wait_for(lambda: '"idle"' in worker.log(), 300, step=0.05):
-            raise RuntimeError(f"worker never idle: {worker.log()[-2000:]}")
-        began = time.perf_counter()
-        report = fleet.upgrade(control.settings())
-        if len(report.behind) != tenants:
-            raise RuntimeError(f"{len(report.behind)} of {tenants} tenants behind")
-        with psycopg.connect(control.owner_url, autocommit=True) as conn:
-
-            def done() -> bool:
-                row = conn.execute(
-                    "SELECT count(*) FROM control.platform_jobs WHERE status <> 'succeeded'"
-                ).fetchone()
-                return bool(row and row[0] == 0)
-
-            if not worker_process.wait_for(done, 600, step=0.02):
-                raise RuntimeError(f"upgrade did not finish: {worker.log()[-2000:]}")
-        return time.perf_counter() - began
-    finally:
-        worker.close()
 
 
 def _paths(control: BenchDatabase) -> Counter[str]:
@@ -105,7 +71,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int = TENANTS, runs: i
                 control = _deploy(cluster, f"fs_{label}", tenants, server)
                 try:
                     with tenant_tree(tree):
-                        seconds = _upgrade(control, tenants, tree)
+                        seconds = upgrade_by_worker(control, tenants, 1, tree)
                         if server is not None:
                             paths = _paths(control)
                 finally:

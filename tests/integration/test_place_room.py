@@ -21,6 +21,7 @@ import provisioner
 from provisioner import servers, service
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli, settings_env
+from tests.integration.test_servers import placed
 from tests.move_server import TenantServer
 
 WEST = "host=127.0.0.1 port=2 dbname=tenants_west"
@@ -49,19 +50,6 @@ def move(
     settings: Settings, tenant_server: TenantServer, *args: str
 ) -> subprocess.CompletedProcess[str]:
     return run_cli(settings, "move", *args, env=tenant_server.env)
-
-
-def placed(database: Database) -> dict[str | None, int]:
-    """Tenants not purged per server (None: the control database); the directory's counts
-    agree with them."""
-    with database.owner() as conn:
-        rows = conn.execute(
-            "SELECT server, count(*) FROM control.tenants WHERE state <> 'deleted' GROUP BY 1"
-        ).fetchall()
-        counted = dict(conn.execute("SELECT name, placed FROM control.tenant_servers").fetchall())
-    found = {server: n for server, n in rows}
-    assert counted == {name: found.get(name, 0) for name in counted}
-    return found
 
 
 def coming(database: Database, server: str) -> int:

@@ -20,6 +20,7 @@ from provisioner.settings import Settings
 from provisioner.tenant.fingerprint import fingerprint as catalog_fingerprint
 from tests.conftest import Database, fingerprint, run_cli
 from tests.integration import test_job_kinds as job_kinds
+from tests.integration.test_app_role_boundary import tenant_state
 from tests.integration.test_fleet_upgrade import make_tree, use_tree
 from tests.job_server import TenantServerDb
 
@@ -32,15 +33,6 @@ def provision(settings: Settings, tenant: str) -> None:
 def on_server(jobs_server: TenantServerDb, sql: str, *params: object) -> list[tuple]:
     with jobs_server.owner() as conn:
         return conn.execute(sql, params).fetchall()
-
-
-def state(database: Database, tenant: str) -> str:
-    with database.owner() as conn:
-        row = conn.execute(
-            "SELECT state FROM control.tenants WHERE tenant_id = %s", (tenant,)
-        ).fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 def app_sees(jobs_server: TenantServerDb, tenant: str) -> object:
@@ -125,7 +117,7 @@ def test_suspend_restore_deprovision_and_purge_run_on_the_tenant_server(
 
     suspended = change("suspend")
     assert suspended["steps_completed"] == ["revoke_app_rw", "mark_suspended"]
-    assert (state(database, "acme"), app_sees(jobs_server, "acme")) == (
+    assert (tenant_state(database, "acme"), app_sees(jobs_server, "acme")) == (
         "suspended",
         "permission denied",
     )
@@ -138,10 +130,13 @@ def test_suspend_restore_deprovision_and_purge_run_on_the_tenant_server(
     assert written == [("revoke_app_rw",)]  # the state change is control's alone
 
     change("restore")
-    assert (state(database, "acme"), app_sees(jobs_server, "acme")) == ("onboarding", "allowed")
+    assert (tenant_state(database, "acme"), app_sees(jobs_server, "acme")) == (
+        "onboarding",
+        "allowed",
+    )
 
     change("deprovision")
-    assert (state(database, "acme"), app_sees(jobs_server, "acme")) == (
+    assert (tenant_state(database, "acme"), app_sees(jobs_server, "acme")) == (
         "archived",
         "permission denied",
     )
@@ -149,7 +144,7 @@ def test_suspend_restore_deprovision_and_purge_run_on_the_tenant_server(
 
     purged = change("deprovision", "--purge", "--yes")
     assert purged["steps_completed"] == ["revoke_app_rw", "drop_schema", "mark_deleted"]
-    assert state(database, "acme") == "deleted"
+    assert tenant_state(database, "acme") == "deleted"
     assert not jobs_server.schema_exists("tenant_acme")
     assert app_sees(jobs_server, "acme") == "schema gone"
 

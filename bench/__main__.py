@@ -413,6 +413,12 @@ def _pool_burst_goals(results: Results) -> list[Goal]:
             1.5,
             "a sign-up during a refill <= 1.5x raw (no wait behind the keeper's build)",
         ),
+        goal_ratio(  # the intent of the line above, for the sign-ups no spare served
+            results,
+            "poolb_during_built",
+            1.5,
+            "a sign-up during a refill no spare served <= 1.5x the same with no pool",
+        ),
     ]
 
 

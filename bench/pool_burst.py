@@ -12,7 +12,9 @@ arrive one by one while the keeper rebuilds; against the raw build measured in t
 * **During a refill:** a second burst empties the pool; as soon as the keeper has started
   rebuilding, sign-ups are enqueued one at a time (each after the previous one finished). None
   should wait behind the keeper's build: a job's wait before its first step starts is
-  reported beside its latency.
+  reported beside its latency. Most find the pool empty and are whole builds: those are
+  compared with the same sign-ups on a worker with no pool (no keeper), made in the same
+  database before the round (against the raw SQL they pay the engine's steps, not the keeper).
 """
 
 from __future__ import annotations
@@ -91,6 +93,25 @@ def _one(app: psycopg.Connection, watch: psycopg.Connection, tenant: str) -> Non
         time.sleep(POLL_SECONDS)
 
 
+def _alone(database: BenchDatabase) -> list[float]:
+    """The baseline of a sign-up mid-refill that no spare served: the same sign-ups, one at a
+    time, on a worker with no pool (no keeper), in the same database before the round. A
+    sign-up the pool cannot serve is a whole build (``run_tenant_migrations`` most of it);
+    against the raw SQL it pays the engine's steps, not the keeper."""
+    worker = worker_process.WorkerProcess(database, env={"PROVISIONER_POOL_SIZE": "0"})
+    app = psycopg.connect(database.app_url)
+    watch = psycopg.connect(database.owner_url, autocommit=True)
+    try:
+        _one(app, watch, "warmup_alone")
+        for i in range(DURING_REFILL):
+            _one(app, watch, f"alone_{i}")
+        return [r[0] for r in _signups(watch, "alone_") if not r[2]][: DURING_REFILL]
+    finally:
+        watch.close()
+        app.close()
+        worker.close()
+
+
 def _round(
     cluster: BenchCluster, size: int, run_no: int, raw_database: BenchDatabase
 ) -> dict[str, list[float]]:
@@ -98,6 +119,7 @@ def _round(
     worker idle, its pool full), as many as the refill built."""
     out: dict[str, list[float]] = {k: [] for k in ("burst", "served", "refill", "during", "wait")}
     with cluster.database(f"poolburst{run_no}") as database:
+        out["alone"] = _alone(database)
         env = {"PROVISIONER_POOL_SIZE": str(size)}
         worker = worker_process.WorkerProcess(database, env=env)
         app = psycopg.connect(database.app_url)
@@ -127,6 +149,7 @@ def _round(
                 _one(app, watch, f"during_{i}")
             rows = _signups(watch, "during_")
             out["during"] = [r[0] for r in rows]
+            out["during_built"] = [r[0] for r in rows if not r[2]]
             out["wait"] = [r[1] for r in rows]
             out["during_served"] = [float(sum(r[2] for r in rows))]
         finally:
@@ -253,6 +276,27 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
             percentiles=True,
         )
     )
+    results.add(
+        Figure(
+            "poolb_alone",
+            "a sign-up built with no pool (no keeper), one at a time, same database",
+            "ms",
+            samples["alone"],
+            note="baseline",
+            percentiles=True,
+        )
+    )
+    if samples["during_built"]:  # empty when a spare served every one
+        results.add(
+            Figure(
+                "poolb_during_built",
+                "  a sign-up while the keeper rebuilds that no spare served",
+                "ms",
+                samples["during_built"],
+                baseline="poolb_alone",
+                percentiles=True,
+            )
+        )
     results.add(
         Figure(
             "poolb_wait",

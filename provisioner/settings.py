@@ -13,9 +13,6 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
 from provisioner import project, roles
 from provisioner.errors import ConfigurationError
 from provisioner.naming import DEFAULT_ID_PATTERN, DEFAULT_SCHEMA_PATTERN, TenantNaming
@@ -76,6 +73,11 @@ def check_database_url(name: str, url: str) -> None:
 
 def _check_key_value_conninfo(name: str, conninfo: str) -> None:
     """A libpq ``key=value`` string (``host=... user=...``): libpq's own parser decides."""
+    # The driver is imported here, not at the top: every command reads the settings, and
+    # `--help` should not pay for psycopg (docs/performance.md "Start-up").
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         parsed = "=" in conninfo and bool(conninfo_to_dict(conninfo))
     except psycopg.Error:

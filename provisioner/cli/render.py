@@ -12,16 +12,21 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 import click
 
-from provisioner import kinds
-from provisioner.engine import StepEvent, StepOutcome
 from provisioner.errors import ProvisionerError
 from provisioner.models import Job, JobStatus
-from provisioner.queue import JobRunRecord, StepRunRecord
+
+# The kinds, the engine and the queue are imported where a job is rendered, not here: the
+# top-level group imports this module for its errors, and `provisioner --help` should not load
+# every kind's steps (docs/performance.md "Start-up").
+if TYPE_CHECKING:
+    from provisioner.engine import StepEvent
+    from provisioner.kinds import KindRegistry
+    from provisioner.queue import JobRunRecord, StepRunRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,14 +59,21 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True, default=json_default))
 
 
-def step_count(job: Job, registry: kinds.KindRegistry = kinds.BUILTIN) -> str:
+def builtin_kinds() -> KindRegistry:
+    """The built-in kinds: what a job is rendered against when the command names no registry."""
+    from provisioner.kinds import BUILTIN
+
+    return BUILTIN
+
+
+def step_count(job: Job, registry: KindRegistry | None = None) -> str:
     """ "3/6" for a job of a kind with six steps ("3/?" for a kind this build does not run)."""
-    kind = registry.kinds.get(job.job_type)
+    kind = (registry or builtin_kinds()).kinds.get(job.job_type)
     total = str(len(kind.step_names)) if kind is not None and kind.handled else "?"
     return f"{len(job.steps_completed)}/{total}"
 
 
-def render_job(job: Job, registry: kinds.KindRegistry = kinds.BUILTIN) -> None:
+def render_job(job: Job, registry: KindRegistry | None = None) -> None:
     click.echo(f"tenant    {job.tenant_id}")
     click.echo(f"job       {job.id} ({job.job_type})")
     click.echo(f"status    {job.status.value}")
@@ -166,11 +178,13 @@ class OneLineErrors(click.Group):
 class StepPrinter:
     """Prints one line per finished step: position in its kind, name, outcome, duration."""
 
-    def __init__(self, quiet: bool, registry: kinds.KindRegistry = kinds.BUILTIN) -> None:
+    def __init__(self, quiet: bool, registry: KindRegistry | None = None) -> None:
         self.quiet = quiet
-        self.registry = registry
+        self.registry = registry or builtin_kinds()
 
     def __call__(self, event: StepEvent) -> None:
+        from provisioner.engine import StepOutcome
+
         if self.quiet or event.outcome in (StepOutcome.STARTED, StepOutcome.ON_SERVER):
             return
         index, total = self.registry[event.job.job_type].position(event.step)

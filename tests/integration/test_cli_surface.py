@@ -44,7 +44,10 @@ def commands(
     group: click.Group, path: tuple[str, ...] = ()
 ) -> list[tuple[tuple[str, ...], click.Command]]:
     found: list[tuple[tuple[str, ...], click.Command]] = [(path, group)]
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the top-level group imports its commands lazily
+        command = group.get_command(ctx, name)
+        assert command is not None
         if isinstance(command, click.Group):
             found += commands(command, (*path, name))
         else:

@@ -19,11 +19,15 @@ with it (:func:`engine`), with a bare ``postgresql+psycopg://`` URL naming only 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+# SQLAlchemy (~0.2 s to import) is for Alembic and the callers' connections; commands that
+# only read and write rows start without it (docs/performance.md "Start-up").
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 #: The URL SQLAlchemy and Alembic see: the dialect and driver only, never an address.
 DIALECT_URL = "postgresql+psycopg://"
@@ -57,6 +61,8 @@ def engine(
     ``connect_args`` go to :meth:`psycopg.Connection.connect` with the address (SQLAlchemy
     ignores its own ``connect_args`` when a creator is given); ``engine_args`` to
     :func:`sqlalchemy.create_engine`."""
+    import sqlalchemy as sa
+
     conninfo = libpq_address(address)
     kwargs = dict(connect_args or {})
     creator: Callable[[], psycopg.Connection[Any]] = lambda: connection_class.connect(  # noqa: E731

@@ -32,10 +32,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
@@ -44,6 +43,11 @@ from provisioner.db import conninfo
 from provisioner.db.conninfo import libpq_address
 from provisioner.db.plans import GENERIC_PLANS
 from provisioner.db.translate import translated
+
+# SQLAlchemy (~0.2 s to import) is for Alembic and the callers' connections; commands that
+# only read and write rows start without it (docs/performance.md "Start-up").
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 #: Every connection of the package (psycopg, SQLAlchemy, Alembic) gives up after this long, so
 #: a server that accepts connections but never answers (stopped, overloaded) fails a command

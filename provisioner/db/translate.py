@@ -17,11 +17,11 @@ fails the step and is retried, never a fallback to Alembic).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
-import sqlalchemy as sa
 
 from provisioner.errors import (
     ConfigurationError,
@@ -87,12 +87,28 @@ _SESSION_ENDED = frozenset({"57P01", "57P02", "57P03"})
 _CONTROL_MISSING = {"3F000", "42P01", "42703", "42883"}
 
 
+def _sqlalchemy(exc: BaseException | None, name: str) -> bool:
+    """Whether ``exc`` is SQLAlchemy's exception ``name`` (``sqlalchemy.exc.<name>``).
+
+    Asked through ``sys.modules``: an exception can be one of SQLAlchemy's only once something
+    (Alembic, a caller's connection) has imported it, and importing it here would put ~0.2 s on
+    every command that only reads and writes rows (docs/performance.md "Start-up")."""
+    errors = sys.modules.get("sqlalchemy.exc")
+    return errors is not None and isinstance(exc, getattr(errors, name))
+
+
+def _dbapi_orig(exc: BaseException | None) -> BaseException | None:
+    """The driver's exception a SQLAlchemy ``DBAPIError`` wraps (None for any other)."""
+    return getattr(exc, "orig", None) if _sqlalchemy(exc, "DBAPIError") else None
+
+
 def _is_connectivity(exc: BaseException) -> bool:
     if isinstance(exc, psycopg.OperationalError):
         return True
-    if isinstance(exc, sa.exc.DBAPIError):
-        return bool(exc.connection_invalidated) or isinstance(exc.orig, psycopg.OperationalError)
-    return isinstance(exc, sa.exc.OperationalError)
+    if _sqlalchemy(exc, "DBAPIError"):
+        invalidated = bool(getattr(exc, "connection_invalidated", False))
+        return invalidated or isinstance(_dbapi_orig(exc), psycopg.OperationalError)
+    return _sqlalchemy(exc, "OperationalError")
 
 
 def _session_lost(exc: BaseException, orig: BaseException) -> bool:
@@ -100,7 +116,7 @@ def _session_lost(exc: BaseException, orig: BaseException) -> bool:
     SQLSTATE: the connection refused, closed or broken), connection exceptions (class 08), or
     the server ending every session (:data:`_SESSION_ENDED`). A statement or idle timeout, a
     cancel or a lock timeout has a SQLSTATE of its own and is not one."""
-    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+    if _sqlalchemy(exc, "DBAPIError") and getattr(exc, "connection_invalidated", False):
         return True
     if not isinstance(orig, psycopg.OperationalError):
         return False
@@ -114,7 +130,7 @@ def translate(exc: BaseException) -> ProvisionerError:
     A lock timeout is an ``OperationalError`` to psycopg, so it was always reported as the
     database being unavailable (and retried); :class:`LockNotAvailable` keeps that, and names
     it."""
-    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
+    orig = _dbapi_orig(exc) or exc
     message = " ".join(redact(str(orig)).split()) or type(orig).__name__
     if _POOLER_REFUSED_OPTIONS in message:
         return ConfigurationError(f"{message}: {POOLER_HINT}")
@@ -134,7 +150,9 @@ def translated() -> Iterator[None]:
     """Run a block, re-raising driver errors as package errors."""
     try:
         yield
-    except (psycopg.Error, sa.exc.SQLAlchemyError) as exc:
+    except Exception as exc:
+        if not (isinstance(exc, psycopg.Error) or _sqlalchemy(exc, "SQLAlchemyError")):
+            raise
         raise translate(exc) from exc
 
 
@@ -183,8 +201,7 @@ def control_missing(exc: BaseException) -> bool:
 
 def _sqlstate(exc: BaseException) -> str | None:
     cause = exc.__cause__ if isinstance(exc, ProvisionerError) else exc
-    if isinstance(cause, sa.exc.DBAPIError) and cause.orig is not None:
-        cause = cause.orig
+    cause = _dbapi_orig(cause) or cause
     return cause.sqlstate if isinstance(cause, psycopg.Error) else None
 
 

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg.rows import tuple_row
 
 from provisioner import db, queue, servers
@@ -141,6 +140,8 @@ class DriftReport:
 
 def expected_inventory(settings: Settings) -> catalog.Inventory:
     """The head's inventory, built in a transaction that is rolled back."""
+    import sqlalchemy as sa  # where it is used: `provisioner status` imports this module
+
     engine = db.engine(
         settings.owner_url,
         poolclass=sa.pool.NullPool,

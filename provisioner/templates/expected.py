@@ -14,10 +14,9 @@ names it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg import sql
 
 from provisioner import naming
@@ -26,6 +25,9 @@ from provisioner.roles import AppRoles
 from provisioner.templates import migrations
 from provisioner.tenant import catalog
 from provisioner.tenant import schema as tenant_schema
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 SAVEPOINT = sql.Identifier("provisioner_expected_schema")
 

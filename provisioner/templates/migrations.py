@@ -8,6 +8,7 @@ concurrency from processes.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import os
@@ -18,7 +19,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
 from psycopg.rows import tuple_row
 
 from provisioner.db import SA_CONNECT_ARGS, engine, statements_of, translated
@@ -27,11 +27,12 @@ from provisioner.settings import TENANT_TREE_ENV as TENANT_TREE_ENV
 from provisioner.settings import tenant_naming, tenant_tree_override
 from provisioner.tenant import schema as tenant_schema
 
-# Alembic takes ~0.3 s to import: it is imported where a tree is read or run, so commands that
-# never migrate (status, enqueue, jobs, health) start without it.
+# Alembic takes ~0.3 s to import, SQLAlchemy ~0.2 s: they are imported where a tree is read or
+# run, so commands that never migrate (status, enqueue, jobs, health) start without them.
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    import sqlalchemy as sa
     from alembic.config import Config
 
 CONTROL_SCHEMA = "control"
@@ -92,9 +93,40 @@ def tenant_config(schema: str, *, tree: Path | None = None, **attributes: Any) -
 
 @cache
 def control_heads() -> frozenset[str]:
-    from alembic.script import ScriptDirectory
+    """The control tree's heads: its revisions that are no revision's ``down_revision``.
 
-    return frozenset(ScriptDirectory.from_config(control_config()).get_heads())
+    Read from the revision files' literal assignments, without Alembic: every command checks
+    the control schema is at head before it starts, and Alembic (with SQLAlchemy's DDL, Mako
+    and Pygments) takes ~0.3 s to import (docs/performance.md "Start-up"). The control tree
+    ships with the package and its files assign ``revision`` and ``down_revision`` literally,
+    as Alembic's template writes them; a test pins that this is what Alembic's
+    ``ScriptDirectory`` says. Tenant trees are the user's: :func:`tenant_heads` asks Alembic.
+    """
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in sorted((_tree("provisioner.control_migrations") / "versions").glob("*.py")):
+        if path.name.startswith("__init__"):
+            continue  # Alembic skips it too
+        values = _literal_assignments(path, ("revision", "down_revision"))
+        revisions.add(values["revision"])
+        down = values.get("down_revision")
+        parents.update([down] if isinstance(down, str) else down or ())
+    return frozenset(revisions - parents)
+
+
+def _literal_assignments(path: Path, names: tuple[str, ...]) -> dict[str, Any]:
+    """The module-level ``name = <literal>`` (or ``name: type = <literal>``) of a Python file."""
+    found: dict[str, Any] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in names:
+            found[target.id] = ast.literal_eval(value)
+    return found
 
 
 def head_label(revisions: frozenset[str]) -> str:
@@ -232,6 +264,7 @@ def tenant_heads() -> frozenset[str]:
 
 def upgrade_control(owner_url: str, app_role: str = "app_rw") -> tuple[str | None, str | None]:
     """Bring the control schema to head; returns (revision before, revision after)."""
+    import sqlalchemy as sa
     from alembic import command
 
     owner = engine(owner_url, poolclass=sa.pool.NullPool, connect_args=SA_CONNECT_ARGS)

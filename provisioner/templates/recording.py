@@ -24,9 +24,10 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 __all__ = ["Recording", "recorded"]
 
@@ -100,6 +101,8 @@ def _short(text: str) -> str:
 @contextmanager
 def recorded(connection: sa.Connection) -> Iterator[Recording]:
     """Record every statement sent on ``connection`` inside the block."""
+    import sqlalchemy as sa  # loaded already: ``connection`` is one of its connections
+
     recording = Recording()
 
     def after(

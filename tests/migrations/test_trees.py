@@ -36,6 +36,15 @@ def test_control_migrate_is_a_noop_the_second_time(settings: Settings) -> None:
     assert before == after == migrations.head_label(migrations.control_heads())
 
 
+def test_control_heads_read_without_alembic_are_alembics() -> None:
+    """The command line's at-head check reads the control tree's revision files itself."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(migrations.control_config())
+    assert migrations.control_heads() == frozenset(script.get_heads())
+    assert len(list(script.walk_revisions())) > 20  # the whole chain, not an empty folder
+
+
 def test_control_tree_downgrades_and_upgrades(database: Database) -> None:
     engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:

@@ -5,8 +5,8 @@ the submodules are the implementation and may change between releases.
 
 The functions and the result types are imported on first use (PEP 562 ``__getattr__``), not by
 ``import provisioner``: every submodule, ``provisioner.cli`` included, starts by importing this
-package, and the API pulls in the engine, the fleet and SQLAlchemy, which the command line's
-``--help`` and most commands never need (docs/performance.md "Start-up"). A type checker and
+package, and the API pulls in the engine, the fleet and PostgreSQL's driver, which the command
+line's ``--help`` never needs (docs/performance.md "Start-up"). A type checker and
 ``from provisioner import ...`` see the same names either way.
 """
 

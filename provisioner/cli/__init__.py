@@ -19,13 +19,13 @@ named for what it is about:
     console       console (the web console, the [console] extra)
     render        output, progress and the error -> exit code mapping every command shares
 
-Each command's module is imported when that command is resolved (run, its own ``--help``, shell
-completion), never by ``provisioner --help``: the command modules import the service, the
-engine, the fleet and the driver (~0.8 s), which an operator's ``provisioner --help`` or
-``provisioner local env`` need not pay, and the test suite starts the command ~330 times.
-``COMMANDS`` below is the one list of top-level commands; it carries the first sentence of each
-command's docstring so the top-level help lists them without importing them (a test pins that
-each summary is what the command's own help says).
+Each command's module is imported when click resolves that command (to run it, for its own
+``--help``, for shell completion), never by ``provisioner --help`` or ``--version``: the
+command modules import the service, the engine and the driver, and one command should not pay
+for the other twenty-one (docs/performance.md "Start-up"). ``COMMANDS`` below is the one list of
+top-level commands; it carries the first sentence of each command's docstring, so the top-level
+help lists them without importing them (tests/unit/test_startup.py pins each summary to what
+click derives from the command itself).
 """
 
 from __future__ import annotations

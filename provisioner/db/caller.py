@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psycopg
-import sqlalchemy as sa
 
 from provisioner.errors import InvalidInput
 
-# The ORM is imported only by applications that use it: the CLI starts without it.
+# SQLAlchemy (and its ORM) is imported only by applications that use it: its objects are
+# recognised by class, so an application on psycopg alone and the CLI start without it.
 if TYPE_CHECKING:
+    import sqlalchemy as sa
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     from sqlalchemy.orm import Session
 
@@ -34,12 +35,19 @@ NEEDS_PSYCOPG3 = (
 )
 
 
+def _is_sqlalchemy(obj: object, module: str, name: str) -> bool:
+    """SQLAlchemy's class ``module.name`` (or a subclass), without importing SQLAlchemy to ask."""
+    return any(klass.__module__ == module and klass.__name__ == name for klass in type(obj).__mro__)
+
+
 def _is_session(obj: object) -> bool:
-    """A SQLAlchemy ORM ``Session`` (or subclass), without importing the ORM to ask."""
-    return any(
-        klass.__module__ == "sqlalchemy.orm.session" and klass.__name__ == "Session"
-        for klass in type(obj).__mro__
-    )
+    """A SQLAlchemy ORM ``Session`` (or subclass)."""
+    return _is_sqlalchemy(obj, "sqlalchemy.orm.session", "Session")
+
+
+def _is_sa_connection(obj: object) -> bool:
+    """A SQLAlchemy Core ``Connection`` (or subclass)."""
+    return _is_sqlalchemy(obj, "sqlalchemy.engine.base", "Connection")
 
 
 def _describe(obj: object) -> str:
@@ -65,15 +73,16 @@ def sync_connection(conn: object) -> psycopg.Connection[Any]:
     if _is_session(conn):
         session: Session = conn  # type: ignore[assignment]
         return _driver_only(session.connection().connection.driver_connection, conn)
-    if isinstance(conn, sa.Connection):
-        if not conn.in_transaction():
+    if _is_sa_connection(conn):
+        connection: sa.Connection = conn  # type: ignore[assignment]
+        if not connection.in_transaction():
             # Begin SQLAlchemy's transaction as its first execute would: the statements go to
             # the driver directly, and conn.commit() must commit them.
-            conn.begin()
-        return _driver_only(conn.connection.driver_connection, conn)
+            connection.begin()
+        return _driver_only(connection.connection.driver_connection, conn)
     if isinstance(conn, psycopg.AsyncConnection):
         raise InvalidInput("enqueue got an async connection: use enqueue_async (and await it)")
-    if isinstance(conn, sa.Engine):
+    if _is_sqlalchemy(conn, "sqlalchemy.engine.base", "Engine"):
         raise InvalidInput(
             "enqueue needs a connection in a transaction (engine.begin(), a Session), not an Engine"
         )
@@ -109,6 +118,6 @@ async def async_connection(conn: object) -> psycopg.AsyncConnection[Any]:
             f"enqueue_async {NEEDS_PSYCOPG3} (postgresql+psycopg:// with create_async_engine); "
             f"got {_describe(driver)} under {_describe(conn)}"
         )
-    if isinstance(conn, psycopg.Connection | sa.Connection) or _is_session(conn):
+    if isinstance(conn, psycopg.Connection) or _is_sa_connection(conn) or _is_session(conn):
         raise InvalidInput("enqueue_async got a synchronous connection: use enqueue")
     raise InvalidInput(f"enqueue_async {NEEDS_PSYCOPG3}; got {_describe(conn)}")

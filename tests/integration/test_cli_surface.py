@@ -165,3 +165,30 @@ def test_shell_completion_works_as_the_readme_says() -> None:
     assert completed.stdout.split() == ["plain,jobs"]
     readme = (ROOT / "README.md").read_text()
     assert 'eval "$(_PROVISIONER_COMPLETE=bash_source provisioner)"' in readme
+
+
+@pytest.mark.parametrize(
+    "args", [("status", "nobody"), ("jobs", "list"), ("enqueue", "startup")], ids=" ".join
+)
+def test_a_command_on_rows_starts_without_alembic_or_sqlalchemy(
+    settings: Settings, args: tuple[str, ...]
+) -> None:
+    """The control schema's at-head check reads the revision files, driver errors are told
+    apart without importing SQLAlchemy (docs/performance.md "Start-up")."""
+    code = (
+        "import json, sys\nfrom provisioner.cli import main\n"
+        f"try:\n    main({list(args)!r})\nexcept SystemExit as exit:\n    code = exit.code\n"
+        "print('\\n' + json.dumps([code, sorted(sys.modules)]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    exit_code, modules = json.loads(done.stdout.rsplit("\n", 2)[-2])
+    assert exit_code == (3 if args[0] == "status" else 0), done.stderr
+    assert "psycopg" in modules  # it did talk to the database
+    assert not {"alembic", "sqlalchemy", "boto3", "botocore"} & set(modules)

@@ -279,11 +279,13 @@ class Database:
         application_name: str = "provisioner",
         idle_in_transaction_timeout_ms: int | None = None,
         settings: dict[str, str] | None = None,
+        sessions: int = 1,
     ) -> None:
         # Generic plans: the statements planned ahead on an idle session (on_idle_session, the
         # warm-up after a spare build) are used as they are, not planned again for their values.
         # ``settings``: more server settings for these sessions (the pool keeper's commits that
-        # do not wait for the disk).
+        # do not wait for the disk). ``sessions``: how many sessions the pool keeps open (the
+        # pool keeper's builds side by side), one more opened on demand.
         options: dict[str, Any] = {**GENERIC_PLANS, **(settings or {})}
         if idle_in_transaction_timeout_ms:
             options["idle_in_transaction_session_timeout"] = idle_in_transaction_timeout_ms
@@ -302,7 +304,7 @@ class Database:
             # psycopg's connection, whose commit can begin the next transaction
             connection_class=ChainingConnection,
             connect_args=connect_args,
-            pool_size=1,
+            pool_size=sessions,
             max_overflow=1,
             # No ping before every transaction (it was ~8 round trips per tenant): the engine
             # calls ensure_alive() once before each job, and a connection that dies mid-job

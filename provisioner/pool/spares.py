@@ -449,7 +449,9 @@ def _build(
                 raise SpareRejected(problem)
             if app_roles is None:
                 return []
-            return spare_grant_batches(name, app_roles, tx.pg, BATCH)
+            # The spare's relations are the reference's, now that their shapes are equal: no
+            # catalog read of its own (one round trip and ~4 ms of a ~60 ms spare).
+            return spare_grant_batches(name, app_roles, relations_granted(reference), BATCH)
 
         try:
             _run_batches(target, replay, stop, go_on, at_end=verified)
@@ -479,6 +481,16 @@ def _build(
     except BaseException as exc:
         _drop_schema_quietly(session, name, on, ours=not isinstance(exc, NameTaken))
         raise
+
+
+def relations_granted(reference: template_reference.Reference) -> list[str]:
+    """The tables, views and materialized views a replay of ``reference`` builds, by name (the
+    relations the grant step names), read from its fingerprint."""
+    return sorted(
+        str(row[0])
+        for row in reference.fingerprint["relations"]
+        if str(row[1]) in tenant_schema.TABLE_KINDS
+    )
 
 
 def _run_batches(

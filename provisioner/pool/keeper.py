@@ -369,7 +369,7 @@ class PoolKeeper(threading.Thread):
             owner_url,
             application_name=holder,
             settings={"synchronous_commit": "off"},
-            sessions=self.builders,
+            most_sessions=max(2, self.builders),
         )
         self.owner_url = owner_url
         #: the owner's sessions on each active tenant server the keeper built spares on
@@ -475,15 +475,15 @@ class PoolKeeper(threading.Thread):
                 owner_address(server, self.owner_url),
                 application_name=self.holder,
                 settings={"synchronous_commit": "off"},
-                sessions=self.builders,
+                most_sessions=max(2, self.builders),
             )
             self._servers[server.name] = found
         return found
 
     def _helpers(self, server: TenantServer | None = None) -> Helpers | None:
         """The sessions of a refill's other builders (:func:`refill`): one fewer than
-        :attr:`builders`, on control and, for ``server``'s spares, on that server too; kept
-        open by the databases' pools between refills."""
+        :attr:`builders`, on control and, for ``server``'s spares, on that server too; opened
+        for the refill and closed after it (the databases' pools keep one session each)."""
         if self.builders <= 1:
             return None
 

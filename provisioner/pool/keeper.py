@@ -3,14 +3,14 @@
 One keeper builds at a time per database (worker replicas share the pool): the builders'
 session lock is tried, never waited for (:func:`builder_lock`). Under it the keeper drops the
 schemas of builds whose process died (:func:`drop_unfinished`), then builds spares until enough
-are ready (:func:`refill`), the first alone and the rest on as many sessions at once as the
-worker has engine children (``builders``: the children are idle while it builds, and the
-builds' waits on the disk overlap; :func:`_build_side_by_side`,
-``tests/integration/test_pool_builders.py``); outside it, it drops one spare of another tree
-state (or role set) at a time (:func:`drop_stale_spare`). After the build that fills the pool
-it tells the worker (``on_built``), which has its idle engine children warm their sessions: the
-builds' schemas reset every plan of every session, and warming after each build of a refill
-only made the children reload their caches while the next build ran (and emptied them again)
+are ready (:func:`refill`), on as many sessions at once as the worker has engine children
+(``builders``: the children are idle while it builds, and the builds' waits on the disk
+overlap; :func:`_build_side_by_side`, ``tests/integration/test_pool_builders.py``); outside it,
+it drops one spare of another tree state (or role set) at a time (:func:`drop_stale_spare`).
+After the build that fills the pool it tells the worker (``on_built``), which has its idle
+engine children warm their sessions: the builds' schemas reset every plan of every session, and
+warming after each build of a refill only made the children reload their caches while the next
+build ran (and emptied them again)
 (``tests/integration/test_pool.py::test_a_spare_build_warms_the_idle_engine_sessions``).
 
 Spare builds yield to sign-ups. Invariant: no build makes progress while the worker has a job
@@ -82,6 +82,7 @@ from provisioner.pool.spares import (
     counts,
     drop_schema,
     foreign_schemas,
+    known_reference,
     roles_key,
 )
 from provisioner.roles import AppRoles
@@ -222,17 +223,14 @@ def refill(
         wanted = size - ready
         if wanted <= 0:
             return Tended((), dropped)
-        # The first alone: it reads (or computes, with Alembic, which is not thread-safe) the
-        # template's reference, which the others then share.
-        first = build(Builder(session, on))
-        on_built(first, ready + 1)
-        if wanted == 1:
-            return Tended((first,), dropped)
-        with nullcontext(()) if helpers is None else helpers() as others:
-            rest = _build_side_by_side(
-                [Builder(session, on), *others], wanted - 1, ready + 1, build, stop, on_built
+        # Read (or computed, with Alembic, which is not thread-safe) before the builds, which
+        # then share it.
+        known_reference(session, created_by, references)
+        with nullcontext(()) if helpers is None or wanted == 1 else helpers() as others:
+            built = _build_side_by_side(
+                [Builder(session, on), *others], wanted, ready, build, stop, on_built
             )
-        return Tended((first, *rest), dropped)
+        return Tended(tuple(built), dropped)
 
 
 def _build_side_by_side(
@@ -259,14 +257,16 @@ def _build_side_by_side(
     started = [0]
 
     def run(builder: Builder) -> None:
+        between = False  # stop() is asked between two spares (a build asks it between batches)
         while True:
             with lock:
                 if failures or started[0] >= wanted:
                     return
                 started[0] += 1
             try:
-                if stop():
+                if between and stop():
                     raise BuildStopped("the refill was stopped")
+                between = True
                 name = build(builder)
             except BaseException as exc:  # raised in the calling thread, below
                 with lock:

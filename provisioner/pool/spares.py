@@ -376,13 +376,7 @@ def build_spare(
     recorded on control after the server's last check. A crash between two of those leaves a
     recorded name with no ready row, which the server's next builder drops there.
     """
-    tree = migrations.tenant_tree_state()
-    known = {} if references is None else references
-    reference = known.get(tree.digest)
-    if reference is None:
-        with session.transaction() as tx:
-            reference, _ = template_reference.obtain(tx, tree, created_by)
-        known[tree.digest] = reference
+    reference = known_reference(session, created_by, {} if references is None else references)
     for _ in range(NAME_ATTEMPTS):
         name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
         try:
@@ -391,6 +385,21 @@ def build_spare(
             continue
         return name
     raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
+
+
+def known_reference(
+    session: db.Session, created_by: str, references: dict[str, template_reference.Reference]
+) -> template_reference.Reference:
+    """The reference of the tree state on disk: from ``references`` (by tree digest), else read
+    (or computed once, with Alembic: never in two threads at once) on ``session``, which must
+    be the control database's, and kept there."""
+    tree = migrations.tenant_tree_state()
+    reference = references.get(tree.digest)
+    if reference is None:
+        with session.transaction() as tx:
+            reference, _ = template_reference.obtain(tx, tree, created_by)
+        references[tree.digest] = reference
+    return reference
 
 
 def _build(

@@ -48,7 +48,7 @@ import psycopg
 
 from provisioner.db import Transaction
 from provisioner.errors import PermanentError
-from provisioner.kinds import move_copy, move_precopy
+from provisioner.kinds import move_copy, move_logical, move_precopy
 from provisioner.kinds.registry import JobKind, keyed_by_tenant
 from provisioner.kinds.step import RunMemo, Step, StepContext
 from provisioner.servers import moves
@@ -64,6 +64,8 @@ class MoveMemo(RunMemo):
     """A move's run: the pre-copy it made (None: not this run, whose copy is then whole)."""
 
     precopied: move_precopy.PreCopy | None = None
+    #: the subscription this run made (None: the rows are copied in the freeze)
+    logical: move_logical.Started | None = None
 
 
 def _memo(ctx: StepContext) -> MoveMemo:
@@ -106,19 +108,50 @@ def _past(phase: moves.MovePhase) -> bool:
 def _precopy(tx: Transaction, ctx: StepContext) -> str | None:
     move = _moving(tx, ctx)
     schema = ctx.tenant.schema
+    source = moves.end(tx.pg, move.source, ctx.owner_url)
+    target = moves.end(tx.pg, move.target, ctx.owner_url)
+    name = move_logical.name(move.job_id)
+    left = move_logical.cleanup(source, target, name)  # a dead run's: it would hold WAL
     with _session(tx, ctx, move.target) as conn:
         dropped = move_copy.schema_exists(conn, schema)
         if dropped:  # the move's own, from a run that died: its state is not known
             move_copy.drop(conn, schema, lock_timeout_ms=ctx.lock_timeout_ms)
-    source = moves.end(tx.pg, move.source, ctx.owner_url)
-    target = moves.end(tx.pg, move.target, ctx.owner_url)
+    method, why, capability = _method(tx, move, source, target, schema)
     pre = move_precopy.precopy(source, target, schema, ctx.app_roles)
     _memo(ctx).precopied = pre
+    logical = ""
+    if method is move_logical.MoveMethod.LOGICAL:
+        started = move_logical.start(source, target, schema, name, capability.conninfo)
+        _memo(ctx).logical = started
+        logical = (
+            f"; subscribed to {started.tables} tables, initial rows in {started.sync_ms:.0f} ms"
+        )
     return (
-        f"{target.server}: {pre.entries - pre.after_rows} of {pre.entries} DDL entries "
-        f"restored before the freeze (dump {pre.dump_ms:.0f} ms, restore {pre.restore_ms:.0f} ms)"
+        f"method {method}{why}; {target.server}: {pre.entries - pre.after_rows} of "
+        f"{pre.entries} DDL entries restored before the freeze (dump {pre.dump_ms:.0f} ms, "
+        f"restore {pre.restore_ms:.0f} ms){logical}"
         + ("; an earlier run's copy dropped first" if dropped else "")
+        + (f"; an earlier run's {', '.join(left)} dropped" if left else "")
     )
+
+
+def _method(
+    tx: Transaction, move: moves.Move, source: moves.End, target: moves.End, schema: str
+) -> tuple[move_logical.MoveMethod, str, move_logical.Capability]:
+    """The copy's method for this run, why (for the record), and the probe's answer: the
+    method asked for (``move --method``, else ``PROVISIONER_MOVE_METHOD``), ``auto`` taking
+    logical replication when the probe finds everything it needs."""
+    asked = move_logical.MoveMethod(moves.requested_method(tx.pg, move.job_id) or "auto")
+    if asked is move_logical.MoveMethod.DUMP:
+        return asked, " (asked for)", move_logical.Capability(())
+    capability = move_logical.probe(source, target, schema)
+    if capability.ok:
+        return move_logical.MoveMethod.LOGICAL, "", capability
+    missing = "; ".join(capability.missing)
+    if asked is move_logical.MoveMethod.LOGICAL:
+        raise PermanentError(f"logical replication cannot be used for this move: {missing}")
+    why = f" (logical replication not possible: {missing})"
+    return move_logical.MoveMethod.DUMP, why, capability
 
 
 def _freeze(tx: Transaction, ctx: StepContext) -> str | None:
@@ -150,7 +183,15 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
     schema = ctx.tenant.schema
     source = moves.end(tx.pg, move.source, ctx.owner_url)
     target = moves.end(tx.pg, move.target, ctx.owner_url)
-    pre = _memo(ctx).precopied
+    pre, logical = _memo(ctx).precopied, _memo(ctx).logical
+    if pre is not None and logical is not None:
+        caught = move_logical.catch_up(source, target, logical)
+        after_ms = move_precopy.after_replication(source, target, schema, pre)
+        return (
+            f"logical replication caught up in {caught.wait_ms:.0f} ms, subscription dropped "
+            f"in {caught.drop_ms:.0f} ms, then the sequences, {pre.after_rows} DDL entries "
+            f"and the commit in {after_ms:.0f} ms"
+        )
     if pre is not None:
         done = move_precopy.copy_rows(source, target, schema, pre)
         return (
@@ -158,6 +199,7 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
             f"({done.rows} rows, {done.tables} tables), then {pre.after_rows} DDL entries "
             f"and the commit in {done.after_ms:.0f} ms"
         )
+    left = move_logical.cleanup(source, target, move_logical.name(move.job_id))
     with _session(tx, ctx, move.target) as conn:
         dropped = move_copy.schema_exists(conn, schema)
         if dropped:  # a resumed run: what an earlier one left there is not trusted
@@ -168,6 +210,7 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
         f"copied whole from {source.server} to {target.server} in "
         f"{(time.perf_counter() - began) * 1000:.0f} ms (a resumed run)"
         + ("; an earlier run's copy dropped first" if dropped else "")
+        + (f"; an earlier run's {', '.join(left)} dropped" if left else "")
     )
 
 

@@ -105,7 +105,7 @@ def _alone(database: BenchDatabase) -> list[float]:
         _one(app, watch, "warmup_alone")
         for i in range(DURING_REFILL):
             _one(app, watch, f"alone_{i}")
-        return [r[0] for r in _signups(watch, "alone_") if not r[2]][: DURING_REFILL]
+        return [r[0] for r in _signups(watch, "alone_") if not r[2]][:DURING_REFILL]
     finally:
         watch.close()
         app.close()

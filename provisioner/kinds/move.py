@@ -10,13 +10,20 @@ the step's transaction. So the kind runs whichever server the tenant lives on
 1. ``precopy_schema``: the schema's DDL restored on the target while the application still
    writes, less what follows the rows (:mod:`provisioner.kinds.move_precopy`); a copy found
    there is the move's own (``move`` refused a target that had the schema) and is dropped
-   first. Effect: the target has the schema.
+   first, and so is a dead run's subscription, slot and publication. Then, when the copy's
+   method is logical replication (asked for, or ``auto`` and
+   :func:`provisioner.kinds.move_logical.probe` finds what it needs), the target subscribes to
+   the source's tables and the initial rows are waited for. Effect: the target has the schema.
 2. ``freeze_writes``: the application roles lose every privilege on the source's schema
    (committed there), then the writes begun before are waited for. Effect: the source frozen.
-3. ``copy_schema``: in the run that pre-copied, the rows by ``COPY`` and the DDL that follows
-   them, in one transaction (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other
-   run (resumed: what the target holds is not known), the target's copy dropped and the whole
-   schema copied, ``pg_dump | pg_restore`` in one transaction. Effect: the target has the schema.
+3. ``copy_schema``: in the run that pre-copied, by logical replication the catch-up to the
+   source's position after the freeze, the subscription dropped, then the sequences and the DDL
+   that follows the rows (:func:`provisioner.kinds.move_logical.catch_up`); otherwise the rows
+   by ``COPY`` and that DDL, in one transaction
+   (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other run (resumed: what the
+   target holds is not known), a dead run's subscription, slot and publication dropped, the
+   target's copy dropped and the whole schema copied, ``pg_dump | pg_restore`` in one
+   transaction. Effect: the target has the schema.
 4. ``verify_copy``: both ends' catalog inventory (every object, owner and privilege), rows per
    table and sequence values equal, or the job fails and the tenant stays frozen on the source
    (``move --abort`` drops the copy and gives the source its grants back).

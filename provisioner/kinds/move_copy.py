@@ -12,8 +12,9 @@ schema with ``pg_dump | pg_restore``, and compare the two copies.
   owner, binaries of the machine (the newest, as :mod:`provisioner.local.cluster` finds them:
   ``pg_dump`` must be at least the servers' version). Single transaction: a restore killed or
   failed half-way leaves nothing on the target. The owner URL's password reaches a child in a
-  password file of its own (mode 0600, removed after), a server's from libpq's own sources;
-  never on a command line nor in the environment; what they print is redacted before it is
+  password file of its own held in memory (:class:`Passwords`: nothing on disk, even after a
+  SIGKILL), a server's from libpq's own sources; never on a command line nor in the
+  environment; what they print is redacted before it is
   shown. Each child is killed with its parent (Linux: the
   parent-death signal), so a worker killed mid-copy leaves no restore running on its own.
 * **Compare** (:func:`snapshot`, :func:`differences`): the catalog inventory

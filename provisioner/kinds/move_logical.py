@@ -126,7 +126,8 @@ SELECT c.relname,
 TARGET_PROBE = """
 SELECT current_setting('server_version_num')::int AS version,
        (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-         OR pg_has_role(current_user, 'pg_create_subscription', 'MEMBER') AS may_subscribe,
+         OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = 'pg_create_subscription'
+                    AND pg_has_role(current_user, r.oid, 'MEMBER')) AS may_subscribe,
        has_database_privilege(current_database(), 'CREATE') AS may_create
 """
 

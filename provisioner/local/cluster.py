@@ -82,7 +82,7 @@ host all all ::1/128 scram-sha-256
 """
 
 
-def _candidates() -> list[Path]:
+def bin_candidates() -> list[Path]:
     """Folders that may hold PostgreSQL's binaries, the machine's newest first, then the
     ``PATH``'s, then the ``pgserver`` wheel's."""
     candidates = sorted(
@@ -103,7 +103,7 @@ def _candidates() -> list[Path]:
 @functools.cache
 def find_bin_dir() -> Path:
     """The newest PostgreSQL server binaries available here (looked up once per process)."""
-    for directory in _candidates():
+    for directory in bin_candidates():
         if (directory / "initdb").exists() and (directory / "pg_ctl").exists():
             return directory
     raise ConfigurationError(
@@ -131,7 +131,7 @@ def find_client_dir(at_least: int) -> Path:
     ``at_least``: :func:`find_bin_dir`'s if they can, else the first that can (``pg_dump``
     refuses a server newer than itself); ConfigurationError when none here can."""
     first = find_bin_dir()
-    for directory in [first, *_candidates()]:
+    for directory in [first, *bin_candidates()]:
         if client_major(directory) >= at_least:
             return directory
     raise ConfigurationError(

@@ -32,12 +32,13 @@ def subscribed(
     settings: Settings, database: Database, servers: LogicalServers, tenant: str
 ) -> dict:
     """The tenant on the source (100 rows), then a move to the target SIGKILLed once its
-    pre-copy (and the subscription) is done; returns the source's catalog inventory."""
+    pre-copy (and the subscription) is done (``repaired``: the tenant's job is the one of its
+    first move, opened again); returns the source's catalog inventory."""
     on_source(settings, database, servers, tenant, 100)
     with servers.owner(SOURCE) as conn:
         before = catalog.read(conn, f"tenant_{tenant}")
     assert before is not None
-    kill_frozen(settings, CHILD, tenant, TARGET, "precopy_schema", "done", env=servers.env)
+    kill_frozen(settings, CHILD, tenant, TARGET, "precopy_schema", "repaired", env=servers.env)
     left = servers.leftovers()
     assert [len(left[k]) for k in ("subscriptions", "slots", "publications")] == [1, 1, 1]
     return before

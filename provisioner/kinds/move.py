@@ -17,8 +17,9 @@ the step's transaction. So the kind runs whichever server the tenant lives on
 2. ``freeze_writes``: the application roles lose every privilege on the source's schema
    (committed there), then the writes begun before are waited for. Effect: the source frozen.
 3. ``copy_schema``: in the run that pre-copied, by logical replication the catch-up to the
-   source's position after the freeze, the subscription dropped, then the sequences and the DDL
-   that follows the rows (:func:`provisioner.kinds.move_logical.catch_up`); otherwise the rows
+   source's position after the freeze (:func:`provisioner.kinds.move_logical.catch_up`), then
+   the sequences and the DDL that follows the rows, the subscription and publication dropped
+   meanwhile in a thread (the switch waits for it first); otherwise the rows
    by ``COPY`` and that DDL, in one transaction
    (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other run (resumed: what the
    target holds is not known), a dead run's subscription, slot and publication dropped, the
@@ -46,13 +47,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from provisioner import db
 from provisioner.db import Transaction
 from provisioner.errors import PermanentError
 from provisioner.kinds import move_copy, move_logical, move_precopy
@@ -73,6 +75,8 @@ class MoveMemo(RunMemo):
     precopied: move_precopy.PreCopy | None = None
     #: the subscription this run made (None: the rows are copied in the freeze)
     logical: move_logical.Started | None = None
+    #: its drop, under way once caught up (the switch waits for it)
+    unsubscribing: Future[float] | None = None
 
 
 def _memo(ctx: StepContext) -> MoveMemo:
@@ -192,12 +196,13 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
     target = moves.end(tx.pg, move.target, ctx.owner_url)
     pre, logical = _memo(ctx).precopied, _memo(ctx).logical
     if pre is not None and logical is not None:
-        caught = move_logical.catch_up(source, target, logical)
-        after_ms = move_precopy.after_replication(source, target, schema, pre)
+        with move_copy.connect(source) as here, move_copy.connect(target) as there:
+            wait_ms = move_logical.catch_up(here, there, logical)
+            _memo(ctx).unsubscribing = move_logical.unsubscribe(source, target, logical)
+            after_ms = move_precopy.after_replication(here, there, schema, pre)
         return (
-            f"logical replication caught up in {caught.wait_ms:.0f} ms, subscription dropped "
-            f"in {caught.drop_ms:.0f} ms, then the sequences, {pre.after_rows} DDL entries "
-            f"and the commit in {after_ms:.0f} ms"
+            f"logical replication caught up in {wait_ms:.0f} ms, then the sequences, "
+            f"{pre.after_rows} DDL entries and the commit in {after_ms:.0f} ms"
         )
     if pre is not None:
         done = move_precopy.copy_rows(source, target, schema, pre)
@@ -263,6 +268,11 @@ def _verify(tx: Transaction, ctx: StepContext) -> str | None:
 
 def _switch(tx: Transaction, ctx: StepContext) -> str | None:
     move = _move(tx, ctx)
+    unsubscribed = ""
+    dropping = _memo(ctx).unsubscribing
+    if dropping is not None:  # the subscription's drop, begun once caught up: done first
+        with db.translated():
+            unsubscribed = f"; subscription and publication dropped ({dropping.result():.0f} ms)"
     state = moves.tenant_server(tx.pg, ctx.tenant)
     granted = state is not None and TenantState(state[1]) not in INACTIVE
     if move.phase is moves.MovePhase.MOVING and granted:
@@ -275,7 +285,7 @@ def _switch(tx: Transaction, ctx: StepContext) -> str | None:
             f"{move.source or CONTROL}: the directory was changed under the move"
         )
     target = move.target or CONTROL
-    return f"lives on {target}" + ("; app roles granted there" if granted else "")
+    return f"lives on {target}" + ("; app roles granted there" if granted else "") + unsubscribed
 
 
 def _switched(tx: Transaction, ctx: StepContext) -> bool:

@@ -17,8 +17,10 @@ replication slot and the subscription share it):
   initial rows come through it), waited on until every table is synchronised.
 * :func:`catch_up` (step ``copy_schema``, in the freeze): the source's WAL position taken
   after the freeze, waited for until the slot's confirmed position passes it (the
-  subscription commits synchronously, so a confirmed position is applied), then the
-  subscription dropped (which drops the slot on the source) and the publication.
+  subscription commits synchronously, so a confirmed position is applied); then
+  :func:`unsubscribe` drops the subscription (which drops the slot on the source) and the
+  publication in a thread, alongside the DDL after the rows and the verification (the source
+  is frozen: nothing more comes); the switch waits for it first.
 * :func:`cleanup` drops whatever a dead run left (subscription, slot, publication), in that
   order: a forgotten slot holds WAL on the source for ever. It is idempotent and runs before a
   run starts anew, before a resumed run's full copy, and in ``move --abort``.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -85,14 +88,6 @@ class Started:
     tables: int
     sync_ms: float
     conninfo: str = field(repr=False)
-
-
-@dataclass(frozen=True)
-class CaughtUp:
-    """The frozen part: the wait for the freeze's position, the subscription's drop."""
-
-    wait_ms: float
-    drop_ms: float
 
 
 def name(job_id: UUID | None) -> str:
@@ -259,29 +254,46 @@ SELECT confirmed_flush_lsn >= %(lsn)s::pg_lsn FROM pg_replication_slots WHERE sl
 """
 
 
-def catch_up(source: End, target: End, started: Started) -> CaughtUp:
-    """In the freeze: wait until the subscription has applied everything the source wrote
-    before now, then drop it (and its slot) and the publication."""
+def catch_up(here: Conn, there: Conn, started: Started) -> float:
+    """In the freeze, on owner sessions of the source (``here``) and the target (``there``):
+    wait until the subscription has applied everything the source wrote before now; its
+    milliseconds."""
     began = time.perf_counter()
-    with move_copy.connect(source) as here, move_copy.connect(target) as there:
-        lsn = _one(here, "SELECT pg_current_wal_lsn()::text")
-        _wait(there, started.name, started.tables, CATCH_UP_TIMEOUT_SECONDS, "the last rows")
-        deadline = time.monotonic() + CATCH_UP_TIMEOUT_SECONDS
-        while True:
-            done = _maybe(here, CONFIRMED, {"lsn": lsn[0], "name": started.name})
-            if done is None:
-                raise PermanentError(f"replication slot {started.name} vanished on the source")
-            if done[0]:
-                break
-            if time.monotonic() > deadline:
-                raise PermanentError(
-                    f"the subscription did not catch up in {CATCH_UP_TIMEOUT_SECONDS:g} s"
-                )
-            time.sleep(POLL_SECONDS)
-        caught = time.perf_counter()
-        there.execute(sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(started.name)))
-        here.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(started.name)))
-    return CaughtUp((caught - began) * 1000, (time.perf_counter() - caught) * 1000)
+    lsn = _one(here, "SELECT pg_current_wal_lsn()::text")
+    _wait(there, started.name, started.tables, CATCH_UP_TIMEOUT_SECONDS, "the last rows")
+    deadline = time.monotonic() + CATCH_UP_TIMEOUT_SECONDS
+    while True:
+        done = _maybe(here, CONFIRMED, {"lsn": lsn[0], "name": started.name})
+        if done is None:
+            raise PermanentError(f"replication slot {started.name} vanished on the source")
+        if done[0]:
+            return (time.perf_counter() - began) * 1000
+        if time.monotonic() > deadline:
+            raise PermanentError(
+                f"the subscription did not catch up in {CATCH_UP_TIMEOUT_SECONDS:g} s"
+            )
+        time.sleep(POLL_SECONDS)
+
+
+def unsubscribe(source: End, target: End, started: Started) -> Future[float]:
+    """Once caught up (the source frozen: nothing more comes), drop the subscription (its
+    workers stopped, its slot dropped on the source: about 0.1 s) and the publication, on
+    sessions of their own in a thread, while the rest of the freeze goes on; the future gives
+    its milliseconds, or the failure (the caller waits for it before the switch)."""
+
+    def drop() -> float:
+        began = time.perf_counter()
+        with move_copy.connect(target) as there:
+            there.execute(sql.SQL("DROP SUBSCRIPTION {}").format(sql.Identifier(started.name)))
+        with move_copy.connect(source) as here:
+            here.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(started.name)))
+        return (time.perf_counter() - began) * 1000
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="move-unsubscribe")
+    try:
+        return pool.submit(drop)
+    finally:
+        pool.shutdown(wait=False)
 
 
 SUBSCRIPTION = """

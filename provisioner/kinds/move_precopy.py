@@ -211,17 +211,14 @@ def copy_rows(source: End, target: End, schema: str, pre: PreCopy) -> RowsCopied
     return RowsCopied(tables, rows, (copied - began) * 1000, (time.perf_counter() - copied) * 1000)
 
 
-def after_replication(source: End, target: End, schema: str, pre: PreCopy) -> float:
-    """In one transaction on a target whose rows came by logical replication (which carries
-    no sequence): each sequence's value as the frozen source has it, then the SQL kept for
-    after the rows; its milliseconds."""
+def after_replication(
+    here: move_copy.Conn, there: move_copy.Conn, schema: str, pre: PreCopy
+) -> float:
+    """In one transaction on a target (``there``) whose rows came by logical replication
+    (which carries no sequence): each sequence's value as the frozen source (``here``) has it,
+    then the SQL kept for after the rows; its milliseconds."""
     began = time.perf_counter()
-    with (
-        move_copy.connect(source) as here,
-        move_copy.connect(target) as there,
-        here.transaction(),
-        there.transaction(),
-    ):
+    with here.transaction(), there.transaction():
         _copy_sequences(here, there, schema)
         if pre.after_sql:
             with there.cursor() as cur:

@@ -9,14 +9,14 @@ schema with ``pg_dump | pg_restore``, and compare the two copies.
   transaction makes the step wait its turn and retry, without spending an attempt).
 * **Copy** (:func:`copy_schema`): ``pg_dump --schema --format=custom`` on the source piped into
   ``pg_restore --single-transaction --exit-on-error --no-owner`` on the target, both as the
-  owner, binaries of the machine (the newest, as :mod:`provisioner.local.cluster` finds them:
-  ``pg_dump`` must be at least the servers' version). Single transaction: a restore killed or
-  failed half-way leaves nothing on the target. The owner URL's password reaches a child in a
-  password file of its own held in memory (:class:`Passwords`: nothing on disk, even after a
-  SIGKILL), a server's from libpq's own sources; never on a command line nor in the
-  environment; what they print is redacted before it is
-  shown. Each child is killed with its parent (Linux: the
-  parent-death signal), so a worker killed mid-copy leaves no restore running on its own.
+  owner, binaries of the machine (the first, in :mod:`provisioner.local.cluster`'s order,
+  whose ``pg_dump`` is at least the source's major version: :func:`bin_dir_for`). Single
+  transaction: a restore killed or failed half-way leaves nothing on the target. The owner
+  URL's password reaches a child in a password file of its own held in memory
+  (:class:`Passwords`: nothing on disk, even after a SIGKILL), a server's from libpq's own
+  sources; never on a command line nor in the environment; what they print is redacted
+  before it is shown. Each child is killed with its parent (Linux: the parent-death signal),
+  so a worker killed mid-copy leaves no restore running on its own.
 * **Compare** (:func:`snapshot`, :func:`differences`): the catalog inventory
   (:mod:`provisioner.tenant.catalog`: every object, owner and privilege), the rows of each
   table and each sequence's value, on both ends.

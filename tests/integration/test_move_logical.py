@@ -174,3 +174,25 @@ def test_dump_asked_for_between_capable_servers_copies_by_dump(
     with logical_servers.owner(TARGET) as conn:
         rows = conn.execute("SELECT count(*) FROM tenant_plain.audit_events").fetchone()
     assert rows == (100,)
+
+
+def test_auto_falls_back_to_dump_for_a_table_without_a_key(
+    settings: Settings, database: Database, logical_servers: LogicalServers
+) -> None:
+    """Published, a table without a primary key or replica identity would refuse the
+    application's updates and deletes on the source: auto copies by dump, and says why."""
+    servers = logical_servers
+    on_source(settings, database, servers, "nokey", 10)
+    with servers.owner(SOURCE) as conn:
+        conn.execute("CREATE TABLE tenant_nokey.loose (note text)")
+        conn.execute("INSERT INTO tenant_nokey.loose VALUES ('a'), ('b')")
+    out = run_cli(settings, "move", "nokey", "--to", TARGET, env=servers.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    records = dict(details(database, "nokey")[-5:])
+    assert (
+        "method dump (logical replication not possible: tables without a primary key or "
+        "replica identity: loose)" in records["precopy_schema"]
+    ), records
+    assert servers.leftovers() == {"subscriptions": [], "slots": [], "publications": []}
+    with servers.owner(TARGET) as conn:
+        assert conn.execute("SELECT count(*) FROM tenant_nokey.loose").fetchone() == (2,)

@@ -28,6 +28,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,11 +218,21 @@ class Passwords:
         if end.password is None:
             return end.address
         escaped = end.password.replace("\\", "\\\\").replace(":", "\\:")
-        fd = os.memfd_create("provisioner-pgpass", os.MFD_CLOEXEC)
+        fd = _anonymous_file()
         self._fds.append(fd)
         os.fchmod(fd, 0o600)
         os.write(fd, f"*:*:*:*:{escaped}\n".encode())
+        os.lseek(fd, 0, os.SEEK_SET)
         return make_conninfo(end.address, passfile=f"/dev/fd/{fd}")
+
+
+def _anonymous_file() -> int:
+    """A file with no name: in memory on Linux (``memfd_create``); elsewhere a temporary file
+    unlinked at once. Either is gone with its last descriptor, whatever kills the process."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("provisioner-pgpass", os.MFD_CLOEXEC)
+    with tempfile.TemporaryFile() as held:  # unlinked on creation (POSIX)
+        return os.dup(held.fileno())
 
 
 def snapshot(conn: Conn, schema: str) -> Snapshot | None:

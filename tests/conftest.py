@@ -51,6 +51,7 @@ pytest_plugins = [
     "tests.pgbouncer",
     "tests.failover",
     "tests.extra_clusters",
+    "tests.logical_servers",
 ]
 
 # A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest

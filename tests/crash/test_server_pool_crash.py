@@ -11,6 +11,7 @@ checkpoint.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from provisioner import service
@@ -32,6 +33,7 @@ def test_sigkill_after_the_server_take_keeps_the_spare_taken_once(
 ) -> None:
     jobs_server.add_to(database)
     assert run_cli(settings, "migrate").returncode == 0
+    settings = replace(settings, pool_size=1)  # a take on a server claims only then
     first, second = fill(settings, jobs_server, "east", 2)
 
     kill_frozen(settings, KILL_CHILD, "victim", "create_schema", "on_server")

@@ -7,6 +7,9 @@ with a ready spare. The keeper keeps ``PROVISIONER_POOL_SIZE`` spares on each ac
 on the control database (:func:`provisioner.pool.keeper.refill` with ``on``), one builder per
 server (the builders' lock is the server's own).
 
+Placement counts only the spares a take would hand out: those at the tree state and role set
+a live worker with the pool on reports in its heartbeat (:func:`takes_for`).
+
 A take there spans two databases, so it is done in three commits (:func:`take_on_server`):
 
 1. **claim**, on control: the oldest ready spare of the server is marked ``claimed_by`` the
@@ -132,6 +135,16 @@ def _params(server: str, app_roles: AppRoles | None) -> dict[str, str]:
         "digest": migrations.tenant_tree_state().digest,
         "roles": roles_key(app_roles),
     }
+
+
+def takes_for(app_roles: AppRoles | None) -> dict[str, str]:
+    """What this worker's takes hand out (the tree state on disk and the role set a spare must
+    have been built for, :data:`_USABLE`), for its heartbeat's ``pool`` entry: placement
+    (control revision ``20261205_h33spares``) prefers a server for its spares only when they
+    match what a live worker with the pool on would take (a stale spare, or any spare while
+    no worker runs a pool, makes no server preferred)."""
+    params = _params("", app_roles)
+    return {"digest": params["digest"], "roles": params["roles"]}
 
 
 def drop_unfinished_on(control: db.Session, on: OnServer) -> list[str]:

@@ -40,9 +40,7 @@ def test_the_downgrade_restores_the_placement_before_it(bare_database: Database)
     usable = _migrate(bare_database, "upgrade", REVISION)
     assert "control.runtime_heartbeats h" in usable and "p.tree_digest" in usable
     assert "control.tenant_moves m" in usable  # the rest of h32room's definition is kept
-    assert usable.replace(_preference(usable), "") == any_spare.replace(
-        _preference(any_spare), ""
-    )
+    assert usable.replace(_preference(usable), "") == any_spare.replace(_preference(any_spare), "")
     assert _migrate(bare_database, "downgrade", before) == any_spare
     assert _migrate(bare_database, "upgrade", REVISION) == usable
 

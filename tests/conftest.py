@@ -226,6 +226,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     )
     if settings.object_store_path:
         env["OBJECT_STORE_PATH"] = str(settings.object_store_path)
+    if settings.pool_size:  # else unset: a project file's pool_size applies
+        env["PROVISIONER_POOL_SIZE"] = str(settings.pool_size)
     return env
 
 

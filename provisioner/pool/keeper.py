@@ -74,6 +74,7 @@ from provisioner.pool.server_spares import (
     drop_stale_on,
     drop_unfinished_on,
     server_counts,
+    takes_for,
 )
 from provisioner.pool.spares import (
     CLAIM_STALE_SPARE,
@@ -508,6 +509,7 @@ class PoolKeeper(threading.Thread):
             with self._db.transaction() as tx:
                 found = counts(tx.pg, self.app_roles)
             self._status.update(asdict(found), size=self.size, error=self._problem)
+            self._status.update(takes_for(self.app_roles))  # read by placement (server_spares)
             if set(found.foreign) - self._reported:
                 self._report_foreign()
             if not self.is_idle() or self._problem is not None:

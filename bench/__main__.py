@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "move": (
                     f"a {move.ROWS:,}-row tenant moved to a tenant server: the writes' freeze",
-                    lambda: move.run(cluster, results),
+                    lambda: (move.run(cluster, results), move.run_logical(cluster, results)),
                 ),
                 "failover": (
                     "a pg_auto_failover primary SIGKILLed while a worker drains 300 tenants",

@@ -6,7 +6,8 @@ arrive one by one while the keeper rebuilds; against the raw build measured in t
   ``taken from the warm pool``); the figure is each job's ``finished_at - created_at``.
 * **Refill:** from the burst's last finish to the pool being full again, per spare rebuilt,
   against as many raw serial builds (the full end state in one transaction on an open
-  connection) made right after it, while the worker is idle.
+  connection) made right after it, while the worker is idle; and, beside it, raw SQL on as
+  many sessions as the keeper has builders (one per core).
 * **A spare's build alone**, interleaved with the raw build in one database: on a session that
   waits for the disk at each commit and on one that does not (the keeper's).
 * **During a refill:** a second burst empties the pool; as soon as the keeper has started
@@ -29,12 +30,15 @@ from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
 from provisioner import db, pool, service
 from provisioner.roles import DEFAULT_APP_ROLES
+from provisioner.worker.concurrency import machine_default
 
 POOL_SIZE = 10
 #: How often the bench looks at the database while it waits, on one open session (a new
 #: connection per look loaded the two cores the measured refill runs on).
 POLL_SECONDS = 0.02
 DURING_REFILL = 5
+#: The keeper's builders at the worker's defaults: one per engine child, one child per core.
+BUILDERS = machine_default()
 
 # Each sign-up of a group: latency, wait before its claim, and whether a spare served it.
 SIGNUPS = """
@@ -105,7 +109,7 @@ def _alone(database: BenchDatabase) -> list[float]:
         _one(app, watch, "warmup_alone")
         for i in range(DURING_REFILL):
             _one(app, watch, f"alone_{i}")
-        return [r[0] for r in _signups(watch, "alone_") if not r[2]][: DURING_REFILL]
+        return [r[0] for r in _signups(watch, "alone_") if not r[2]][:DURING_REFILL]
     finally:
         watch.close()
         app.close()
@@ -142,6 +146,10 @@ def _round(
             out["refill"] = [(time.monotonic() - began) * 1000 / size]
             ms, _ = burst.raw(raw_database, 1, size, f"after{run_no}", counted=False)
             out["refill_raw"] = [ms]
+            # The keeper builds on as many sessions as the worker has children: raw SQL on
+            # as many, for comparison (not the goal's baseline, which is the serial build).
+            ms, _ = burst.raw(raw_database, BUILDERS, size, f"par{run_no}", counted=False)
+            out["refill_raw_parallel"] = [ms]
             time.sleep(1.0)
             _burst(app, watch, "again_", size)
             _wait(lambda: _building(watch), "a rebuild starting", worker)
@@ -263,6 +271,15 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
             "  the keeper's refill after the burst, per spare",
             "ms",
             samples["refill"],
+            baseline="poolb_refill_raw",
+        )
+    )
+    results.add(
+        Figure(
+            "poolb_refill_raw_parallel",
+            f"  raw SQL, {BUILDERS} sessions (the keeper's builders), as many builds",
+            "ms",
+            samples["refill_raw_parallel"],
             baseline="poolb_refill_raw",
         )
     )

@@ -177,6 +177,12 @@ KEYS: tuple[Key, ...] = (
         Kind.NUMBER,
     ),
     Key(
+        "move_method",
+        "PROVISIONER_MOVE_METHOD",
+        "auto",
+        "how a move copies the rows: auto, dump or logical",
+    ),
+    Key(
         "job_stale_after_seconds",
         "PROVISIONER_JOB_STALE_AFTER_SECONDS",
         "900",

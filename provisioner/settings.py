@@ -128,6 +128,10 @@ DURATION_SETTINGS = {
 }
 
 
+#: The copy methods of a move (PROVISIONER_MOVE_METHOD, ``move --method``).
+MOVE_METHODS = ("auto", "dump", "logical")
+
+
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
     """A number from the environment; its range is checked with every other setting's
     (:meth:`Settings.__post_init__`), whether it came from here, a flag or the caller."""
@@ -219,6 +223,9 @@ class Settings:
     #: where ``provisioner console`` listens
     console_host: str = "127.0.0.1"
     console_port: int = 8080
+    #: how ``provisioner move`` copies the rows (PROVISIONER_MOVE_METHOD): auto, dump or
+    #: logical (:mod:`provisioner.kinds.move_logical`)
+    move_method: str = "auto"
 
     def __post_init__(self) -> None:
         for name, url in (
@@ -239,6 +246,11 @@ class Settings:
         if not 0 <= self.pool_size <= MAX_POOL_SIZE:
             raise ConfigurationError(
                 f"PROVISIONER_POOL_SIZE must be between 0 and {MAX_POOL_SIZE}, got {self.pool_size}"
+            )
+        if self.move_method not in MOVE_METHODS:
+            raise ConfigurationError(
+                f"PROVISIONER_MOVE_METHOD must be one of {', '.join(MOVE_METHODS)}, "
+                f"got {self.move_method[:40]!r}"
             )
         if not 0 <= self.worker_concurrency <= MAX_CONCURRENCY:
             raise ConfigurationError(
@@ -300,6 +312,7 @@ class Settings:
             azure_credential=env.get(AZURE_CREDENTIAL_ENV) or None,
             state_dir=Path(env.get("PROVISIONER_STATE_DIR") or cls.state_dir),
             pool_size=_count(env, "PROVISIONER_POOL_SIZE", cls.pool_size),
+            move_method=(env.get("PROVISIONER_MOVE_METHOD") or cls.move_method).lower(),
             worker_concurrency=_count(
                 env, "PROVISIONER_WORKER_CONCURRENCY", cls.worker_concurrency
             ),

@@ -51,6 +51,7 @@ pytest_plugins = [
     "tests.pgbouncer",
     "tests.failover",
     "tests.extra_clusters",
+    "tests.logical_servers",
 ]
 
 # A user's project with its own tests, run by tests/integration/test_user_project.py in a pytest
@@ -225,6 +226,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     )
     if settings.object_store_path:
         env["OBJECT_STORE_PATH"] = str(settings.object_store_path)
+    if settings.pool_size:  # else unset: a project file's pool_size applies
+        env["PROVISIONER_POOL_SIZE"] = str(settings.pool_size)
     return env
 
 

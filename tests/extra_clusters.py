@@ -4,7 +4,9 @@ per test run, whatever the number of pytest-xdist workers.
 Each is a throwaway cluster shared by every worker of the run exactly as the main cluster is
 (:mod:`provisioner.testing.shared`, in a folder of its own next to the main cluster's record):
 the first worker to need it starts it, the last one to leave stops and removes it. West is
-started only by a run that has a test using it (the fleet's fan-out tests).
+started only by a run that has a test using it (the fleet's fan-out tests). The moves by
+logical replication have a third, PostgreSQL 16 with ``wal_level = logical``, shared the same
+way (:mod:`tests.logical_servers`).
 
 Sharing is safe because no test changes anything cluster-wide there: every test gets databases
 of its own (random names, dropped after it), and registers them in its own control database

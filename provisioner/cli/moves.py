@@ -41,6 +41,13 @@ from provisioner.servers.directory import CONTROL
     help="With --finish: seconds since the switch before the old copy may be dropped.",
 )
 @click.option("--abort", is_flag=True, help="Stop a move that has not switched; drop its copy.")
+@click.option(
+    "--method",
+    type=click.Choice(["auto", "dump", "logical"]),
+    default=None,
+    help="How the rows are copied (default PROVISIONER_MOVE_METHOD, auto): logical "
+    "replication (a shorter freeze) when the servers grant it, else dump.",
+)
 @click.option("--queue", "queue_only", is_flag=True, help="Queue the move for a worker.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object, no progress.")
 @click.pass_context
@@ -52,12 +59,14 @@ def move(
     finish: bool,
     grace: float,
     abort: bool,
+    method: str | None,
     queue_only: bool,
     as_json: bool,
 ) -> None:
-    """Move TENANT_ID's schema to --to SERVER: writes frozen (app roles revoked on the source),
-    pg_dump | pg_restore as the owner, verified (catalog, rows, sequences, grants), directory
-    switched and grants given on the target. Run it again to resume after a crash. The old
+    """Move TENANT_ID's schema to --to SERVER: DDL pre-copied (with --method logical or auto,
+    the rows too, by logical replication), writes frozen (app roles revoked on the source),
+    the rows copied or caught up as the owner, verified (catalog, rows, sequences, grants),
+    directory switched and grants given on the target. Run it again to resume after a crash. The old
     copy stays, frozen, until `move TENANT_ID --finish`.
 
     Exit 0 done, 1 failed or running elsewhere, 2 bad input, 3 unknown tenant or server.
@@ -94,6 +103,7 @@ def move(
         tenant_id,
         to,
         queue_only=queue_only,
+        method=method,
         on_progress=StepPrinter(as_json or queue_only, registry),
     )
     job = result.job

@@ -283,11 +283,14 @@ class Database:
         application_name: str = "provisioner",
         idle_in_transaction_timeout_ms: int | None = None,
         settings: dict[str, str] | None = None,
+        most_sessions: int = 2,
     ) -> None:
         # Generic plans: the statements planned ahead on an idle session (on_idle_session, the
         # warm-up after a spare build) are used as they are, not planned again for their values.
         # ``settings``: more server settings for these sessions (the pool keeper's commits that
-        # do not wait for the disk).
+        # do not wait for the disk). ``most_sessions``: how many may be open at once; one is
+        # kept open, the others are closed when handed back (the pool keeper's builders side
+        # by side, which exist only during a refill).
         options: dict[str, Any] = {**GENERIC_PLANS, **(settings or {})}
         if idle_in_transaction_timeout_ms:
             options["idle_in_transaction_session_timeout"] = idle_in_transaction_timeout_ms
@@ -307,7 +310,7 @@ class Database:
             connection_class=ChainingConnection,
             connect_args=connect_args,
             pool_size=1,
-            max_overflow=1,
+            max_overflow=max(1, most_sessions - 1),
             # No ping before every transaction (it was ~8 round trips per tenant): the engine
             # calls ensure_alive() once before each job, and a connection that dies mid-job
             # fails that job's transaction, is invalidated by SQLAlchemy and replaced at the

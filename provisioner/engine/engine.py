@@ -167,8 +167,11 @@ class Engine:
         job_kinds: KindRegistry = kinds.BUILTIN,
         lock_timeout_seconds: float = 5.0,
         seeds: tuple[str, ...] = (),
+        pool: bool = True,
     ) -> None:
         self.holder = holder
+        #: the warm pool is on (PROVISIONER_POOL_SIZE > 0): a take on a tenant server claims
+        self.pool = pool
         self.owner_url = owner_url
         #: the project's declared seeds (PROVISIONER_SEEDS), resolved by the seed step
         self.seeds = seeds
@@ -208,6 +211,7 @@ class Engine:
             job_kinds=kinds.for_settings(settings),
             lock_timeout_seconds=settings.lock_timeout_seconds,
             seeds=settings.seeds,
+            pool=settings.pool_size > 0,
         )
 
     # -- sessions (engine/sessions.py) ---------------------------------------------------------
@@ -440,6 +444,7 @@ class Engine:
             seeds=self.seeds,
             memo=kind.memo(),
             owner_url=self.owner_url,
+            pool=self.pool,
         )
 
     def _forget_vanished(self, run: JobRun, state: RunState) -> None:

@@ -34,7 +34,7 @@ from provisioner.engine import Engine, ignore_progress, never_stop, runner
 from provisioner.engine.events import ProgressCallback, StopRequested
 from provisioner.engine.holder import holder_id
 from provisioner.errors import InvalidInput, TenantBusy, UnknownTenant, WrongState
-from provisioner.kinds import move_copy
+from provisioner.kinds import move_copy, move_logical
 from provisioner.kinds.move import MOVE_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.servers import moves
@@ -82,10 +82,13 @@ def move(
     on_progress: ProgressCallback = ignore_progress,
     should_stop: StopRequested = never_stop,
     holder: str | None = None,
+    method: str | None = None,
 ) -> MoveResult:
-    """Move the tenant to server ``to`` (``control``: the control database); see the module."""
+    """Move the tenant to server ``to`` (``control``: the control database), its rows copied
+    by ``method`` (None: ``PROVISIONER_MOVE_METHOD``); see the module."""
     tenant = TenantId(tenant_id)
     target = target_name(to)
+    asked = move_logical.MoveMethod(method or settings.move_method)
     with Engine.from_settings(settings, holder or holder_id("cli")) as engine:
         conn = engine.control
         require_control_at_head(conn)
@@ -98,6 +101,8 @@ def move(
             raise InvalidInput(moves.refusal(current))
         with db.translated():
             _check_target(conn, tenant, source, target, settings.owner_url)
+            if asked is move_logical.MoveMethod.LOGICAL:
+                _check_logical(conn, tenant, source, target, settings.owner_url)
             with conn.transaction():
                 if target is not None:  # checked again under the target's row lock
                     moves.take_room(conn, target)
@@ -111,6 +116,7 @@ def move(
                 if job.status is JobStatus.SUCCEEDED:
                     job = queue.reopen(conn, job.id, wake_workers=queue_only, started_by=command)
                 moves.set_job(conn, tenant, job.id)
+                moves.set_method(conn, job.id, asked.value)
         started = replace(started, job_id=job.id)
         if queue_only:
             return MoveResult(started, job, queued=True)
@@ -151,6 +157,20 @@ def _check_target(
                 f"{end.server} already has a schema {tenant.schema}: the move will not "
                 "overwrite what it did not create"
             )
+
+
+def _check_logical(
+    conn: Conn, tenant: TenantId, source: str | None, target: str | None, owner_url: str
+) -> None:
+    """InvalidInput (one line: what is missing) unless the move can copy by logical
+    replication (:func:`provisioner.kinds.move_logical.probe`)."""
+    here, there = (moves.end(conn, s, owner_url) for s in (source, target))
+    found = move_logical.probe(here, there, tenant.schema)
+    if not found.ok:
+        raise InvalidInput(
+            "--method logical: logical replication cannot be used for this move: "
+            + "; ".join(found.missing)
+        )
 
 
 def _resume(
@@ -249,11 +269,12 @@ def abort(settings: Settings, tenant_id: str) -> moves.Move:
             if not job.status.terminal:
                 queue.cancel(conn, job.id)
         target = moves.end(conn, current.target, settings.owner_url)
+        source = moves.end(conn, current.source, settings.owner_url)
+        move_logical.cleanup(source, target, move_logical.name(current.job_id))
         with move_copy.connect(target) as there:
             move_copy.drop(there, tenant.schema, lock_timeout_ms=_lock_ms(settings))
         found = tenants.get_tenant(conn, tenant)
         if found is not None and found.state in LIVE:
-            source = moves.end(conn, current.source, settings.owner_url)
             with move_copy.connect(source) as here, here.transaction():
                 tenant_schema.grant_app_roles(here, tenant.schema, settings.app_roles)
         return moves.end_move(conn, tenant, moves.MovePhase.ABORTED) or current

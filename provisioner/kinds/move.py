@@ -10,13 +10,21 @@ the step's transaction. So the kind runs whichever server the tenant lives on
 1. ``precopy_schema``: the schema's DDL restored on the target while the application still
    writes, less what follows the rows (:mod:`provisioner.kinds.move_precopy`); a copy found
    there is the move's own (``move`` refused a target that had the schema) and is dropped
-   first. Effect: the target has the schema.
+   first, and so is a dead run's subscription, slot and publication. Then, when the copy's
+   method is logical replication (asked for, or ``auto`` and
+   :func:`provisioner.kinds.move_logical.probe` finds what it needs), the target subscribes to
+   the source's tables and the initial rows are waited for. Effect: the target has the schema.
 2. ``freeze_writes``: the application roles lose every privilege on the source's schema
    (committed there), then the writes begun before are waited for. Effect: the source frozen.
-3. ``copy_schema``: in the run that pre-copied, the rows by ``COPY`` and the DDL that follows
-   them, in one transaction (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other
-   run (resumed: what the target holds is not known), the target's copy dropped and the whole
-   schema copied, ``pg_dump | pg_restore`` in one transaction. Effect: the target has the schema.
+3. ``copy_schema``: in the run that pre-copied, by logical replication the catch-up to the
+   source's position after the freeze (:func:`provisioner.kinds.move_logical.catch_up`), then
+   the sequences and the DDL that follows the rows, the subscription and publication dropped
+   meanwhile in a thread (the switch waits for it first); otherwise the rows
+   by ``COPY`` and that DDL, in one transaction
+   (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other run (resumed: what the
+   target holds is not known), a dead run's subscription, slot and publication dropped, the
+   target's copy dropped and the whole schema copied, ``pg_dump | pg_restore`` in one
+   transaction. Effect: the target has the schema.
 4. ``verify_copy``: both ends' catalog inventory (every object, owner and privilege), rows per
    table and sequence values equal, or the job fails and the tenant stays frozen on the source
    (``move --abort`` drops the copy and gives the source its grants back).
@@ -39,16 +47,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from provisioner import db
 from provisioner.db import Transaction
 from provisioner.errors import PermanentError
-from provisioner.kinds import move_copy, move_precopy
+from provisioner.kinds import move_copy, move_logical, move_precopy
 from provisioner.kinds.registry import JobKind, keyed_by_tenant
 from provisioner.kinds.step import RunMemo, Step, StepContext
 from provisioner.servers import moves
@@ -64,6 +73,10 @@ class MoveMemo(RunMemo):
     """A move's run: the pre-copy it made (None: not this run, whose copy is then whole)."""
 
     precopied: move_precopy.PreCopy | None = None
+    #: the subscription this run made (None: the rows are copied in the freeze)
+    logical: move_logical.Started | None = None
+    #: its drop, under way once caught up (the switch waits for it)
+    unsubscribing: Future[float] | None = None
 
 
 def _memo(ctx: StepContext) -> MoveMemo:
@@ -106,19 +119,50 @@ def _past(phase: moves.MovePhase) -> bool:
 def _precopy(tx: Transaction, ctx: StepContext) -> str | None:
     move = _moving(tx, ctx)
     schema = ctx.tenant.schema
+    source = moves.end(tx.pg, move.source, ctx.owner_url)
+    target = moves.end(tx.pg, move.target, ctx.owner_url)
+    name = move_logical.name(move.job_id)
+    left = move_logical.cleanup(source, target, name)  # a dead run's: it would hold WAL
     with _session(tx, ctx, move.target) as conn:
         dropped = move_copy.schema_exists(conn, schema)
         if dropped:  # the move's own, from a run that died: its state is not known
             move_copy.drop(conn, schema, lock_timeout_ms=ctx.lock_timeout_ms)
-    source = moves.end(tx.pg, move.source, ctx.owner_url)
-    target = moves.end(tx.pg, move.target, ctx.owner_url)
+    method, why, capability = _method(tx, move, source, target, schema)
     pre = move_precopy.precopy(source, target, schema, ctx.app_roles)
     _memo(ctx).precopied = pre
+    logical = ""
+    if method is move_logical.MoveMethod.LOGICAL:
+        started = move_logical.start(source, target, schema, name, capability.conninfo)
+        _memo(ctx).logical = started
+        logical = (
+            f"; subscribed to {started.tables} tables, initial rows in {started.sync_ms:.0f} ms"
+        )
     return (
-        f"{target.server}: {pre.entries - pre.after_rows} of {pre.entries} DDL entries "
-        f"restored before the freeze (dump {pre.dump_ms:.0f} ms, restore {pre.restore_ms:.0f} ms)"
+        f"method {method}{why}; {target.server}: {pre.entries - pre.after_rows} of "
+        f"{pre.entries} DDL entries restored before the freeze (dump {pre.dump_ms:.0f} ms, "
+        f"restore {pre.restore_ms:.0f} ms){logical}"
         + ("; an earlier run's copy dropped first" if dropped else "")
+        + (f"; an earlier run's {', '.join(left)} dropped" if left else "")
     )
+
+
+def _method(
+    tx: Transaction, move: moves.Move, source: moves.End, target: moves.End, schema: str
+) -> tuple[move_logical.MoveMethod, str, move_logical.Capability]:
+    """The copy's method for this run, why (for the record), and the probe's answer: the
+    method asked for (``move --method``, else ``PROVISIONER_MOVE_METHOD``), ``auto`` taking
+    logical replication when the probe finds everything it needs."""
+    asked = move_logical.MoveMethod(moves.requested_method(tx.pg, move.job_id) or "auto")
+    if asked is move_logical.MoveMethod.DUMP:
+        return asked, " (asked for)", move_logical.Capability(())
+    capability = move_logical.probe(source, target, schema)
+    if capability.ok:
+        return move_logical.MoveMethod.LOGICAL, "", capability
+    missing = "; ".join(capability.missing)
+    if asked is move_logical.MoveMethod.LOGICAL:
+        raise PermanentError(f"logical replication cannot be used for this move: {missing}")
+    why = f" (logical replication not possible: {missing})"
+    return move_logical.MoveMethod.DUMP, why, capability
 
 
 def _freeze(tx: Transaction, ctx: StepContext) -> str | None:
@@ -150,7 +194,16 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
     schema = ctx.tenant.schema
     source = moves.end(tx.pg, move.source, ctx.owner_url)
     target = moves.end(tx.pg, move.target, ctx.owner_url)
-    pre = _memo(ctx).precopied
+    pre, logical = _memo(ctx).precopied, _memo(ctx).logical
+    if pre is not None and logical is not None:
+        with move_copy.connect(source) as here, move_copy.connect(target) as there:
+            wait_ms = move_logical.catch_up(here, there, logical)
+            _memo(ctx).unsubscribing = move_logical.unsubscribe(source, target, logical)
+            after_ms = move_precopy.after_replication(here, there, schema, pre)
+        return (
+            f"logical replication caught up in {wait_ms:.0f} ms, then the sequences, "
+            f"{pre.after_rows} DDL entries and the commit in {after_ms:.0f} ms"
+        )
     if pre is not None:
         done = move_precopy.copy_rows(source, target, schema, pre)
         return (
@@ -158,6 +211,7 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
             f"({done.rows} rows, {done.tables} tables), then {pre.after_rows} DDL entries "
             f"and the commit in {done.after_ms:.0f} ms"
         )
+    left = move_logical.cleanup(source, target, move_logical.name(move.job_id))
     with _session(tx, ctx, move.target) as conn:
         dropped = move_copy.schema_exists(conn, schema)
         if dropped:  # a resumed run: what an earlier one left there is not trusted
@@ -168,6 +222,7 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
         f"copied whole from {source.server} to {target.server} in "
         f"{(time.perf_counter() - began) * 1000:.0f} ms (a resumed run)"
         + ("; an earlier run's copy dropped first" if dropped else "")
+        + (f"; an earlier run's {', '.join(left)} dropped" if left else "")
     )
 
 
@@ -213,6 +268,11 @@ def _verify(tx: Transaction, ctx: StepContext) -> str | None:
 
 def _switch(tx: Transaction, ctx: StepContext) -> str | None:
     move = _move(tx, ctx)
+    unsubscribed = ""
+    dropping = _memo(ctx).unsubscribing
+    if dropping is not None:  # the subscription's drop, begun once caught up: done first
+        with db.translated():
+            unsubscribed = f"; subscription and publication dropped ({dropping.result():.0f} ms)"
     state = moves.tenant_server(tx.pg, ctx.tenant)
     granted = state is not None and TenantState(state[1]) not in INACTIVE
     if move.phase is moves.MovePhase.MOVING and granted:
@@ -225,7 +285,7 @@ def _switch(tx: Transaction, ctx: StepContext) -> str | None:
             f"{move.source or CONTROL}: the directory was changed under the move"
         )
     target = move.target or CONTROL
-    return f"lives on {target}" + ("; app roles granted there" if granted else "")
+    return f"lives on {target}" + ("; app roles granted there" if granted else "") + unsubscribed
 
 
 def _switched(tx: Transaction, ctx: StepContext) -> bool:

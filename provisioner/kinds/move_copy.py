@@ -9,13 +9,14 @@ schema with ``pg_dump | pg_restore``, and compare the two copies.
   transaction makes the step wait its turn and retry, without spending an attempt).
 * **Copy** (:func:`copy_schema`): ``pg_dump --schema --format=custom`` on the source piped into
   ``pg_restore --single-transaction --exit-on-error --no-owner`` on the target, both as the
-  owner, binaries of the machine (the newest, as :mod:`provisioner.local.cluster` finds them:
-  ``pg_dump`` must be at least the servers' version). Single transaction: a restore killed or
-  failed half-way leaves nothing on the target. The owner URL's password reaches a child in a
-  password file of its own (mode 0600, removed after), a server's from libpq's own sources;
-  never on a command line nor in the environment; what they print is redacted before it is
-  shown. Each child is killed with its parent (Linux: the
-  parent-death signal), so a worker killed mid-copy leaves no restore running on its own.
+  owner, binaries of the machine (the first, in :mod:`provisioner.local.cluster`'s order,
+  whose ``pg_dump`` is at least the source's major version: :func:`bin_dir_for`). Single
+  transaction: a restore killed or failed half-way leaves nothing on the target. The owner
+  URL's password reaches a child in a password file of its own held in memory
+  (:class:`Passwords`: nothing on disk, even after a SIGKILL), a server's from libpq's own
+  sources; never on a command line nor in the environment; what they print is redacted
+  before it is shown. Each child is killed with its parent (Linux: the parent-death signal),
+  so a worker killed mid-copy leaves no restore running on its own.
 * **Compare** (:func:`snapshot`, :func:`differences`): the catalog inventory
   (:mod:`provisioner.tenant.catalog`: every object, owner and privilege), the rows of each
   table and each sequence's value, on both ends.
@@ -40,7 +41,7 @@ from psycopg.rows import tuple_row
 
 from provisioner import db
 from provisioner.errors import PermanentError
-from provisioner.local.cluster import find_bin_dir
+from provisioner.local.cluster import find_client_dir
 from provisioner.redact import redact
 from provisioner.roles import AppRoles
 from provisioner.servers.moves import End
@@ -107,26 +108,34 @@ def frozen(conn: Conn, schema: str, roles: AppRoles) -> bool:
 def copy_schema(source: End, target: End, schema: str) -> None:
     """``pg_dump | pg_restore`` of one schema, in one transaction on the target; raises
     :class:`PermanentError` with the children's redacted message when either fails."""
-    bin_dir = find_bin_dir()
-    with tempfile.TemporaryDirectory(prefix="provisioner-move-") as folder:
+    bin_dir = bin_dir_for(source)
+    with Passwords() as passwords:
         dump = command(
             bin_dir,
             "pg_dump",
-            address(source, Path(folder) / "source"),
+            passwords.address(source),
             "--format=custom",
             f"--schema={pattern(schema)}",
         )
         restore = command(
             bin_dir,
             "pg_restore",
-            address(target, Path(folder) / "target"),
+            passwords.address(target),
             "--single-transaction",
             "--exit-on-error",
             "--no-owner",
         )
-        codes, errors = pipe(dump, restore)
+        codes, errors = pipe(dump, restore, passwords.fds)
     for name, code, err in zip(("pg_dump", "pg_restore"), codes, errors, strict=True):
         check(name, code, err)
+
+
+def bin_dir_for(source: End) -> Path:
+    """The binaries whose ``pg_dump`` can dump ``source`` (its server's major version or
+    later: :func:`provisioner.local.cluster.find_client_dir`)."""
+    with connect(source) as conn:
+        version = conn.info.server_version
+    return find_client_dir(version // 10000)
 
 
 def check(name: str, code: int, err: bytes) -> None:
@@ -137,13 +146,17 @@ def check(name: str, code: int, err: bytes) -> None:
         raise PermanentError(f"{name} failed: {message}")
 
 
-def pipe(dump: list[str], restore: list[str]) -> tuple[tuple[int, int], tuple[bytes, bytes]]:
-    """Run ``dump | restore``; their exit codes and what each wrote on stderr."""
+def pipe(
+    dump: list[str], restore: list[str], fds: tuple[int, ...] = ()
+) -> tuple[tuple[int, int], tuple[bytes, bytes]]:
+    """Run ``dump | restore`` (``fds``: the password files they inherit); their exit codes and
+    what each wrote on stderr."""
     with subprocess.Popen(
         dump,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=_die_with_parent,
+        pass_fds=fds,
     ) as dumper:
         assert dumper.stdout is not None
         with subprocess.Popen(
@@ -152,6 +165,7 @@ def pipe(dump: list[str], restore: list[str]) -> tuple[tuple[int, int], tuple[by
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent,
+            pass_fds=fds,
         ) as restorer:
             dumper.stdout.close()  # the restore holds the pipe's reading end alone
             _, restore_err = restorer.communicate()
@@ -160,27 +174,65 @@ def pipe(dump: list[str], restore: list[str]) -> tuple[tuple[int, int], tuple[by
     return (dumper.returncode, restorer.returncode), (dump_err, restore_err)
 
 
-def run(args: list[str], given: bytes = b"") -> bytes:
-    """Run one child (dying with this process), ``given`` on its standard input; what it wrote
-    on its standard output, or :class:`PermanentError` (:func:`check`)."""
+def run(args: list[str], given: bytes = b"", fds: tuple[int, ...] = ()) -> bytes:
+    """Run one child (dying with this process), ``given`` on its standard input, ``fds`` (its
+    password files) inherited; what it wrote on its standard output, or
+    :class:`PermanentError` (:func:`check`)."""
     done = subprocess.run(
-        args, input=given, capture_output=True, preexec_fn=_die_with_parent, check=False
+        args,
+        input=given,
+        capture_output=True,
+        preexec_fn=_die_with_parent,
+        pass_fds=fds,
+        check=False,
     )
     check(Path(args[0]).name, done.returncode, done.stderr)
     return done.stdout
 
 
-def address(end: End, passfile: Path) -> str:
-    """The end's address for a child: with its password (the owner URL's) in a password file
-    of its own, mode 0600, named by the address (never the password itself); libpq's own
-    sources otherwise."""
-    if end.password is None:
-        return end.address
-    escaped = end.password.replace("\\", "\\\\").replace(":", "\\:")
-    fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(f"*:*:*:*:{escaped}\n")
-    return make_conninfo(end.address, passfile=str(passfile))
+class Passwords:
+    """The password files of a copy's children, each an anonymous file in memory
+    (``memfd_create``, mode 0600) that the child inherits and libpq reads as ``/dev/fd/N``:
+    never on disk, so nothing is left behind even when this process is SIGKILLed mid-copy,
+    and never on a command line nor in an environment. Closed on leaving the block."""
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+
+    def __enter__(self) -> Passwords:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        """The descriptors a child must inherit (``pass_fds``)."""
+        return tuple(self._fds)
+
+    def address(self, end: End) -> str:
+        """The end's address for a child: with its password (the owner URL's) in a password
+        file of its own; libpq's own sources otherwise."""
+        if end.password is None:
+            return end.address
+        escaped = end.password.replace("\\", "\\\\").replace(":", "\\:")
+        fd = _anonymous_file()
+        self._fds.append(fd)
+        os.fchmod(fd, 0o600)
+        os.write(fd, f"*:*:*:*:{escaped}\n".encode())
+        os.lseek(fd, 0, os.SEEK_SET)
+        return make_conninfo(end.address, passfile=f"/dev/fd/{fd}")
+
+
+def _anonymous_file() -> int:
+    """A file with no name: in memory on Linux (``memfd_create``); elsewhere a temporary file
+    unlinked at once. Either is gone with its last descriptor, whatever kills the process."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("provisioner-pgpass", os.MFD_CLOEXEC)
+    with tempfile.TemporaryFile() as held:  # unlinked on creation (POSIX)
+        return os.dup(held.fileno())
 
 
 def snapshot(conn: Conn, schema: str) -> Snapshot | None:

@@ -37,7 +37,6 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from provisioner.kinds import move_copy
-from provisioner.local.cluster import find_bin_dir
 from provisioner.roles import AppRoles
 from provisioner.servers.moves import End
 from provisioner.tenant import schema as tenant_schema
@@ -130,19 +129,23 @@ def precopy(source: End, target: End, schema: str, roles: AppRoles) -> PreCopy:
     """Restore the schema's DDL on the target but for :data:`AFTER_ROWS`, and take the
     application roles' privileges away there; the SQL of the rest kept for
     :func:`copy_rows`."""
-    bin_dir = find_bin_dir()
+    bin_dir = move_copy.bin_dir_for(source)
     began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="provisioner-move-") as folder:
+    with (
+        tempfile.TemporaryDirectory(prefix="provisioner-move-") as folder,
+        move_copy.Passwords() as passwords,
+    ):
         base = Path(folder)
         archive = move_copy.run(
             move_copy.command(
                 bin_dir,
                 "pg_dump",
-                move_copy.address(source, base / "source"),
+                passwords.address(source),
                 "--format=custom",
                 "--schema-only",
                 f"--schema={move_copy.pattern(schema)}",
-            )
+            ),
+            fds=passwords.fds,
         )
         dumped = time.perf_counter()
         restore = str(bin_dir / "pg_restore")
@@ -155,13 +158,14 @@ def precopy(source: End, target: End, schema: str, roles: AppRoles) -> PreCopy:
             move_copy.command(
                 bin_dir,
                 "pg_restore",
-                move_copy.address(target, base / "target"),
+                passwords.address(target),
                 "--single-transaction",
                 "--exit-on-error",
                 "--no-owner",
                 f"--use-list={first}",
             ),
             archive,
+            passwords.fds,
         )
         after_sql = ""
         if later:
@@ -205,6 +209,21 @@ def copy_rows(source: End, target: End, schema: str, pre: PreCopy) -> RowsCopied
             with there.cursor() as cur:
                 cur.execute(pre.after_sql.encode())  # no parameters: one simple query
     return RowsCopied(tables, rows, (copied - began) * 1000, (time.perf_counter() - copied) * 1000)
+
+
+def after_replication(
+    here: move_copy.Conn, there: move_copy.Conn, schema: str, pre: PreCopy
+) -> float:
+    """In one transaction on a target (``there``) whose rows came by logical replication
+    (which carries no sequence): each sequence's value as the frozen source (``here``) has it,
+    then the SQL kept for after the rows; its milliseconds."""
+    began = time.perf_counter()
+    with here.transaction(), there.transaction():
+        _copy_sequences(here, there, schema)
+        if pre.after_sql:
+            with there.cursor() as cur:
+                cur.execute(pre.after_sql.encode())  # no parameters: one simple query
+    return (time.perf_counter() - began) * 1000
 
 
 def _copy_tables(here: move_copy.Conn, there: move_copy.Conn, schema: str) -> tuple[int, int]:

@@ -79,9 +79,11 @@ class PlacedStep:
 
 def _create_schema(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
     # A spare of the server's warm pool when one is ready there (claimed on control, renamed
-    # in this transaction: pool.server_spares), else an empty schema.
+    # in this transaction: pool.server_spares), else an empty schema. With the pool off, no
+    # claim: no round trip to control's pool (a claim a run with the pool on left behind is
+    # the keeper's to drop once the job is done, as any abandoned claim).
     taken = None
-    if control.server is not None:
+    if control.server is not None and ctx.pool:
         taken = pool.take_on_server(tx, control.conn, control.server, ctx.tenant, ctx.app_roles)
     if taken is None:
         tenant_schema.create_schema(tx.pg, ctx.tenant.schema)
@@ -91,8 +93,11 @@ def _create_schema(tx: Transaction, ctx: StepContext, control: ControlAccess) ->
 
 def _mark_provisioning(conn: psycopg.Connection[Any], ctx: StepContext) -> str | None:
     # With the checkpoint: a spare the server side took is the tenant's schema now, its record
-    # goes (nothing when none was taken; safe to run again, as on an adoption).
-    pool.finish_take(conn, ctx.tenant)
+    # goes (nothing when none was taken; safe to run again, as on an adoption). With the pool
+    # off, left alone: a claim of an earlier run with the pool on, renamed or not, is an
+    # abandoned claim once the job is done, which the keeper forgets or drops by its name.
+    if ctx.pool:
+        pool.finish_take(conn, ctx.tenant)
     tenants.mark_provisioning(conn, ctx.tenant)
     return None
 

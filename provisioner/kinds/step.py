@@ -71,6 +71,9 @@ class StepContext:
     #: the owner's address, for a step that opens sessions of its own on other servers (a
     #: move's); never shown
     owner_url: str = field(default="", repr=False)
+    #: the warm pool is on (PROVISIONER_POOL_SIZE > 0): off, a step on a tenant server neither
+    #: claims a spare on control nor forgets one (no round trip of the pool's in a sign-up)
+    pool: bool = True
 
 
 @dataclass(frozen=True)

@@ -82,9 +82,9 @@ host all all ::1/128 scram-sha-256
 """
 
 
-@functools.cache
-def find_bin_dir() -> Path:
-    """The newest PostgreSQL server binaries available here (looked up once per process)."""
+def bin_candidates() -> list[Path]:
+    """Folders that may hold PostgreSQL's binaries, the machine's newest first, then the
+    ``PATH``'s, then the ``pgserver`` wheel's."""
     candidates = sorted(
         Path("/usr/lib/postgresql").glob("*/bin"),
         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
@@ -97,12 +97,46 @@ def find_bin_dir() -> Path:
     spec = importlib.util.find_spec("pgserver")
     if spec and spec.submodule_search_locations:
         candidates.append(Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin")
-    for directory in candidates:
+    return candidates
+
+
+@functools.cache
+def find_bin_dir() -> Path:
+    """The newest PostgreSQL server binaries available here (looked up once per process)."""
+    for directory in bin_candidates():
         if (directory / "initdb").exists() and (directory / "pg_ctl").exists():
             return directory
     raise ConfigurationError(
         "no PostgreSQL server binaries found: install PostgreSQL or `pip install pgserver`, "
         "or set MIGRATIONS_DATABASE_URL and APP_DATABASE_URL"
+    )
+
+
+@functools.cache
+def client_major(directory: Path) -> int:
+    """The major version of ``pg_dump`` in ``directory`` (0: none there, or unreadable)."""
+    try:
+        done = subprocess.run(
+            [str(directory / "pg_dump"), "--version"], capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return 0
+    words = done.stdout.split()
+    return int(words[-1].split(".")[0]) if words and words[-1][:1].isdigit() else 0
+
+
+@functools.cache
+def find_client_dir(at_least: int) -> Path:
+    """Binaries whose ``pg_dump`` (and ``pg_restore``) can dump a server of major version
+    ``at_least``: :func:`find_bin_dir`'s if they can, else the first that can (``pg_dump``
+    refuses a server newer than itself); ConfigurationError when none here can."""
+    first = find_bin_dir()
+    for directory in [first, *bin_candidates()]:
+        if client_major(directory) >= at_least:
+            return directory
+    raise ConfigurationError(
+        f"no pg_dump of PostgreSQL {at_least} or later here: install it (or `pip install "
+        "pgserver`) to move a tenant from that server"
     )
 
 
@@ -165,6 +199,10 @@ class Cluster:
 
     root: Path
     durable: bool = True
+    #: the server binaries it runs (None: :func:`find_bin_dir`'s)
+    bin_dir: Path | None = None
+    #: lines added to its postgresql.conf when it is created (``wal_level = logical``)
+    conf: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.root = self.root.absolute()
@@ -209,7 +247,7 @@ class Cluster:
 
     def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
         user = _service_user()
-        command = [str(find_bin_dir() / args[0]), *args[1:]]
+        command = [str((self.bin_dir or find_bin_dir()) / args[0]), *args[1:]]
         if user:
             command = ["runuser", "-u", user, "--", *command]
         return subprocess.run(command, capture_output=True, text=True, check=False)
@@ -283,6 +321,9 @@ class Cluster:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigurationError(f"initdb failed: {last}{_as_root_hint(self.root)}")
         (self.data / "pg_hba.conf").write_text(HBA)
+        if self.conf:
+            with open(self.data / "postgresql.conf", "a") as conf:
+                conf.write("\n".join(self.conf) + "\n")
         self._chown()
 
     def start(self) -> None:

@@ -39,6 +39,7 @@ from provisioner.pool.server_spares import (
     finish_take,
     server_counts,
     take_on_server,
+    takes_for,
 )
 from provisioner.pool.spares import (
     ADD_SPARE,
@@ -109,5 +110,6 @@ __all__ = [
     "spare_grant_batches",
     "take",
     "take_on_server",
+    "takes_for",
     "usage_held",
 ]

@@ -173,11 +173,12 @@ def _held(row: dict[str, Any]) -> GrantsHeld:
 
 
 def spare_grant_batches(
-    schema: str, app_roles: AppRoles, conn: Any, batch: int
+    schema: str, app_roles: AppRoles, tables: list[str], batch: int
 ) -> list[sql.Composed]:
     """The grant step's statements but USAGE on the schema and the sequences' grants (the
     take's), for every role: what a spare is built with, one batch per transaction: the
-    schema's own statements, then the tables' grants, ``batch`` tables at a time."""
+    schema's own statements, then the grants of ``tables`` (its tables, views and materialized
+    views, by name), ``batch`` tables at a time."""
     schema_wide: list[sql.Composable] = []
     for role in app_roles:
         statements = tenant_schema.schema_grant_statements(schema, role)
@@ -185,7 +186,6 @@ def spare_grant_batches(
             "the grant step's first statement is no longer USAGE"
         )
         schema_wide.extend(statements[1:])
-    tables, _ = tenant_schema.relations(conn, schema)
     batches = [sql.SQL("; ").join(schema_wide)]
     for start in range(0, len(tables), batch):
         statements = [

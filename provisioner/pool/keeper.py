@@ -1,30 +1,35 @@
 """The warm pool's keeper: the worker's thread that keeps ``size`` spares ready while idle.
 
-One builder at a time per database (worker replicas share the pool): the builders' session
-lock is tried, never waited for (:func:`builder_lock`). Under it the keeper drops the schemas
-of builds whose process died (:func:`drop_unfinished`), then builds spares until enough are
-ready (:func:`refill`); outside it, it drops one spare of another tree state (or
-role set) at a time (:func:`drop_stale_spare`). After the build that fills the pool it tells the
-worker (``on_built``), which has its idle engine children warm their sessions: the builds'
-schemas reset every plan of every session, and warming after each build of a refill only made
-the children reload their caches while the next build ran (and emptied them again)
+One keeper builds at a time per database (worker replicas share the pool): the builders'
+session lock is tried, never waited for (:func:`builder_lock`). Under it the keeper drops the
+schemas of builds whose process died (:func:`drop_unfinished`), then builds spares until enough
+are ready (:func:`refill`), on as many sessions at once as the worker has engine children
+(``builders``: the children are idle while it builds, and the builds' waits on the disk
+overlap; :func:`_build_side_by_side`, ``tests/integration/test_pool_builders.py``); outside it,
+it drops one spare of another tree state (or role set) at a time (:func:`drop_stale_spare`).
+After the build that fills the pool it tells the worker (``on_built``), which has its idle
+engine children warm their sessions: the builds' schemas reset every plan of every session, and
+warming after each build of a refill only made the children reload their caches while the next
+build ran (and emptied them again)
 (``tests/integration/test_pool.py::test_a_spare_build_warms_the_idle_engine_sessions``).
 
-Spare builds yield to sign-ups. Invariant: a build makes no progress while the worker has a
-job running or waiting to be claimed; between two of its transactions it pauses (its schema
-unfinished, the builders' lock kept) and goes on, with the same schema, once the worker is idle
-again (:meth:`PoolKeeper.yield_to_jobs`). A sign-up that arrives during a build therefore waits
-behind at most one of the build's transactions (:data:`~provisioner.pool.spares.BATCH`
-statements), never a whole build, and the work already done is not thrown away. A pause longer
-than :data:`PAUSE_LIMIT_SECONDS` (a long fleet upgrade) stops the build and drops its schema, so
-that the builders' lock does not keep an idle replica from building
+Spare builds yield to sign-ups. Invariant: no build makes progress while the worker has a job
+running or waiting to be claimed (each builder pauses on its own); between two of its
+transactions a build pauses (its schema unfinished, the builders' lock kept) and goes on, with
+the same schema, once the worker is idle again (:meth:`PoolKeeper.yield_to_jobs`). A sign-up
+that arrives during a build therefore waits behind at most one transaction of each build under
+way (:data:`~provisioner.pool.spares.BATCH` statements), never a whole build, and the work
+already done is not thrown away. A pause longer than :data:`PAUSE_LIMIT_SECONDS` (a long fleet
+upgrade) stops the build and drops its schema, so that the builders' lock does not keep an idle
+replica from building
 (``tests/integration/test_pool.py::test_a_spare_build_pauses_while_the_worker_has_a_job``).
 
 A refill is one pass under the builders' lock: the lock, the look for unfinished builds, the
-count and the template's reference once, then spares one after the other; within a spare, while
+count and the template's reference once, then the spares; within a spare, while
 the worker stays idle, each batch's commit begins the next batch in the same round trip
 (:func:`provisioner.pool.spares._run_batches`), and a spare's bookkeeping rides its batches
-(its record and schema with the first, the fingerprint and the grants' list with the last:
+(its record and schema with the first, the fingerprint with the last, the grants named from
+the reference's relations:
 :func:`provisioner.pool.spares._build`), one transaction of it left per spare (the grants'
 check and the record), where there were four (and five more per spare, with three round
 trips per batch, before the refill was one pass). A
@@ -46,8 +51,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -69,6 +74,7 @@ from provisioner.pool.server_spares import (
     drop_stale_on,
     drop_unfinished_on,
     server_counts,
+    takes_for,
 )
 from provisioner.pool.spares import (
     CLAIM_STALE_SPARE,
@@ -77,6 +83,7 @@ from provisioner.pool.spares import (
     counts,
     drop_schema,
     foreign_schemas,
+    known_reference,
     roles_key,
 )
 from provisioner.roles import AppRoles
@@ -142,6 +149,20 @@ class Tended:
     dropped: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Builder:
+    """Where one of a refill's builds runs: a control session and, for a tenant server's
+    spares, that server's (``on``)."""
+
+    session: db.Session
+    on: OnServer | None = None
+
+
+#: Opens the sessions of a refill's other builders (none held by the builders' lock), for as
+#: long as the block lasts.
+Helpers = Callable[[], AbstractContextManager[Sequence[Builder]]]
+
+
 def refill(
     session: db.Session,
     size: int,
@@ -153,17 +174,22 @@ def refill(
     on_built: Callable[[str, int], None] = lambda name, ready: None,
     on_dropped: Callable[[str], None] = lambda name: None,
     on: OnServer | None = None,
+    helpers: Helpers | None = None,
 ) -> Tended:
     """Under the builders' lock (unless another builder holds it: nothing is done), drop the
-    schemas of unfinished builds, count the ready spares, then build spares one after the other
-    until ``size`` are ready (``on_dropped(name)`` after the drops, ``on_built(name, ready)``
-    after each build).
+    schemas of unfinished builds, count the ready spares, then build spares until ``size`` are
+    ready (``on_dropped(name)`` after the drops, ``on_built(name, ready)`` after each build).
 
     The lock, the look for unfinished builds, the count and the template's reference are taken
     once per refill, not once per spare: each was its own transaction, a round trip or three,
     and a refill paid them for every spare. Between two spares (as between two batches of one)
     ``stop()`` is asked: a refill makes no progress while the worker has a job. A spare taken
     meanwhile leaves the pool short after the refill: the keeper's next look counts again.
+
+    ``helpers``: more sessions to build on at once (:func:`_build_side_by_side`), opened only
+    when more than one spare is wanted. They hold no lock: the builders' lock, held by
+    ``session`` until every build has ended, keeps other builders away, and the unfinished
+    builds were dropped before any of them began.
 
     ``on``: the spares of a tenant server (``session`` is control's): under that server's
     builders' lock, its useless spares are dropped too (:func:`drop_stale_on`), and they are
@@ -182,24 +208,88 @@ def refill(
                 ready = counts(tx.pg, app_roles).ready
             else:
                 ready = server_counts(tx.pg, on.name, app_roles).ready
-        built: list[str] = []
         references: dict[str, Reference] = {}
-        while ready < size:
-            if built and stop():
-                raise BuildStopped("the refill was stopped")
-            name = build_spare(
-                session,
+
+        def build(builder: Builder) -> str:
+            return build_spare(
+                builder.session,
                 created_by,
                 app_roles,
                 stop=stop,
                 go_on=go_on,
                 references=references,
-                on=on,
+                on=builder.on,
             )
-            ready += 1
-            built.append(name)
-            on_built(name, ready)
+
+        wanted = size - ready
+        if wanted <= 0:
+            return Tended((), dropped)
+        # Read (or computed, with Alembic, which is not thread-safe) before the builds, which
+        # then share it.
+        known_reference(session, created_by, references)
+        with nullcontext(()) if helpers is None or wanted == 1 else helpers() as others:
+            built = _build_side_by_side(
+                [Builder(session, on), *others], wanted, ready, build, stop, on_built
+            )
         return Tended(tuple(built), dropped)
+
+
+def _build_side_by_side(
+    builders: Sequence[Builder],
+    wanted: int,
+    ready: int,
+    build: Callable[[Builder], str],
+    stop: Callable[[], bool],
+    on_built: Callable[[str, int], None],
+) -> list[str]:
+    """Build ``wanted`` spares, each builder (its own session, its own thread; the first in
+    the calling thread) taking the next until enough are under way; the names built.
+
+    Why at once: a spare's build waits mostly on the disk (PostgreSQL 15 syncs each new
+    index's file before the statement ends) and on round trips, and two sessions' waits
+    overlap, as raw SQL's do (see docs/performance.md). Each build still yields to jobs at
+    every commit (``stop()`` before each spare, the build's own pauses between batches), so a
+    job waits behind at most one transaction of each builder. The first failure stops the
+    others before their next spare and is raised once all have ended; the spares built are
+    recorded and stay."""
+    lock = threading.Lock()
+    built: list[str] = []
+    failures: list[BaseException] = []
+    started = [0]
+
+    def run(builder: Builder) -> None:
+        between = False  # stop() is asked between two spares (a build asks it between batches)
+        while True:
+            with lock:
+                if failures or started[0] >= wanted:
+                    return
+                started[0] += 1
+            try:
+                if between and stop():
+                    raise BuildStopped("the refill was stopped")
+                between = True
+                name = build(builder)
+            except BaseException as exc:  # raised in the calling thread, below
+                with lock:
+                    failures.append(exc)
+                return
+            with lock:
+                built.append(name)
+                count = ready + len(built)
+            on_built(name, count)
+
+    threads = [
+        threading.Thread(target=run, args=(builder,), name="pool-builder", daemon=True)
+        for builder in builders[1:]
+    ]
+    for thread in threads:
+        thread.start()
+    run(builders[0])
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return built
 
 
 @dataclass(frozen=True)
@@ -260,6 +350,7 @@ class PoolKeeper(threading.Thread):
         app_roles: AppRoles | None = None,
         on_built: Callable[[], None] = lambda: None,
         pause_limit_seconds: float = PAUSE_LIMIT_SECONDS,
+        builders: int = 1,
     ) -> None:
         super().__init__(name="pool-keeper", daemon=True)
         #: called in this thread after each spare is built (the worker warms its children)
@@ -272,9 +363,14 @@ class PoolKeeper(threading.Thread):
         self.app_roles = app_roles
         self.halt = threading.Event()
         self.wake = threading.Event()
+        #: spares built at once while the worker is idle (the worker's children: one per core)
+        self.builders = max(1, builders)
         # A build commits without waiting for the disk (see the module's docstring).
         self._db = db.Database(
-            owner_url, application_name=holder, settings={"synchronous_commit": "off"}
+            owner_url,
+            application_name=holder,
+            settings={"synchronous_commit": "off"},
+            most_sessions=max(2, self.builders),
         )
         self.owner_url = owner_url
         #: the owner's sessions on each active tenant server the keeper built spares on
@@ -356,6 +452,7 @@ class PoolKeeper(threading.Thread):
                         self.log, "pool_spare_dropped", schema=name, server=server.name
                     ),
                     on=OnServer(server.name, there),
+                    helpers=self._helpers(server),
                 )
             return bool(tended.built or tended.dropped)
         except BuildStopped:
@@ -379,9 +476,32 @@ class PoolKeeper(threading.Thread):
                 owner_address(server, self.owner_url),
                 application_name=self.holder,
                 settings={"synchronous_commit": "off"},
+                most_sessions=max(2, self.builders),
             )
             self._servers[server.name] = found
         return found
+
+    def _helpers(self, server: TenantServer | None = None) -> Helpers | None:
+        """The sessions of a refill's other builders (:func:`refill`): one fewer than
+        :attr:`builders`, on control and, for ``server``'s spares, on that server too; opened
+        for the refill and closed after it (the databases' pools keep one session each)."""
+        if self.builders <= 1:
+            return None
+
+        @contextmanager
+        def opened() -> Iterator[list[Builder]]:
+            with ExitStack() as stack:
+                found = []
+                for _ in range(self.builders - 1):
+                    control = stack.enter_context(self._db.session())
+                    on = None
+                    if server is not None:
+                        there = stack.enter_context(self._server(server).session())
+                        on = OnServer(server.name, there)
+                    found.append(Builder(control, on))
+                yield found
+
+        return opened
 
     def _tend_control(self) -> bool:
         """The control database's spares; True when there may be more to do at once."""
@@ -389,6 +509,7 @@ class PoolKeeper(threading.Thread):
             with self._db.transaction() as tx:
                 found = counts(tx.pg, self.app_roles)
             self._status.update(asdict(found), size=self.size, error=self._problem)
+            self._status.update(takes_for(self.app_roles))  # read by placement (server_spares)
             if set(found.foreign) - self._reported:
                 self._report_foreign()
             if not self.is_idle() or self._problem is not None:
@@ -413,6 +534,7 @@ class PoolKeeper(threading.Thread):
                     go_on=self._may_go_on,
                     on_built=self._built,
                     on_dropped=self._dropped_unfinished,
+                    helpers=self._helpers(),
                 )
             return bool(tended.built or tended.dropped)
         except BuildStopped:

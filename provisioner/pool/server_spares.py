@@ -7,6 +7,9 @@ with a ready spare. The keeper keeps ``PROVISIONER_POOL_SIZE`` spares on each ac
 on the control database (:func:`provisioner.pool.keeper.refill` with ``on``), one builder per
 server (the builders' lock is the server's own).
 
+Placement counts only the spares a take would hand out: those at the tree state and role set
+a live worker with the pool on reports in its heartbeat (:func:`takes_for`).
+
 A take there spans two databases, so it is done in three commits (:func:`take_on_server`):
 
 1. **claim**, on control: the oldest ready spare of the server is marked ``claimed_by`` the
@@ -17,7 +20,12 @@ A take there spans two databases, so it is done in three commits (:func:`take_on
    and fence (:mod:`provisioner.engine.remote`): the spare becomes ``tenant_<id>``;
 3. **forget**, on control, in the step's checkpoint (:func:`finish_take`): the claimed rows go.
 
-A crash before 2 commits leaves the claim, which the resume reuses; between 2 and 3 the step is
+With the pool off (``PROVISIONER_POOL_SIZE=0``) a provisioning there does none of the three
+(:mod:`provisioner.kinds.placed`): no round trip to control's pool; a claim left by a run with
+the pool on is then abandoned once its job is done (below).
+
+A crash before 2 commits leaves the claim, which the resume reuses (pinned by
+``tests/crash/test_server_pool_crash.py``, a SIGKILL between 1 and 2); between 2 and 3 the step is
 in the server's journal, adopted on resume, whose checkpoint runs 3. The spare is taken once
 and its record goes once (pinned by ``tests/crash/test_server_pool_crash.py``). A claim left
 by a tenant with no provisioning job queued or running any more is useless: the keeper drops
@@ -127,11 +135,16 @@ def server_counts(conn: Any, server: str, app_roles: AppRoles | None = None) -> 
 
 
 def _params(server: str, app_roles: AppRoles | None) -> dict[str, str]:
-    return {
-        "server": server,
-        "digest": migrations.tenant_tree_state().digest,
-        "roles": roles_key(app_roles),
-    }
+    return {"server": server, **takes_for(app_roles)}
+
+
+def takes_for(app_roles: AppRoles | None) -> dict[str, str]:
+    """What this worker's takes hand out (the tree state on disk and the role set a spare must
+    have been built for, :data:`_USABLE`), for its heartbeat's ``pool`` entry: placement
+    (control revision ``20261205_h33spares``) prefers a server for its spares only when they
+    match what a live worker with the pool on would take (a stale spare, or any spare while
+    no worker runs a pool, makes no server preferred)."""
+    return {"digest": migrations.tenant_tree_state().digest, "roles": roles_key(app_roles)}
 
 
 def drop_unfinished_on(control: db.Session, on: OnServer) -> list[str]:

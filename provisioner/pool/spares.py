@@ -376,13 +376,7 @@ def build_spare(
     recorded on control after the server's last check. A crash between two of those leaves a
     recorded name with no ready row, which the server's next builder drops there.
     """
-    tree = migrations.tenant_tree_state()
-    known = {} if references is None else references
-    reference = known.get(tree.digest)
-    if reference is None:
-        with session.transaction() as tx:
-            reference, _ = template_reference.obtain(tx, tree, created_by)
-        known[tree.digest] = reference
+    reference = known_reference(session, created_by, {} if references is None else references)
     for _ in range(NAME_ATTEMPTS):
         name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
         try:
@@ -391,6 +385,21 @@ def build_spare(
             continue
         return name
     raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
+
+
+def known_reference(
+    session: db.Session, created_by: str, references: dict[str, template_reference.Reference]
+) -> template_reference.Reference:
+    """The reference of the tree state on disk: from ``references`` (by tree digest), else read
+    (or computed once, with Alembic: never in two threads at once) on ``session``, which must
+    be the control database's, and kept there."""
+    tree = migrations.tenant_tree_state()
+    reference = references.get(tree.digest)
+    if reference is None:
+        with session.transaction() as tx:
+            reference, _ = template_reference.obtain(tx, tree, created_by)
+        references[tree.digest] = reference
+    return reference
 
 
 def _build(
@@ -449,7 +458,9 @@ def _build(
                 raise SpareRejected(problem)
             if app_roles is None:
                 return []
-            return spare_grant_batches(name, app_roles, tx.pg, BATCH)
+            # The spare's relations are the reference's, now that their shapes are equal: no
+            # catalog read of its own (one round trip and ~4 ms of a ~60 ms spare).
+            return spare_grant_batches(name, app_roles, relations_granted(reference), BATCH)
 
         try:
             _run_batches(target, replay, stop, go_on, at_end=verified)
@@ -479,6 +490,16 @@ def _build(
     except BaseException as exc:
         _drop_schema_quietly(session, name, on, ours=not isinstance(exc, NameTaken))
         raise
+
+
+def relations_granted(reference: template_reference.Reference) -> list[str]:
+    """The tables, views and materialized views a replay of ``reference`` builds, by name (the
+    relations the grant step names), read from its fingerprint."""
+    return sorted(
+        str(row[0])
+        for row in reference.fingerprint["relations"]
+        if str(row[1]) in tenant_schema.TABLE_KINDS
+    )
 
 
 def _run_batches(

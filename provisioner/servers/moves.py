@@ -86,6 +86,18 @@ SET_JOB = "UPDATE control.tenant_moves SET job_id = %(job_id)s WHERE tenant_id =
 
 GET = "SELECT * FROM control.tenant_moves WHERE tenant_id = %(tenant_id)s"
 
+#: The job payload's key for the copy's method the move was asked for (``auto``, ``dump``,
+#: ``logical``: :class:`provisioner.kinds.move_logical.MoveMethod`); kept by every run.
+METHOD_KEY = "move_method"
+
+SET_METHOD = """
+UPDATE control.platform_jobs
+   SET payload = payload || jsonb_build_object(%(key)s::text, %(method)s::text)
+ WHERE id = %(job_id)s
+"""
+
+GET_METHOD = "SELECT payload ->> %(key)s FROM control.platform_jobs WHERE id = %(job_id)s"
+
 # The directory's switch: the tenant's server becomes the target (the placed counts follow by
 # trigger) and the move is switched, in one statement; only from ``moving`` and only while
 # the tenant still lives on the source. No row: already switched (or not this move's).
@@ -232,6 +244,24 @@ def refusal(move: Move) -> str:
 
 def set_job(conn: Conn, tenant: TenantId, job_id: UUID) -> None:
     conn.execute(SET_JOB, {"tenant_id": tenant.value, "job_id": job_id})
+
+
+def set_method(conn: Conn, job_id: UUID, method: str) -> None:
+    """Record the copy's method the move was asked for in its job's payload."""
+    conn.execute(SET_METHOD, {"key": METHOD_KEY, "method": method, "job_id": job_id})
+
+
+def requested_method(conn: Conn, job_id: UUID | None) -> str | None:
+    """The copy's method the move was asked for (None: not recorded)."""
+    if job_id is None:
+        return None
+    with conn.cursor() as cur:
+        cur.execute(GET_METHOD, {"key": METHOD_KEY, "job_id": job_id})
+        row = cur.fetchone()
+    if row is None:
+        return None
+    value = row[0] if isinstance(row, tuple) else next(iter(row.values()))
+    return None if value is None else str(value)
 
 
 def get_move(conn: Conn, tenant: TenantId) -> Move | None:

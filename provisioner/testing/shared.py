@@ -17,7 +17,7 @@ from __future__ import annotations
 import fcntl
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,18 +40,26 @@ def _turn(directory: Path) -> Iterator[None]:
         yield  # closing the file releases the lock
 
 
-def _recorded(directory: Path) -> local_pg.Cluster | None:
+#: A cluster object for a folder (its binaries and settings): a plain throwaway cluster by default.
+Make = Callable[[Path], local_pg.Cluster]
+
+
+def _plain(root: Path) -> local_pg.Cluster:
+    return local_pg.Cluster(root, durable=False)
+
+
+def _recorded(directory: Path, make: Make) -> local_pg.Cluster | None:
     record = directory / RECORD
     if not record.exists():
         return None
-    cluster = local_pg.Cluster(Path(record.read_text().strip()), durable=False)
+    cluster = make(Path(record.read_text().strip()))
     return cluster if cluster.running() else None
 
 
-def _start_new(directory: Path) -> local_pg.Cluster:
+def _start_new(directory: Path, make: Make) -> local_pg.Cluster:
     # Its own top-level temporary folder: as root the server runs as an unprivileged user, who
     # must reach it (pytest's own temporary folders are private).
-    cluster = local_pg.Cluster(Path(tempfile.mkdtemp(prefix="provisioner-pg-")), durable=False)
+    cluster = make(Path(tempfile.mkdtemp(prefix="provisioner-pg-")))
     try:
         cluster.ensure_running()
     except BaseException:
@@ -71,11 +79,12 @@ class SharedCluster:
     _users: IO[str]
 
     @classmethod
-    def join(cls, directory: Path) -> SharedCluster:
-        """Use the run's cluster, starting it if this process is the first."""
+    def join(cls, directory: Path, make: Make = _plain) -> SharedCluster:
+        """Use the run's cluster, starting it if this process is the first (``make``: the
+        cluster object for a folder, the same in every process of the run)."""
         directory.mkdir(parents=True, exist_ok=True)
         with _turn(directory):
-            cluster = _recorded(directory) or _start_new(directory)
+            cluster = _recorded(directory, make) or _start_new(directory, make)
             users = open(directory / USERS, "a")  # noqa: SIM115 (held until leave())
             fcntl.flock(users, fcntl.LOCK_SH)
         return cls(directory, cluster, users)

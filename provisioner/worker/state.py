@@ -118,6 +118,7 @@ class WorkerState:
                 log,
                 app_roles=settings.app_roles,  # spares carry their grants, all but USAGE
                 on_built=self._spare_built,
+                builders=options.concurrency or 1,  # while idle, as many builds as children
             )
 
     def idle(self) -> bool:

@@ -9,6 +9,7 @@ import json
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
@@ -188,14 +189,17 @@ def _traced(wire: pq.abc.PGconn) -> Iterator[IO[bytes]]:
             wire.untrace()
 
 
+@pytest.mark.parametrize("pool_size", [0, 1], ids=["pool-off", "pool-on"])
 def test_a_placed_job_takes_its_token_from_its_claim_and_raises_its_fence_with_its_first_step(
-    settings: Settings, database: Database, jobs_server: TenantServerDb
+    settings: Settings, database: Database, jobs_server: TenantServerDb, pool_size: int
 ) -> None:
     """queue/fence.py and engine/remote.py: a worker child's job on a tenant server takes its
     fencing token from its claim (the first job's, alone; the second's, riding on the first
     job's last commit), so its run writes nothing on control before its first step; and its
     fence is raised in its first step's server transaction: one server transaction per step,
-    none of the adopt's own."""
+    none of the adopt's own. With the warm pool off it sends nothing at all on the engine's
+    control session: no claim of a spare (kinds/placed.py)."""
+    settings = replace(settings, pool_size=pool_size)
     jobs_server.add_to(database)
     assert run_cli(settings, "migrate").returncode == 0
     for tenant in ("one", "two"):
@@ -219,11 +223,13 @@ def test_a_placed_job_takes_its_token_from_its_claim_and_raises_its_fence_with_i
         assert set(jobs_server.journal(tenant).values()) == {claim.fence}
         assert jobs_server.fence(tenant) == claim.fence
     # on control, the warm pool's claim of a spare on the server alone (one statement, bound to
-    # the tenant and its server: pool/server_spares.py); no token of its own (no RUN_FENCE)
+    # the tenant and its server: pool/server_spares.py), none with the pool off; no token of
+    # its own (no RUN_FENCE)
     executes = [line for line in control_sent if "\tExecute\t" in line]
     binds = [line for line in control_sent if "\tBind\t" in line]
-    assert len(executes) == len(binds) == 1, control_sent
-    assert "'two'" in binds[0] and "'east'" in binds[0], control_sent
+    assert len(executes) == len(binds) == pool_size, control_sent
+    if pool_size:
+        assert "'two'" in binds[0] and "'east'" in binds[0], control_sent
     # one server transaction per step (psycopg sends each COMMIT as a query of its own; a
     # BEGIN it may send prepared), none of the adopt's own
     commits = [line for line in server_sent if line.endswith('Query\t "COMMIT"')]

@@ -15,6 +15,7 @@ import pytest
 from psycopg import sql
 
 from provisioner import db, pool, service
+from provisioner.control import heartbeats
 from provisioner.kinds.provision import STEPS, ensure_provision_job
 from provisioner.local import cluster as local_pg
 from provisioner.models import JobStatus, TenantId
@@ -33,11 +34,12 @@ def fast(settings: Settings) -> Settings:
 
 @pytest.fixture
 def placed(settings: Settings, database: Database, jobs_server: TenantServerDb) -> Settings:
-    """The test's control database with the tenant server ``east`` in its directory, migrated."""
+    """The test's control database with the tenant server ``east`` in its directory, migrated;
+    the settings with the warm pool on (a take on a server claims only then)."""
     jobs_server.add_to(database)
     migrated = run_cli(settings, "migrate")
     assert migrated.returncode == 0, migrated.stderr
-    return settings
+    return replace(settings, pool_size=1)
 
 
 @pytest.fixture
@@ -166,6 +168,13 @@ def _server_of(database: Database, tenant: str) -> str | None:
     return row[0]
 
 
+def beat_pool(database: Database, settings: Settings) -> None:
+    """A worker's heartbeat with the pool on, as its keeper reports it: what its takes hand
+    out (placement reads it, control revision 20261205_h33spares)."""
+    with database.owner() as conn:
+        heartbeats.beat(conn, "worker", "pool-test", {"pool": pool.takes_for(settings.app_roles)})
+
+
 def test_placement_prefers_a_server_with_a_spare_to_spare(
     placed: Settings,
     database: Database,
@@ -174,6 +183,7 @@ def test_placement_prefers_a_server_with_a_spare_to_spare(
 ) -> None:
     second_server.add_to(database, "west")
     assert run_cli(placed, "migrate").returncode == 0
+    beat_pool(database, placed)
     # Without spares: the least loaded, by name among equals (east).
     assert service.provision(placed, "first").job.status is JobStatus.SUCCEEDED
     assert _server_of(database, "first") == "east"
@@ -202,7 +212,8 @@ def test_placement_prefers_a_server_with_a_spare_to_spare(
         )
     assert states == {t: "succeeded" for t in ("first", "second", "third", "fourth")}
     assert jobs_server.schema_exists("tenant_second")
-    assert [r[1] for r in pool_rows(database)] == ["east", "east"]  # one of three taken
+    # one of three taken (the worker's keeper may build on west and control meanwhile)
+    assert [r[1] for r in pool_rows(database) if r[1] == "east"] == ["east", "east"]
     assert second_server.schema_exists("tenant_third")
 
 
@@ -247,6 +258,10 @@ def test_a_workers_keeper_fills_each_active_servers_pool_and_reports_it(
         30,
         "the heartbeat to report east's pool",
     )
+    # ... and what its takes hand out, which placement reads (revision 20261205_h33spares)
+    beat = json.loads(run_cli(placed, "health", "--json").stdout)["components"][0]["detail"]
+    wanted = pool.takes_for(placed.app_roles)
+    assert (beat["pool"]["digest"], beat["pool"]["roles"]) == (wanted["digest"], wanted["roles"])
     # A sign-up placed on east takes it; the keeper builds the next one there.
     with db.connect(placed.app_url) as conn:
         ensure_provision_job(conn, TenantId("acme"))
@@ -256,3 +271,44 @@ def test_a_workers_keeper_fills_each_active_servers_pool_and_reports_it(
     wait_until(lambda: east_ready() == 1, 90, "east's pool refilled")
     assert spare not in {r[0] for r in pool_rows(database)}
     assert worker.stop() == 0, worker.output()
+
+
+def test_placement_prefers_no_server_for_spares_a_take_would_not_hand_out(
+    placed: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    second_server: TenantServerDb,
+) -> None:
+    """A server whose only spares are of another tree state or role set, or whose spares no
+    worker with the pool on would take, is not preferred over a less loaded one."""
+    second_server.add_to(database, "west")
+    assert run_cli(placed, "migrate").returncode == 0
+    assert service.provision(placed, "first").job.status is JobStatus.SUCCEEDED
+    assert _server_of(database, "first") == "east"  # west is the less loaded now
+    stale, other_roles = fill(placed, jobs_server, "east", 2)
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.tenant_pool SET tree_digest = 'old' WHERE schema_name = %s", (stale,)
+        )
+        conn.execute(
+            "UPDATE control.tenant_pool SET app_roles = 'app_rw=readonly' WHERE schema_name = %s",
+            (other_roles,),
+        )
+    beat_pool(database, placed)
+    with database.owner() as conn:
+        assert pool.server_counts(conn, "east", placed.app_roles).ready == 0  # none a take's
+        ensure_provision_job(conn, TenantId("second"))
+    assert _server_of(database, "second") == "west"
+    # Once a usable spare is there (built without grants: any role set takes it), east first.
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.tenant_pool SET app_roles = '' WHERE schema_name = %s", (other_roles,)
+        )
+        ensure_provision_job(conn, TenantId("third"))
+    assert _server_of(database, "third") == "east"
+    # No worker runs a pool (no heartbeat says what its takes are): by load alone.
+    with database.owner() as conn:
+        conn.execute("DELETE FROM control.runtime_heartbeats")
+        conn.execute("UPDATE control.platform_jobs SET status = 'cancelled'")
+        ensure_provision_job(conn, TenantId("fourth"))
+    assert _server_of(database, "fourth") == "west"

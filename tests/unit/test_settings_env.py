@@ -7,7 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import provisioner
+from provisioner.errors import ConfigurationError
 from provisioner.settings import AZURE_CREDENTIAL_ENV, Settings
 
 PACKAGE = Path(provisioner.__file__).resolve().parent
@@ -31,3 +34,11 @@ def test_only_settings_reads_the_environment() -> None:
         if re.search(r"\bos\.environ\b|\bgetenv\(", path.read_text())
     }
     assert readers <= READERS, readers - READERS
+
+
+def test_the_move_method_is_a_setting_of_three_values() -> None:
+    assert Settings.from_env({}).move_method == "auto"
+    assert Settings.from_env({"PROVISIONER_MOVE_METHOD": "Logical"}).move_method == "logical"
+    refused = "PROVISIONER_MOVE_METHOD must be one of auto, dump, logical, got 'rsync'"
+    with pytest.raises(ConfigurationError, match=re.escape(refused) + "$"):
+        Settings.from_env({"PROVISIONER_MOVE_METHOD": "rsync"})

@@ -1,0 +1,198 @@
+"""``provisioner move`` by logical replication (:mod:`provisioner.kinds.move_logical`) between
+two databases of a PostgreSQL 16 cluster with ``wal_level = logical``
+(:mod:`tests.logical_servers`), each command a real child process, the application writing
+all along. The tenant first reaches the source by a dump move from the control database
+(whose server has no ``wal_level = logical``: ``auto`` falls back there, and says why)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from provisioner import service
+from provisioner.settings import Settings
+from provisioner.tenant import catalog
+from tests.conftest import Database, run_cli, settings_env
+from tests.integration.test_moves import app_write, provision_with_rows, snapshot, written
+from tests.logical_servers import SOURCE, TARGET, LogicalServers
+from tests.workers import wait_until
+
+WRITER = Path(__file__).resolve().parent.parent / "move_writer.py"
+
+
+def details(database: Database, tenant: str) -> list[tuple[str, str]]:
+    """Every step record of the tenant's jobs: (step, detail)."""
+    with database.owner() as conn:
+        rows = conn.execute(
+            "SELECT step, coalesce(detail, '') FROM control.job_step_runs WHERE tenant_id = %s"
+            " ORDER BY id",
+            (tenant,),
+        ).fetchall()
+    return [(str(s), str(d)) for s, d in rows]
+
+
+def on_source(
+    settings: Settings, database: Database, servers: LogicalServers, tenant: str, rows: int
+) -> subprocess.CompletedProcess[str]:
+    """The tenant built on control with ``rows`` events, then moved to the source (auto)."""
+    provision_with_rows(settings, database, tenant, rows)
+    servers.register(database, SOURCE, TARGET)
+    out = run_cli(settings, "move", tenant, "--to", SOURCE, env=servers.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    done = run_cli(settings, "move", tenant, "--finish", "--grace", "0", env=servers.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_a_tenant_moves_by_logical_replication_under_live_writes(
+    settings: Settings, database: Database, logical_servers: LogicalServers, tmp_path: Path
+) -> None:
+    servers = logical_servers
+    first = on_source(settings, database, servers, "big", 10_000)
+    # control's server has no wal_level=logical: auto fell back to the dump, and said why
+    precopy = [d for s, d in details(database, "big") if s == "precopy_schema"]
+    assert "method dump (logical replication not possible: " in precopy[-1], precopy
+    assert "wal_level=" in precopy[-1]
+    with servers.owner(SOURCE) as conn:
+        granted_before = catalog.read(conn, "tenant_big")
+    routes = json.dumps(
+        {
+            "control": database.app_url,
+            SOURCE: servers.app_url(SOURCE),
+            TARGET: servers.app_url(TARGET),
+        }
+    )
+    stop = tmp_path / "stop"
+    logs = {name: tmp_path / f"{name}.log" for name in ("router", "stale")}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, str(WRITER), database.app_url, "big", routes, str(log), str(stop)]
+            + (["stale"] if name == "stale" else []),
+            env=settings_env(settings),
+        )
+        for name, log in logs.items()
+    ]
+    try:
+        wait_until(lambda: all(written(log, "ok", SOURCE) for log in logs.values()), 60, "writes")
+        out = run_cli(settings, "move", "big", "--to", TARGET, "--json", env=servers.env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        wait_until(lambda: written(logs["router"], "ok", TARGET), 60, "a write on the target")
+        wait_until(lambda: written(logs["stale"], "denied", SOURCE), 60, "a refused write")
+    finally:
+        stop.touch()
+        for writer in writers:
+            assert writer.wait(timeout=30) == 0
+    result = json.loads(out.stdout)
+    assert (result["from"], result["to"], result["phase"]) == (SOURCE, TARGET, "switched")
+    assert result["job"]["status"] == "succeeded"
+    assert service.locate(settings, "big").server == TARGET
+    records = dict(details(database, "big")[-5:])
+    assert "method logical; " in records["precopy_schema"], records
+    assert "subscribed to" in records["precopy_schema"]
+    assert "logical replication caught up in " in records["copy_schema"], records
+
+    # every write the application was told succeeded is on the target; the stale route refused
+    router = [line.split() for line in logs["router"].read_text().splitlines()]
+    stale = [line.split() for line in logs["stale"].read_text().splitlines()]
+    acknowledged = [r for r in router + stale if r[0] == "ok"]
+    assert any(r[3] == SOURCE for r in acknowledged)
+    with servers.owner(TARGET) as conn:
+        on_target = dict(conn.execute("SELECT id, action FROM tenant_big.audit_events").fetchall())
+    assert all(on_target.get(int(r[2])) == f"w{r[1]}" for r in acknowledged)
+    assert any(r[0] == "denied" and r[2] == SOURCE for r in stale)
+    assert app_write(servers.app_url(SOURCE), "big") == "denied"
+    assert app_write(servers.app_url(TARGET), "big") == "ok"
+
+    # rows, sequences, catalog and grants equal the source's
+    with servers.owner(TARGET) as conn:
+        assert catalog.read(conn, "tenant_big") == granted_before
+        conn.execute("DELETE FROM tenant_big.audit_events WHERE action = 'probe'")
+        target = snapshot(conn, "big")
+    with servers.owner(SOURCE) as conn:
+        source = snapshot(conn, "big")
+    assert source is not None and target is not None
+    # (the router went on writing on the target after the switch)
+    assert source.rows == {**target.rows, "audit_events": source.rows["audit_events"]}
+    assert source.rows["audit_events"] == 10_000 + len(
+        {int(r[2]) for r in acknowledged if r[3] == SOURCE}
+    )
+    seq = "audit_events_id_seq"
+    assert target.sequences[seq][0] >= source.sequences[seq][0] > 10_000
+
+    # nothing of the replication is left, and its password is in no record nor output
+    assert servers.leftovers() == {"subscriptions": [], "slots": [], "publications": []}
+    shown = first.stdout + first.stderr + out.stdout + out.stderr
+    shown += " ".join(d for _, d in details(database, "big"))
+    with database.owner() as conn:
+        jobs = conn.execute(
+            "SELECT coalesce(error_detail, '') || payload::text FROM control.platform_jobs"
+            " WHERE tenant_id = 'big'"
+        ).fetchall()
+    shown += " ".join(str(j[0]) for j in jobs)
+    assert servers.password not in shown
+
+
+def test_logical_forced_without_what_it_needs_is_refused_and_creates_nothing(
+    settings: Settings, database: Database, logical_servers: LogicalServers
+) -> None:
+    provision_with_rows(settings, database, "forced", 10)
+    logical_servers.register(database, SOURCE)
+    out = run_cli(
+        settings, "move", "forced", "--to", SOURCE, "--method", "logical", env=logical_servers.env
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "logical replication cannot be used" in out.stderr
+    assert "wal_level=" in out.stderr
+    with database.owner() as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM control.tenant_moves WHERE tenant_id = 'forced'"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM control.platform_jobs WHERE job_type = 'move_tenant'"
+        ).fetchone() == (0,)
+    with logical_servers.owner(SOURCE) as conn:
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'tenant_forced'")
+        assert found.fetchone() is None
+    assert logical_servers.leftovers() == {"subscriptions": [], "slots": [], "publications": []}
+    assert app_write(database.app_url, "forced") == "ok"
+
+
+def test_dump_asked_for_between_capable_servers_copies_by_dump(
+    settings: Settings, database: Database, logical_servers: LogicalServers
+) -> None:
+    on_source(settings, database, logical_servers, "plain", 100)
+    out = run_cli(
+        settings, "move", "plain", "--to", TARGET, "--method", "dump", env=logical_servers.env
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    records = dict(details(database, "plain")[-5:])
+    assert "method dump (asked for); " in records["precopy_schema"], records
+    assert "rows copied from " in records["copy_schema"], records
+    with logical_servers.owner(TARGET) as conn:
+        rows = conn.execute("SELECT count(*) FROM tenant_plain.audit_events").fetchone()
+    assert rows == (100,)
+
+
+def test_auto_falls_back_to_dump_for_a_table_without_a_key(
+    settings: Settings, database: Database, logical_servers: LogicalServers
+) -> None:
+    """Published, a table without a primary key or replica identity would refuse the
+    application's updates and deletes on the source: auto copies by dump, and says why."""
+    servers = logical_servers
+    on_source(settings, database, servers, "nokey", 10)
+    with servers.owner(SOURCE) as conn:
+        conn.execute("CREATE TABLE tenant_nokey.loose (note text)")
+        conn.execute("INSERT INTO tenant_nokey.loose VALUES ('a'), ('b')")
+    out = run_cli(settings, "move", "nokey", "--to", TARGET, env=servers.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    records = dict(details(database, "nokey")[-5:])
+    assert (
+        "method dump (logical replication not possible: tables without a primary key or "
+        "replica identity: loose)" in records["precopy_schema"]
+    ), records
+    assert servers.leftovers() == {"subscriptions": [], "slots": [], "publications": []}
+    with servers.owner(TARGET) as conn:
+        assert conn.execute("SELECT count(*) FROM tenant_nokey.loose").fetchone() == (2,)

@@ -114,9 +114,10 @@ COMMANDS: dict[str, Lazy] = {
     "move": Lazy(
         "moves",
         "move",
-        "Move TENANT_ID's schema to --to SERVER: writes frozen (app roles revoked on the source),"
-        " pg_dump | pg_restore as the owner, verified (catalog, rows, sequences, grants),"
-        " directory switched and grants given on the target.",
+        "Move TENANT_ID's schema to --to SERVER: DDL pre-copied (with --method logical or auto,"
+        " the rows too, by logical replication), writes frozen (app roles revoked on the"
+        " source), the rows copied or caught up as the owner, verified (catalog, rows,"
+        " sequences, grants), directory switched and grants given on the target.",
     ),
     "local": Lazy(
         "local",

@@ -87,12 +87,15 @@ def test_the_listing_is_what_click_prints_from_the_commands_themselves(width: in
         click.HelpFormatter(width=width, max_width=width),
         click.HelpFormatter(width=width, max_width=width),
     )
-    main.format_commands(ctx, lazy_listing)
-    eager.format_commands(click.Context(eager), eager_listing)
-    assert lazy_listing.getvalue() == eager_listing.getvalue()
     for name, lazy in COMMANDS.items():
         command = main.get_command(ctx, name)
         assert command is not None and command.name == name and not command.hidden
         for limit in range(3, 200):
             summary = click.Command(name, help=lazy.summary).get_short_help_str(limit)
-            assert summary == command.get_short_help_str(limit), (name, limit)
+            assert summary == command.get_short_help_str(limit), (
+                f"COMMANDS[{name!r}].summary is stale: make it the first sentence of the "
+                f"command's docstring, {command.get_short_help_str(1000)!r}"
+            )
+    main.format_commands(ctx, lazy_listing)
+    eager.format_commands(click.Context(eager), eager_listing)
+    assert lazy_listing.getvalue() == eager_listing.getvalue()

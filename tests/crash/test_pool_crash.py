@@ -200,11 +200,12 @@ def ready_and_mid_build(database: Database) -> tuple[list[str], list[str]] | Non
 def test_a_refill_killed_between_chained_batches_keeps_its_recorded_spares_whole(
     fast: Settings, database: Database, workers: Workers, clean_fingerprint: dict
 ) -> None:
-    """A refill builds its spares one after the other under one lock, and each spare's batches
-    back to back, a batch's commit beginning the next one (``COMMIT; BEGIN; <batch>``). Killed
-    with one spare recorded and the next one's batches under way, the recorded spare is whole
-    (a tenant takes it and matches a clean provisioning) and the unfinished schema is never
-    counted ready, is refused to the application role, and is dropped by the next builder."""
+    """With one child (one builder), a refill builds its spares one after the other under
+    one lock, and each spare's batches back to back, a batch's commit beginning the next one
+    (``COMMIT; BEGIN; <batch>``). Killed with one spare recorded and the next one's batches
+    under way, the recorded spare is whole (a tenant takes it and matches a clean
+    provisioning) and the unfinished schema is never counted ready, is refused to the
+    application role, and is dropped by the next builder."""
     size = {"PROVISIONER_POOL_SIZE": "6"}
     first = workers.start(env=size)
     found = wait_until(
@@ -240,3 +241,55 @@ def test_a_refill_killed_between_chained_batches_keeps_its_recorded_spares_whole
     second.wait_for("pool_spare_built", 60)
     assert second.stop() == 0, second.output()
     assert left not in unfinished(database)
+
+
+def test_a_refill_killed_with_two_builds_under_way_keeps_its_recorded_spares_whole(
+    fast: Settings, database: Database, workers: Workers, clean_fingerprint: dict
+) -> None:
+    """A worker with two children builds two spares at once (its keeper's two builders).
+    Killed with a spare recorded and two builds under way, the recorded spares are whole (a
+    tenant takes the oldest and matches a clean provisioning); every schema left unfinished is
+    never counted ready, is refused to the application role, and is dropped by the next
+    builder, which fills the pool."""
+    env = {"PROVISIONER_POOL_SIZE": "6", "PROVISIONER_WORKER_CONCURRENCY": "2"}
+    first = workers.start(env=env)
+
+    def two_under_way() -> tuple[list[str], list[str]] | None:
+        found = ready_and_mid_build(database)
+        return found if found is not None and len(found[1]) >= 2 else None
+
+    ready, _ = wait_until(two_under_way, 120, "a spare recorded and two builds under way", 0.005)
+    first.send(signal.SIGKILL)
+    assert first.wait() == -signal.SIGKILL
+    left = unfinished(database)
+    assert left
+    with database.owner() as conn:
+        counted = pool.counts(conn, fast.app_roles)
+        assert counted.unfinished == len(left) and counted.ready >= len(ready)
+    with database.app() as conn:
+        for schema in left:
+            refused = conn.execute(
+                "SELECT has_schema_privilege(current_user, %(s)s, 'USAGE')", {"s": schema}
+            ).fetchone()
+            assert refused == (False,)
+
+    assert service.provision(fast, TENANT).job.status.value == "succeeded"
+    taken = [
+        r["detail"]
+        for r in step_runs(database, TENANT)
+        if r["step"] == "create_schema" and r["outcome"] == "succeeded"
+    ]
+    assert taken == [f"taken from the warm pool: {ready[0]}"]
+    assert fingerprint(database, TENANT) == clean_fingerprint
+
+    second = workers.start(env=env)
+    wait_until(
+        lambda: unfinished(database) == [] and pool_ready(database) >= 6, 120, "the pool refilled"
+    )
+    assert second.stop() == 0, second.output()
+
+
+def pool_ready(database: Database) -> int:
+    with database.owner() as conn:
+        row = conn.execute("SELECT count(*) FROM control.tenant_pool").fetchone()
+    return int(row[0]) if row else 0

@@ -4,7 +4,9 @@
 * :mod:`provisioner.pool.grants`: the application roles' grants a spare carries, and the checks
   the build and the take make of them;
 * :mod:`provisioner.pool.keeper`: the worker's keeper thread, which refills the pool while
-  idle, one builder per database;
+  idle;
+* :mod:`provisioner.pool.refill`: a refill, one pass under the builders' lock (one keeper
+  building per database), its spares built side by side;
 * :mod:`provisioner.pool.server_spares`: the spares on each tenant server, and their take
   there (claimed on control, renamed on the server).
 """
@@ -21,15 +23,13 @@ from provisioner.pool.grants import (
     spare_grant_batches,
     usage_held,
 )
-from provisioner.pool.keeper import (
+from provisioner.pool.keeper import Dropped, PoolKeeper, drop_stale_spare
+from provisioner.pool.refill import (
     POOL_LOCK_CLASS,
     RELEASE_BUILD_LOCK,
     TRY_BUILD_LOCK,
-    Dropped,
-    PoolKeeper,
     Tended,
     builder_lock,
-    drop_stale_spare,
     drop_unfinished,
     refill,
 )

@@ -4,7 +4,7 @@ A spare's schema lives on the server its tenant will live on; its record stays i
 ``control.tenant_pool`` (control revision ``20261204_h32pool``: the ``server`` column), where
 placement reads it: the enqueue's placement prefers, among the active servers with room, one
 with a ready spare. The keeper keeps ``PROVISIONER_POOL_SIZE`` spares on each active server, as
-on the control database (:func:`provisioner.pool.keeper.refill` with ``on``), one builder per
+on the control database (:func:`provisioner.pool.refill.refill` with ``on``), one builder per
 server (the builders' lock is the server's own).
 
 Placement counts only the spares a take would hand out: those at the tree state and role set

@@ -105,13 +105,7 @@ def run(cluster: BenchCluster, results: Results) -> None:
         settings = control.settings()
         tenants = [f"m{n}" for n in range(ROUNDS)]
         for tenant in tenants:
-            service.provision(settings, tenant)
-            with psycopg.connect(control.app_url, autocommit=True) as conn:
-                conn.execute(
-                    f"INSERT INTO tenant_{tenant}.audit_events (action) "
-                    "SELECT 'seed ' || g FROM generate_series(1, %s) g",
-                    (ROWS,),
-                )
+            _provision_with_rows(control, tenant)
         with psycopg.connect(control.owner_url, autocommit=True) as conn:
             servers.add(conn, "east", _reference(cluster, east))
         source = End("control", _reference(cluster, control))
@@ -189,19 +183,24 @@ def run_logical(cluster: BenchCluster, results: Results) -> None:
         shutil.rmtree(logical.root, ignore_errors=True)
 
 
+def _provision_with_rows(control: BenchDatabase, tenant: str) -> None:
+    """A tenant on the control database with :data:`ROWS` audit events, written as the app."""
+    service.provision(control.settings(), tenant)
+    with psycopg.connect(control.app_url, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO tenant_{tenant}.audit_events (action) "
+            "SELECT 'seed ' || g FROM generate_series(1, %s) g",
+            (ROWS,),
+        )
+
+
 def _measure_logical(
     cluster: BenchCluster, control: BenchDatabase, logical: local_pg.Cluster, results: Results
 ) -> None:
     settings = control.settings()
     tenants = [(f"l{m[0]}{n}", m) for n in range(ROUNDS) for m in ("logical", "dump")]
     for tenant, _ in tenants:  # on control: before the servers, which would take them
-        service.provision(settings, tenant)
-        with psycopg.connect(control.app_url, autocommit=True) as conn:
-            conn.execute(
-                f"INSERT INTO tenant_{tenant}.audit_events (action) "
-                "SELECT 'seed ' || g FROM generate_series(1, %s) g",
-                (ROWS,),
-            )
+        _provision_with_rows(control, tenant)
     with psycopg.connect(control.owner_url, autocommit=True) as conn:
         for name in ("lsrc", "ldst"):
             servers.add(

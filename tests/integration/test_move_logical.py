@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from provisioner import service
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
-from tests.conftest import Database, run_cli, settings_env
-from tests.integration.test_moves import app_write, provision_with_rows, snapshot, written
+from tests.conftest import Database, run_cli
+from tests.integration.test_moves import (
+    app_write,
+    provision_with_rows,
+    snapshot,
+    start_writers,
+    written,
+)
 from tests.logical_servers import SOURCE, TARGET, LogicalServers
 from tests.workers import wait_until
 
@@ -57,23 +62,12 @@ def test_a_tenant_moves_by_logical_replication_under_live_writes(
     assert "wal_level=" in precopy[-1]
     with servers.owner(SOURCE) as conn:
         granted_before = catalog.read(conn, "tenant_big")
-    routes = json.dumps(
-        {
-            "control": database.app_url,
-            SOURCE: servers.app_url(SOURCE),
-            TARGET: servers.app_url(TARGET),
-        }
-    )
-    stop = tmp_path / "stop"
-    logs = {name: tmp_path / f"{name}.log" for name in ("router", "stale")}
-    writers = [
-        subprocess.Popen(
-            [sys.executable, str(WRITER), database.app_url, "big", routes, str(log), str(stop)]
-            + (["stale"] if name == "stale" else []),
-            env=settings_env(settings),
-        )
-        for name, log in logs.items()
-    ]
+    routes = {
+        "control": database.app_url,
+        SOURCE: servers.app_url(SOURCE),
+        TARGET: servers.app_url(TARGET),
+    }
+    writers, logs, stop = start_writers(settings, database, "big", routes, tmp_path)
     try:
         wait_until(lambda: all(written(log, "ok", SOURCE) for log in logs.values()), 60, "writes")
         out = run_cli(settings, "move", "big", "--to", TARGET, "--json", env=servers.env)

@@ -62,6 +62,26 @@ def app_write(url: str, tenant: str) -> str:
     return "ok"
 
 
+def start_writers(
+    settings: Settings, database: Database, tenant: str, routes: dict[str, str], tmp_path: Path
+) -> tuple[list[subprocess.Popen[bytes]], dict[str, Path], Path]:
+    """Two application writers (tests/move_writer.py) on ``tenant``: ``router`` follows the
+    directory, ``stale`` keeps its first route; (the processes, their logs by name, the file
+    whose creation stops them)."""
+    stop = tmp_path / "stop"
+    logs = {name: tmp_path / f"{name}.log" for name in ("router", "stale")}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, str(WRITER), database.app_url, tenant, json.dumps(routes), str(log)]
+            + [str(stop)]
+            + (["stale"] if name == "stale" else []),
+            env=settings_env(settings),
+        )
+        for name, log in logs.items()
+    ]
+    return writers, logs, stop
+
+
 def written(log: Path, outcome: str, server: str = "control") -> bool:
     """Has the writer logged a write with ``outcome`` on ``server`` (see tests/move_writer.py)?"""
     whole = log.read_text().split("\n")[:-1] if log.exists() else []  # the last may be partial
@@ -87,17 +107,8 @@ def test_a_tenant_moves_under_live_writes_and_loses_nothing(
     add_east(database, tenant_server)
     with database.owner() as conn:
         granted_before = catalog.read(conn, "tenant_big")
-    routes = json.dumps({"control": database.app_url, "east": tenant_server.app_url})
-    stop = tmp_path / "stop"
-    logs = {name: tmp_path / f"{name}.log" for name in ("router", "stale")}
-    writers = [
-        subprocess.Popen(
-            [sys.executable, str(WRITER), database.app_url, "big", routes, str(log), str(stop)]
-            + (["stale"] if name == "stale" else []),
-            env=settings_env(settings),
-        )
-        for name, log in logs.items()
-    ]
+    routes = {"control": database.app_url, "east": tenant_server.app_url}
+    writers, logs, stop = start_writers(settings, database, "big", routes, tmp_path)
     try:
         # both writers acknowledged writes on control before the move, and after it the router
         # on east and the stale one refused on control (waited for: never a fixed sleep)

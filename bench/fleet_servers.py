@@ -60,7 +60,13 @@ def _paths(control: BenchDatabase) -> Counter[str]:
     return Counter(str(r[0]) for r in rows)
 
 
-def run(cluster: BenchCluster, results: Results, tenants: int = TENANTS, runs: int = RUNS) -> None:
+def run(
+    cluster: BenchCluster,
+    results: Results,
+    tenants: int = TENANTS,
+    runs: int = RUNS,
+    children: int = 1,
+) -> None:
     samples: dict[str, list[float]] = {"one": [], "two": []}
     paths: Counter[str] = Counter()
     with t005_tree() as tree:
@@ -71,7 +77,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int = TENANTS, runs: i
                 control = _deploy(cluster, f"fs_{label}", tenants, server)
                 try:
                     with tenant_tree(tree):
-                        seconds = upgrade_by_worker(control, tenants, 1, tree)
+                        seconds = upgrade_by_worker(control, tenants, children, tree)
                         if server is not None:
                             paths = _paths(control)
                 finally:

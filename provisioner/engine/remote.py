@@ -42,6 +42,7 @@ from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import tuple_row
 
 from provisioner import db, queue
@@ -146,9 +147,9 @@ def missing_placed(engine: Engine, kind: JobKind, ctx: StepContext) -> list[str]
 class _Begun:
     """A server transaction begun by the adopt (2. of the module), open for the first step."""
 
-    def __init__(self, pool: db.Database) -> None:
+    def __init__(self, pool: db.Database, first: sql.Composable) -> None:
         self._stack = ExitStack()
-        self.tx = self._stack.enter_context(pool.transaction())
+        self.tx = self._stack.enter_context(pool.transaction(first))
 
     def end(self, exc: BaseException | None = None) -> None:
         """Commit it, or roll it back when ``exc`` is raised."""
@@ -186,10 +187,10 @@ def _adopt(
     recorded = set(job.steps_completed)
     scope = kind.scope(job)
     access = ControlAccess(engine.control, engine.sessions.transaction)
-    begun = _Begun(pool)
+    begun = _Begun(pool, journal.begin_statement(ctx.lock_timeout_ms))
     try:
         stx = begun.tx
-        shown = journal.raise_and_read(stx.pg, tenant, job.id, token, ctx.lock_timeout_ms)
+        shown = journal.raise_and_read(stx.pg, journal.JobRun(tenant, job.id, job.run, token))
         looked = (shown - recorded) | (recorded if scope is Scope.ALL else set())
         on_server = {
             s.name: s.server_effect is None or s.server_effect(stx, ctx, access)
@@ -272,7 +273,8 @@ def _run_step(
             with server_tx as stx:
                 access = ControlAccess(control, engine.sessions.transaction, server)
                 detail = step.server(stx, ctx, access)
-                journal.record_step(stx.pg, tenant, job.id, step.name, token, detail)
+                writer = journal.JobRun(tenant, job.id, job.run, token)
+                journal.record_step(stx.pg, writer, step.name, detail)
             run.on_progress(StepEvent(job, step.name, StepOutcome.ON_SERVER, 0.0, detail))
         with engine.sessions.transaction(run.lock) as tx:
             if step.control is not None:

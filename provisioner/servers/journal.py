@@ -75,8 +75,17 @@ CREATE TABLE provisioner_server.tenant_seeds (
 );
 """
 
+# Version 2: each journal row says which run of its job wrote it. A re-opened job (a fleet
+# upgrade's) keeps its id, and the rows of its earlier run are not this run's to adopt: without
+# the run, every such job checked those steps' effects on the catalog first (two round trips
+# and a wasted check per tenant of a rollout). Rows written before it say NULL: any run's, and
+# checked as before.
+_V2 = """
+ALTER TABLE provisioner_server.step_journal ADD COLUMN run integer;
+"""
+
 #: Each version's statements, in order; a server at version N runs those after N.
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1),)
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, _V1), (2, _V2))
 #: The version this build needs on every active tenant server.
 VERSION = MIGRATIONS[-1][0]
 
@@ -114,19 +123,22 @@ ON CONFLICT (tenant_id) DO UPDATE
  WHERE f.token <= EXCLUDED.token
 RETURNING token
 )
-INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, detail)
-SELECT %(tenant)s, %(job)s, %(step)s, token, %(detail)s FROM fence
+INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, detail, run)
+SELECT %(tenant)s, %(job)s, %(step)s, token, %(detail)s, %(run)s FROM fence
 ON CONFLICT (tenant_id, job_id, step) DO UPDATE
-   SET token = EXCLUDED.token, detail = EXCLUDED.detail, finished_at = clock_timestamp()
+   SET token = EXCLUDED.token, detail = EXCLUDED.detail, run = EXCLUDED.run,
+       finished_at = clock_timestamp()
 RETURNING token
 """
 
-# The lock timeout of the transaction that raises the fence (and runs a first step).
-LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
+# The lock timeout of the transaction that raises the fence (and runs a first step): sent with
+# its BEGIN (:func:`begin_statement`).
+LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', {}, true)"
 
-# The steps of a job the server's journal shows done.
+# The steps of a job's run the server's journal shows done (a row of no known run: any run's).
 STEPS_DONE = """
-SELECT step FROM provisioner_server.step_journal WHERE tenant_id = %(tenant)s AND job_id = %(job)s
+SELECT step FROM provisioner_server.step_journal
+ WHERE tenant_id = %(tenant)s AND job_id = %(job)s AND (run IS NULL OR run = %(run)s)
 """
 
 
@@ -181,47 +193,51 @@ def _fenced_out(tenant: TenantId, job: UUID, token: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class JobRun:
+    """Which run of which job writes or reads the journal, under which fencing token."""
+
+    tenant: TenantId
+    job: UUID
+    run: int
+    token: int
+
+    def params(self) -> dict[str, Any]:
+        return {"tenant": self.tenant.value, "job": self.job, "run": self.run, "token": self.token}
+
+
 def record_step(
-    conn: psycopg.Connection[Any],
-    tenant: TenantId,
-    job: UUID,
-    step: str,
-    token: int,
-    detail: str | None,
+    conn: psycopg.Connection[Any], writer: JobRun, step: str, detail: str | None
 ) -> None:
-    """The step's journal row and the fence raised to ``token``, in the step's transaction on
-    the tenant's server; :class:`LeaseLost` when a larger token holds the fence (the
-    transaction is then to be rolled back, the step's work with it)."""
-    params = {"tenant": tenant.value, "job": job, "step": step, "token": token, "detail": detail}
+    """The step's journal row and the fence raised to the run's token, in the step's
+    transaction on the tenant's server; :class:`LeaseLost` when a larger token holds the fence
+    (the transaction is then to be rolled back, the step's work with it)."""
+    params = {**writer.params(), "step": step, "detail": detail}
     with conn.cursor(row_factory=tuple_row) as cur:
         found = cur.execute(RECORD_STEP, params).fetchone()
     if found is None:
-        raise LeaseLost(_fenced_out(tenant, job, token))
+        raise LeaseLost(_fenced_out(writer.tenant, writer.job, writer.token))
 
 
-def raise_and_read(
-    conn: psycopg.Connection[Any], tenant: TenantId, job: UUID, token: int, lock_timeout_ms: int
-) -> frozenset[str]:
-    """Raise the tenant's fence to ``token`` (:func:`raise_fence`), then read the job's steps
-    the journal shows done, in the caller's transaction and in one round trip (a pipeline).
-    Two statements, not one: the read's snapshot is taken once the raise has its row lock, so
-    it sees a step that an older holder committed while the raise waited for that lock. The
-    transaction waits for a lock ``lock_timeout_ms`` at most (as a step does): a frozen holder
-    whose first step's transaction still holds the fence row fails the run as contended,
-    rather than hanging it."""
-    params = {"tenant": tenant.value, "token": token, "job": job}
+def begin_statement(lock_timeout_ms: int) -> sql.Composable:
+    """The first statement of the transaction that raises the fence, sent with its BEGIN (one
+    round trip, :meth:`provisioner.db.Session.transaction`'s ``first``): its lock timeout. It
+    waits for a lock that long at most (as a step does): a frozen holder whose first step's
+    transaction still holds the fence row fails the run as contended, rather than hanging it."""
+    return sql.SQL(LOCAL_LOCK_TIMEOUT).format(sql.Literal(f"{lock_timeout_ms}ms"))
+
+
+def raise_and_read(conn: psycopg.Connection[Any], reader: JobRun) -> frozenset[str]:
+    """Raise the tenant's fence to the run's token (:func:`raise_fence`), then read the steps of
+    the job's run the journal shows done, in the caller's transaction (begun with
+    :func:`begin_statement`) and in one round trip (a pipeline). Two statements, not one: the
+    read's snapshot is taken once the raise has its row lock, so it sees a step that an older
+    holder of the run committed while the raise waited for that lock."""
+    params = reader.params()
     with conn.cursor(row_factory=tuple_row) as fence, conn.cursor(row_factory=tuple_row) as read:
         with pipeline(conn):
-            conn.execute(LOCAL_LOCK_TIMEOUT, {"ms": f"{lock_timeout_ms}ms"})
             fence.execute(RAISE_FENCE, params)
             read.execute(STEPS_DONE, params)
         if fence.fetchone() is None:
-            raise LeaseLost(_fenced_out(tenant, job, token))
+            raise LeaseLost(_fenced_out(reader.tenant, reader.job, reader.token))
         return frozenset(str(r[0]) for r in read.fetchall())
-
-
-def steps_done(conn: psycopg.Connection[Any], tenant: TenantId, job: UUID) -> frozenset[str]:
-    """The job's steps the server's journal shows done."""
-    with conn.cursor(row_factory=tuple_row) as cur:
-        rows = cur.execute(STEPS_DONE, {"tenant": tenant.value, "job": job}).fetchall()
-    return frozenset(str(r[0]) for r in rows)

@@ -28,6 +28,7 @@ from provisioner.settings import Settings
 from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, run_cli
 from tests.extra_clusters import TenantServerDb
+from tests.integration.test_fleet_upgrade import make_tree, use_tree
 
 #: The provisioning steps with work on the tenant's server (the journal's rows).
 SERVER_STEPS = ("create_schema", "run_tenant_migrations", "grant_app_rw", "seed_role_profiles")
@@ -46,14 +47,14 @@ def test_migrate_applies_the_tool_schema_and_a_worker_refuses_a_server_behind(
     refused = run_cli(settings, "worker", "--once")
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        "error: tenant server east: its tool schema is at version 0, this build needs 1: "
+        "error: tenant server east: its tool schema is at version 0, this build needs 2: "
         "run `provisioner migrate`"
     ]
     first = run_cli(settings, "migrate")
     assert first.returncode == 0, first.stderr
-    assert "tenant server east: tool schema (none) -> 1" in first.stdout
+    assert "tenant server east: tool schema (none) -> 2" in first.stdout
     again = run_cli(settings, "migrate")
-    assert "tenant server east: tool schema at version 1" in again.stdout
+    assert "tenant server east: tool schema at version 2" in again.stdout
     assert run_cli(settings, "worker", "--once").returncode == 0
     # The application role cannot read the tool's schema.
     with jobs_server.app() as app, pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -282,3 +283,47 @@ def test_a_hand_offs_claim_token_is_its_own_and_a_placed_claim_commits_durably(
         assert row is not None and (row["tenant_id"], row["tenant_server"]) == ("later", "east")
         assert row["commit_waits"] == "on"
         assert int(row["fence_token"]) == int(row["claim_xmin"]) > closed.claimed.fence
+
+
+def test_a_fleet_upgrades_job_on_a_server_adopts_nothing_of_its_earlier_run(
+    settings: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """servers/journal.py, version 2: a fleet upgrade re-opens each tenant's provisioning job
+    (same id, next run). The server's journal rows of its first run are not this run's to
+    adopt, so nothing of them is checked on the catalog. The second tenant's job (the engine's
+    replay plan proven on the first) is ONE server transaction of six round trips: BEGIN with
+    the lock timeout; the fence and the journal's read (a pipeline); the planned replay; its
+    fingerprint; the journal's row; COMMIT. Its row then says run 2."""
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    for tenant in ("away1", "away2"):
+        assert service.provision(settings, tenant).job.status is JobStatus.SUCCEEDED
+    env = use_tree(monkeypatch, make_tree(tmp_path))
+    queued = run_cli(settings, "upgrade", "--all", "--json", env=env)
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    claims: list[queue.Claim] = []
+    with Engine.from_settings(settings, "drainer") as engine:
+        first = _drain_once(engine, claims)
+        pool = engine.servers.database(engine.control, "east")
+        with pool.session() as session:
+            server_wire = session.driver.pgconn
+        with _traced(server_wire) as on_server:
+            second = _drain_once(engine, claims)
+            server_sent = _sent(on_server)
+    for outcome in (first, second):
+        assert isinstance(outcome, runner.Settled), outcome
+        assert outcome.job.status is JobStatus.SUCCEEDED and outcome.job.run == 2
+    assert [str(c.job.tenant_id) for c in claims] == ["away1", "away2"]
+    assert "BEGIN; SELECT set_config('lock_timeout'" in server_sent[0], server_sent
+    waits = [line for line in server_sent if "\tQuery\t" in line or "\tSync" in line]
+    assert len(waits) == 6, "\n".join(server_sent)
+    with jobs_server.owner() as conn:
+        rows = conn.execute(
+            "SELECT step, run FROM provisioner_server.step_journal WHERE tenant_id = 'away2'"
+        ).fetchall()
+    runs = {step: 2 if step == "run_tenant_migrations" else 1 for step in SERVER_STEPS}
+    assert dict(rows) == runs

@@ -20,6 +20,11 @@ through both drivers. Two latency tricks live here and nowhere else:
   ``test_a_next_first_statement_that_fails_leaves_the_commit_and_fails_its_own_transaction``,
   ``test_a_commit_that_fails_begins_nothing``).
 
+A commit may also carry the transaction's last statement (:meth:`Transaction.end_with`: a
+tenant server's journal row and fence), ``<last>; COMMIT`` in one round trip. Invariant: a
+failing last statement commits nothing, and the block raises and rolls back
+(``test_a_last_statement_that_fails_commits_nothing``).
+
 A statement may also be committed on its own just before a transaction begins, in the same
 round trip (``before``: the step engine's first journal row), pinned by
 ``test_a_statement_before_a_transaction_commits_on_its_own``.
@@ -136,6 +141,8 @@ class Transaction:
     before_row: tuple[Any, ...] | None = None
     #: the first statement of the session's next transaction, which the commit begins
     _then: sql.Composable | None = field(default=None, repr=False)
+    #: the statement the commit sends ahead of its COMMIT (:meth:`end_with`)
+    _last: sql.Composable | None = field(default=None, repr=False)
 
     @property
     def then(self) -> sql.Composable | None:
@@ -148,6 +155,19 @@ class Transaction:
         mind until the commit (the step engine does, once it knows whether a step follows).
         Only a :meth:`Session.transaction` chains; elsewhere the commit is a plain one."""
         self._then = first
+
+    @property
+    def last(self) -> sql.Composable | None:
+        """The statement the commit is to send ahead of its ``COMMIT``."""
+        return self._last
+
+    def end_with(self, last: sql.Composable) -> None:
+        """Have this transaction's commit send ``last`` (values as ``sql.Literal``) and its
+        ``COMMIT`` in one simple query, one round trip where two were spent. When ``last``
+        fails, the ``COMMIT`` never runs: the error leaves the block and the whole transaction
+        rolls back. Not with :meth:`begin_next_with` (the error of one could not be told from
+        the other's). Only a :meth:`Session.transaction` does so."""
+        self._last = last
 
 
 #: How :meth:`Session.transaction` opens a transaction that has no first statement to send.
@@ -164,9 +184,24 @@ class ChainingConnection(psycopg.Connection[Any]):
     chain: sql.Composable | None = None
     #: the first statement of the transaction the last commit began, still open
     chained: sql.Composable | None = None
+    #: a statement the next commit sends ahead of its COMMIT, in the same simple query
+    last: sql.Composable | None = None
 
     def commit(self) -> None:
         chain, self.chain = self.chain, None
+        last, self.last = self.last, None
+        if last is not None and self.pgconn.transaction_status == TransactionStatus.INTRANS:
+            assert chain is None, "a commit sends a last statement or begins the next, not both"
+            try:
+                self.execute(sql.SQL("{}; COMMIT").format(last))
+            except psycopg.Error:
+                # A failing ``last`` skipped the COMMIT: end the failed transaction here
+                # (SQLAlchemy counts a commit that raised as ended), then raise its error.
+                if self.pgconn.transaction_status == TransactionStatus.INERROR:
+                    with suppress(psycopg.Error):
+                        super().rollback()
+                raise
+            return
         if chain is None or self.pgconn.transaction_status != TransactionStatus.INTRANS:
             super().commit()
             return
@@ -183,6 +218,7 @@ class ChainingConnection(psycopg.Connection[Any]):
 
     def rollback(self) -> None:
         self.chained = None
+        self.last = None
         super().rollback()
 
 
@@ -260,6 +296,7 @@ class Session:
             tx.begin_next_with(then)
             yield tx
             driver.chain = tx.then  # the commit, as the block is left, begins it
+            driver.last = tx.last  # ... or sends it ahead of its COMMIT
 
 
 class Database:

@@ -28,6 +28,7 @@ from provisioner.errors import (
     ConnectionLost,
     DatabaseError,
     DatabaseUnavailable,
+    LeaseLost,
     LockNotAvailable,
     NoServerRoom,
     ProvisionerError,
@@ -55,6 +56,9 @@ LOCK_NOT_AVAILABLE = "55P03"
 #: SQLSTATE the placement trigger raises when no tenant server takes a new tenant (control
 #: revision ``20261202_h29servers``).
 NO_SERVER_ROOM = "PV001"
+#: SQLSTATE a tenant server's fence raises when a step's journal row comes from a run that was
+#: taken over (``provisioner_server.fenced_out``, tool schema version 2 on the server).
+FENCED_OUT = "PV002"
 
 # What libpq says when the server answered but refused this login: retrying cannot help.
 _LOGIN_REFUSED = (
@@ -138,6 +142,8 @@ def translate(exc: BaseException) -> ProvisionerError:
         return LockNotAvailable(f"database unavailable: {message}")
     if isinstance(orig, psycopg.Error) and orig.sqlstate == NO_SERVER_ROOM:
         return NoServerRoom(redact(orig.diag.message_primary or message))
+    if isinstance(orig, psycopg.Error) and orig.sqlstate == FENCED_OUT:
+        return LeaseLost(redact(orig.diag.message_primary or message))
     if _session_lost(exc, orig):
         return ConnectionLost(f"database unavailable: {message}")
     if _is_connectivity(exc):

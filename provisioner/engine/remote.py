@@ -274,7 +274,7 @@ def _run_step(
                 access = ControlAccess(control, engine.sessions.transaction, server)
                 detail = step.server(stx, ctx, access)
                 writer = journal.JobRun(tenant, job.id, job.run, token)
-                journal.record_step(stx.pg, writer, step.name, detail)
+                journal.end_step(stx, writer, step.name, detail)  # sent with the COMMIT
             run.on_progress(StepEvent(job, step.name, StepOutcome.ON_SERVER, 0.0, detail))
         with engine.sessions.transaction(run.lock) as tx:
             if step.control is not None:

@@ -33,6 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from provisioner.db import Transaction
 from provisioner.db.pipelines import pipeline
 from provisioner.errors import LeaseLost
 from provisioner.models import TenantId
@@ -79,9 +80,17 @@ CREATE TABLE provisioner_server.tenant_seeds (
 # upgrade's) keeps its id, and the rows of its earlier run are not this run's to adopt: without
 # the run, every such job checked those steps' effects on the catalog first (two round trips
 # and a wasted check per tenant of a rollout). Rows written before it say NULL: any run's, and
-# checked as before.
+# checked as before. And the refusal of a journal row by the fence is an error of its own
+# (SQLSTATE PV002), so that the row can ride on its transaction's COMMIT (RECORD_STEP).
 _V2 = """
 ALTER TABLE provisioner_server.step_journal ADD COLUMN run integer;
+CREATE FUNCTION provisioner_server.fenced_out(refusal text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog AS $fenced$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'PV002', MESSAGE = refusal;
+END
+$fenced$;
+REVOKE ALL ON FUNCTION provisioner_server.fenced_out(text) FROM PUBLIC;
 """
 
 #: Each version's statements, in order; a server at version N runs those after N.
@@ -110,25 +119,28 @@ ON CONFLICT (tenant_id) DO UPDATE
 RETURNING token
 """
 
-# A finished step, at the end of the step's own transaction, and the fence raised to its token
-# in the same statement (one round trip): no row when a larger token holds the fence, and the
-# transaction, the step's DDL with it, is rolled back. A step that runs again (its effect
-# vanished from the catalog) overwrites its row.
+# A finished step, sent with the COMMIT of the step's own transaction (one round trip:
+# :meth:`provisioner.db.Transaction.end_with`), and the fence raised to its token in the same
+# statement. When a larger token holds the fence (the run was taken over), the fence yields no
+# row and ``fenced_out`` raises (SQLSTATE PV002): the COMMIT never runs, and the transaction,
+# the step's DDL with it, is rolled back. A step that runs again (its effect vanished from the
+# catalog) overwrites its row. Values as literals: a simple query carries no parameters.
 RECORD_STEP = """
 WITH fence AS (
 INSERT INTO provisioner_server.fences AS f (tenant_id, token, job_id)
-VALUES (%(tenant)s, %(token)s, %(job)s)
+VALUES ({tenant}, {token}, {job})
 ON CONFLICT (tenant_id) DO UPDATE
    SET token = EXCLUDED.token, job_id = EXCLUDED.job_id, updated_at = now()
  WHERE f.token <= EXCLUDED.token
 RETURNING token
 )
 INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, detail, run)
-SELECT %(tenant)s, %(job)s, %(step)s, token, %(detail)s, %(run)s FROM fence
+VALUES ({tenant}, {job}, {step},
+        coalesce((SELECT token FROM fence), provisioner_server.fenced_out({refusal})),
+        {detail}, {run})
 ON CONFLICT (tenant_id, job_id, step) DO UPDATE
    SET token = EXCLUDED.token, detail = EXCLUDED.detail, run = EXCLUDED.run,
        finished_at = clock_timestamp()
-RETURNING token
 """
 
 # The lock timeout of the transaction that raises the fence (and runs a first step): sent with
@@ -175,17 +187,6 @@ def migrate(conn: psycopg.Connection[Any]) -> Migrated:
     return Migrated(before, int(row[0]) if row else VERSION)
 
 
-def raise_fence(conn: psycopg.Connection[Any], tenant: TenantId, job: UUID, token: int) -> None:
-    """Raise the tenant's fence to ``token`` in the caller's transaction; :class:`LeaseLost`
-    when a larger token holds it (the transaction is then to be rolled back)."""
-    with conn.cursor(row_factory=tuple_row) as cur:
-        found = cur.execute(
-            RAISE_FENCE, {"tenant": tenant.value, "token": token, "job": job}
-        ).fetchone()
-    if found is None:
-        raise LeaseLost(_fenced_out(tenant, job, token))
-
-
 def _fenced_out(tenant: TenantId, job: UUID, token: int) -> str:
     return (
         f"job {job}: tenant {tenant}'s fence on its server holds a later run than this one "
@@ -206,17 +207,21 @@ class JobRun:
         return {"tenant": self.tenant.value, "job": self.job, "run": self.run, "token": self.token}
 
 
-def record_step(
-    conn: psycopg.Connection[Any], writer: JobRun, step: str, detail: str | None
-) -> None:
-    """The step's journal row and the fence raised to the run's token, in the step's
-    transaction on the tenant's server; :class:`LeaseLost` when a larger token holds the fence
-    (the transaction is then to be rolled back, the step's work with it)."""
-    params = {**writer.params(), "step": step, "detail": detail}
-    with conn.cursor(row_factory=tuple_row) as cur:
-        found = cur.execute(RECORD_STEP, params).fetchone()
-    if found is None:
-        raise LeaseLost(_fenced_out(writer.tenant, writer.job, writer.token))
+def end_step(tx: Transaction, writer: JobRun, step: str, detail: str | None) -> None:
+    """Have the step's transaction on the tenant's server end with its journal row and the
+    fence raised to the run's token, sent with its COMMIT (:data:`RECORD_STEP`). Its commit
+    raises :class:`LeaseLost` when a larger token holds the fence (nothing of the transaction
+    is then committed, the step's work with it)."""
+    values = {name: sql.Literal(value) for name, value in writer.params().items()}
+    refusal = _fenced_out(writer.tenant, writer.job, writer.token)
+    tx.end_with(
+        sql.SQL(RECORD_STEP).format(
+            **values,
+            step=sql.Literal(step),
+            detail=sql.Literal(detail),
+            refusal=sql.Literal(refusal),
+        )
+    )
 
 
 def begin_statement(lock_timeout_ms: int) -> sql.Composable:
@@ -228,7 +233,7 @@ def begin_statement(lock_timeout_ms: int) -> sql.Composable:
 
 
 def raise_and_read(conn: psycopg.Connection[Any], reader: JobRun) -> frozenset[str]:
-    """Raise the tenant's fence to the run's token (:func:`raise_fence`), then read the steps of
+    """Raise the tenant's fence to the run's token (:data:`RAISE_FENCE`), then read the steps of
     the job's run the journal shows done, in the caller's transaction (begun with
     :func:`begin_statement`) and in one round trip (a pipeline). Two statements, not one: the
     read's snapshot is taken once the raise has its row lock, so it sees a step that an older

@@ -32,7 +32,9 @@ class ServerSessions:
         self._pools: dict[str, db.Database] = {}
 
     def database(self, control: psycopg.Connection[Any], name: str) -> db.Database:
-        """The pool of server ``name`` (its reference read from the directory on first use)."""
+        """The pool of server ``name`` (its reference read from the directory on first use).
+        On first use its tool schema is checked too: :class:`ServerUnready` when it is behind
+        this build (a one-off command meets what a worker refuses to start with)."""
         found = self._pools.get(name)
         if found is None:
             with db.translated():
@@ -42,6 +44,15 @@ class ServerSessions:
                 application_name=self.holder,
                 idle_in_transaction_timeout_ms=self.idle_ms,
             )
+            try:
+                with found.transaction() as tx:
+                    behind = _behind(tx.pg)
+            except BaseException:
+                found.close()
+                raise
+            if behind is not None:
+                found.close()
+                raise ServerUnready(f"tenant server {name}: {behind}")
             self._pools[name] = found
         return found
 
@@ -97,9 +108,14 @@ def problem_of(server: TenantServer, owner_url: str) -> str | None:
             closing(db.connect(owner_address(server, owner_url), autocommit=True)) as conn,
             db.translated(),
         ):
-            have = journal.version(conn)
+            return _behind(conn)
     except ProvisionerError as exc:
         return str(exc)
+
+
+def _behind(conn: psycopg.Connection[Any]) -> str | None:
+    """Why the server's tool schema cannot serve this build (None: it can)."""
+    have = journal.version(conn)
     if have is None or have < journal.VERSION:
         return (
             f"its tool schema is at version {have or 0}, this build needs {journal.VERSION}: "

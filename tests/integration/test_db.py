@@ -224,6 +224,37 @@ def test_a_commit_that_fails_begins_nothing(database: Database) -> None:
             assert transaction_start(tx) >= asked
 
 
+def test_a_last_statement_rides_on_the_commit(database: Database) -> None:
+    """``end_with``: the statement and the COMMIT go as one simple query (one round trip, the
+    tenant server's journal row and fence); both are committed."""
+    with db.Database(database.owner_url) as owner, owner.session() as session:
+        with session.transaction(LOCK) as tx:
+            insert_tenant(tx, "work")
+            tx.end_with(insert_tenant_statement("last"))
+        assert session.driver.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    assert (tenant_rows(database, "work"), tenant_rows(database, "last")) == (1, 1)
+    assert lock_free(database, 1)
+
+
+def test_a_last_statement_that_fails_commits_nothing(database: Database) -> None:
+    """A last statement that fails skips the COMMIT: the error leaves the block translated,
+    nothing of the transaction stays, and the session serves the next transaction."""
+
+    def fail_at_the_end(session: db.Session) -> None:
+        with session.transaction(LOCK) as tx:
+            insert_tenant(tx, "lost")
+            tx.end_with(sql.SQL("SELECT 1 / 0"))
+
+    with db.Database(database.owner_url) as owner, owner.session() as session:
+        with pytest.raises(db.DatabaseError, match="division by zero"):
+            fail_at_the_end(session)
+        assert tenant_rows(database, "lost") == 0
+        assert lock_free(database, 1)
+        with session.transaction(LOCK) as tx:
+            insert_tenant(tx, "next")
+    assert tenant_rows(database, "next") == 1
+
+
 def insert_tenant_statement(tenant: str) -> sql.Composed:
     return sql.SQL(
         "INSERT INTO control.tenants (tenant_id, schema_name) VALUES ({}, {}) RETURNING tenant_id"

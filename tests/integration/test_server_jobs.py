@@ -50,6 +50,12 @@ def test_migrate_applies_the_tool_schema_and_a_worker_refuses_a_server_behind(
         "error: tenant server east: its tool schema is at version 0, this build needs 2: "
         "run `provisioner migrate`"
     ]
+    # A one-off command meets the same refusal at its job's first use of the server: the job
+    # stays queued with the reason, nothing is created there.
+    early = run_cli(settings, "provision", "early")
+    assert early.returncode == 1, early.stdout + early.stderr
+    assert "its tool schema is at version 0, this build needs 2" in early.stdout
+    assert not jobs_server.schema_exists("tenant_early")
     first = run_cli(settings, "migrate")
     assert first.returncode == 0, first.stderr
     assert "tenant server east: tool schema (none) -> 2" in first.stdout
@@ -175,8 +181,13 @@ def _drain_once(engine: Engine, claims: list[queue.Claim]) -> runner.Outcome:
 def _sent(trace: IO[bytes]) -> list[str]:
     """The messages a traced session sent (libpq's trace: "F" lines), message and text."""
     trace.seek(0)
-    lines = trace.read().decode(errors="replace").splitlines()
-    return [line for line in lines if line.split("\t")[:1] == ["F"]]
+    messages: list[str] = []
+    for line in trace.read().decode(errors="replace").splitlines():
+        if line.split("\t")[:1] in (["F"], ["B"]):
+            messages.append(line)
+        elif messages:  # a statement's text goes on over several lines
+            messages[-1] += "\n" + line
+    return [message for message in messages if message.startswith("F\t")]
 
 
 @contextmanager
@@ -231,9 +242,9 @@ def test_a_placed_job_takes_its_token_from_its_claim_and_raises_its_fence_with_i
     assert len(executes) == len(binds) == pool_size, control_sent
     if pool_size:
         assert "'two'" in binds[0] and "'east'" in binds[0], control_sent
-    # one server transaction per step (psycopg sends each COMMIT as a query of its own; a
-    # BEGIN it may send prepared), none of the adopt's own
-    commits = [line for line in server_sent if line.endswith('Query\t "COMMIT"')]
+    # one server transaction per step (each COMMIT sent with the step's journal row), none of
+    # the adopt's own
+    commits = [line for line in server_sent if "\tQuery\t" in line and 'COMMIT"' in line]
     assert len(commits) == len(SERVER_STEPS), server_sent
 
 
@@ -295,9 +306,9 @@ def test_a_fleet_upgrades_job_on_a_server_adopts_nothing_of_its_earlier_run(
     """servers/journal.py, version 2: a fleet upgrade re-opens each tenant's provisioning job
     (same id, next run). The server's journal rows of its first run are not this run's to
     adopt, so nothing of them is checked on the catalog. The second tenant's job (the engine's
-    replay plan proven on the first) is ONE server transaction of six round trips: BEGIN with
+    replay plan proven on the first) is ONE server transaction of five round trips: BEGIN with
     the lock timeout; the fence and the journal's read (a pipeline); the planned replay; its
-    fingerprint; the journal's row; COMMIT. Its row then says run 2."""
+    fingerprint; the journal's row with the COMMIT. Its row then says run 2."""
     jobs_server.add_to(database)
     assert run_cli(settings, "migrate").returncode == 0
     for tenant in ("away1", "away2"):
@@ -320,7 +331,8 @@ def test_a_fleet_upgrades_job_on_a_server_adopts_nothing_of_its_earlier_run(
     assert [str(c.job.tenant_id) for c in claims] == ["away1", "away2"]
     assert "BEGIN; SELECT set_config('lock_timeout'" in server_sent[0], server_sent
     waits = [line for line in server_sent if "\tQuery\t" in line or "\tSync" in line]
-    assert len(waits) == 6, "\n".join(server_sent)
+    assert len(waits) == 5, "\n".join(server_sent)
+    assert waits[-1].endswith('; COMMIT"'), waits[-1]
     with jobs_server.owner() as conn:
         rows = conn.execute(
             "SELECT step, run FROM provisioner_server.step_journal WHERE tenant_id = 'away2'"

@@ -292,8 +292,9 @@ def _wait(there: Conn, move_name: str, tables: int, timeout: float, what: str) -
         if row is None:
             raise ReplicationFailed(f"the subscription vanished while waiting for {what}")
         if row[2]:
+            errors = f"{row[2]} errors" if row[2] > 1 else "an error"
             raise ReplicationFailed(
-                f"the subscription's workers reported {row[2]} errors (see the target's server log)"
+                f"the subscription's workers reported {errors} (see the target's server log)"
             )
         if row[1] >= tables:
             return

@@ -8,7 +8,11 @@ The source is registered by a libpq service name that this process's service fil
 probe, reach the source; the target's server, given the same reference by the subscription,
 cannot (``CREATE SUBSCRIPTION`` fails to connect), as when a reference makes sense only from
 the tool's machine. In ``auto`` the move falls back to the dump by itself; ``--method
-logical`` fails the job with one line saying what to do."""
+logical`` fails the job with one line saying what to do.
+
+And a source with a single replication slot (:func:`tests.logical_servers.one_slot_cluster`):
+the probe finds it free, the move's slot takes it, the subscription's table synchronisations
+cannot make theirs: its workers' errors, seen in ``pg_stat_subscription_stats``."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from provisioner.servers import moves
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from tests.conftest import Database, run_cli
-from tests.integration.test_move_logical import details
+from tests.integration.test_move_logical import details, on_source
 from tests.integration.test_moves import app_write, provision_with_rows, snapshot
 from tests.logical_servers import SOURCE, TARGET, LogicalServers
 
@@ -137,3 +141,30 @@ def test_logical_forced_fails_in_one_line_and_abort_leaves_nothing(
         assert found.fetchone() is None
     assert app_write(servers.app_url(SOURCE), "forced") == "ok"
     assert servers.password not in shown(database, "forced", out, aborted)
+
+
+def test_auto_falls_back_to_dump_on_the_subscription_workers_errors(
+    settings: Settings, database: Database, one_slot_servers: LogicalServers
+) -> None:
+    servers = one_slot_servers
+    on_source(settings, database, servers, "slots", 100)
+    with servers.owner(SOURCE) as conn:
+        before = catalog.read(conn, "tenant_slots")
+        source = snapshot(conn, "slots")
+    assert before is not None and source is not None
+    out = run_cli(settings, "move", "slots", "--to", TARGET, env=servers.env, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    records = dict(details(database, "slots")[-5:])
+    assert (
+        "method dump (logical replication failed: the subscription's workers reported "
+        in records["precopy_schema"]
+    ), records
+    assert "rows copied from " in records["copy_schema"], records
+    assert servers.leftovers() == NONE_LEFT
+    with servers.owner(TARGET) as conn:
+        assert catalog.read(conn, "tenant_slots") == before
+        target = snapshot(conn, "slots")
+    assert target is not None
+    assert (target.rows, target.sequences) == (source.rows, source.sequences)
+    assert service.locate(settings, "slots").server == TARGET
+    assert servers.password not in shown(database, "slots", out)

@@ -317,7 +317,8 @@ SELECT confirmed_flush_lsn >= %(lsn)s::pg_lsn FROM pg_replication_slots WHERE sl
 def catch_up(here: Conn, there: Conn, started: Started) -> float:
     """In the freeze, on owner sessions of the source (``here``) and the target (``there``):
     wait until the subscription has applied everything the source wrote before now; its
-    milliseconds, or :class:`ReplicationFailed`."""
+    milliseconds, or :class:`ReplicationFailed` (its workers' errors looked at on each turn:
+    a worker that fails on a row retries it for ever, and would only meet the time limit)."""
     began = time.perf_counter()
     lsn = _one(here, "SELECT pg_current_wal_lsn()::text")
     _wait(there, started.name, started.tables, CATCH_UP_TIMEOUT_SECONDS, "the last rows")
@@ -332,6 +333,7 @@ def catch_up(here: Conn, there: Conn, started: Started) -> float:
             raise ReplicationFailed(
                 f"the subscription did not catch up within {CATCH_UP_TIMEOUT_SECONDS:g} s"
             )
+        _wait(there, started.name, 0, CATCH_UP_TIMEOUT_SECONDS, "the last rows")  # errors
         time.sleep(POLL_SECONDS)
 
 

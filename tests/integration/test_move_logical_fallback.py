@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import uuid
 from pathlib import Path
+
+import psycopg
 
 from provisioner import servers as directory
 from provisioner import service
@@ -27,10 +30,13 @@ from provisioner.models import TenantId
 from provisioner.servers import moves
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
-from tests.conftest import Database, run_cli
+from tests.conftest import Database, run_cli, settings_env
 from tests.integration.test_move_logical import details, on_source
 from tests.integration.test_moves import app_write, provision_with_rows, snapshot
 from tests.logical_servers import SOURCE, TARGET, LogicalServers
+from tests.workers import wait_until
+
+CHILD = Path(__file__).resolve().parent.parent / "crash" / "move_child.py"
 
 NONE_LEFT = {"subscriptions": [], "slots": [], "publications": []}
 
@@ -168,3 +174,117 @@ def test_auto_falls_back_to_dump_on_the_subscription_workers_errors(
     assert (target.rows, target.sequences) == (source.rows, source.sequences)
     assert service.locate(settings, "slots").server == TARGET
     assert servers.password not in shown(database, "slots", out)
+
+
+def test_a_recorded_fallback_is_kept_by_the_next_run_and_forgotten_by_a_new_move(
+    settings: Settings, database: Database, logical_servers: LogicalServers
+) -> None:
+    """A run killed after committing its fallback but before its step's record (the window
+    between the two): the next run copies by dump, though replication would work here. The
+    tenant's next move (its job reopened) tries replication again."""
+    servers = logical_servers
+    on_source(settings, database, servers, "kept", 20)
+    queued = run_cli(settings, "move", "kept", "--to", TARGET, "--queue", env=servers.env)
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    with database.owner() as conn:
+        move = moves.get_move(conn, TenantId("kept"))
+        assert move is not None and move.job_id is not None
+        moves.set_fallback(conn, move.job_id, "as a dead run left it")
+    out = run_cli(settings, "move", "kept", "--to", TARGET, env=servers.env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    records = dict(details(database, "kept")[-5:])
+    assert (
+        "method dump (logical replication failed: as a dead run left it); "
+        in records["precopy_schema"]
+    ), records
+    assert "rows copied from " in records["copy_schema"], records
+    assert servers.leftovers() == NONE_LEFT
+
+    done = run_cli(settings, "move", "kept", "--finish", "--grace", "0", env=servers.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    back = run_cli(settings, "move", "kept", "--to", SOURCE, env=servers.env)
+    assert back.returncode == 0, back.stdout + back.stderr
+    records = dict(details(database, "kept")[-5:])
+    assert "method logical; " in records["precopy_schema"], records
+    assert servers.leftovers() == NONE_LEFT
+
+
+def test_auto_falls_back_in_the_freeze_when_the_catch_up_fails(
+    settings: Settings, database: Database, logical_servers: LogicalServers, tmp_path: Path
+) -> None:
+    """Subscribed, then a row on the target that the source's next write collides with (as
+    the owner: a key taken there): the apply worker fails on it, the catch-up in the freeze
+    sees its error, and the copy falls back to the whole schema by dump; the rows written
+    before the freeze, that one too, are on the target."""
+    servers = logical_servers
+    on_source(settings, database, servers, "late", 20)
+    with servers.owner(SOURCE) as conn:
+        before = catalog.read(conn, "tenant_late")  # granted: as the target will be
+    go, log = tmp_path / "go", tmp_path / "child.log"
+    with (
+        log.open("w") as stderr,
+        subprocess.Popen(
+            [sys.executable, str(CHILD), "late", TARGET, "precopy_schema", "repaired", str(go)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**settings_env(settings), **servers.env},
+        ) as child,
+    ):
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "FROZEN precopy_schema repaired"
+            key = _collide(servers)
+            go.touch()
+            out, _ = child.communicate(timeout=120)
+        finally:
+            child.kill()  # (gone already, unless the test failed above)
+    errors = log.read_text()
+    assert child.returncode == 0, out + errors
+    assert out.splitlines()[-1] == "FINISHED succeeded", out + errors
+    records = dict(details(database, "late")[-5:])
+    assert "method logical; " in records["precopy_schema"], records
+    assert (
+        "method dump (logical replication failed: the subscription's workers reported "
+        in records["copy_schema"]
+    ), records
+    assert "copied whole from " in records["copy_schema"], records
+    assert servers.leftovers() == NONE_LEFT
+    with servers.owner(SOURCE) as conn:
+        source = snapshot(conn, "late")
+    with servers.owner(TARGET) as conn:
+        target = snapshot(conn, "late")
+        assert catalog.read(conn, "tenant_late") == before
+        mine = conn.execute("SELECT action FROM tenant_late.audit_events WHERE id = %s", key)
+        assert mine.fetchone() == ("probe",)
+    assert source is not None and target is not None
+    assert (target.rows, target.sequences) == (source.rows, source.sequences)
+    assert service.locate(settings, "late").server == TARGET
+
+
+def _collide(servers: LogicalServers) -> tuple[int]:
+    """A row on the target with the key of the source's next write, then that write: the
+    apply worker fails on it (its error counted); the key."""
+    with servers.owner(SOURCE) as conn:
+        taken = conn.execute("SELECT last_value + 1 FROM tenant_late.audit_events_id_seq")
+        key = taken.fetchone()
+    assert key is not None
+    with servers.owner(TARGET) as conn:
+        conn.execute(
+            "INSERT INTO tenant_late.audit_events (id, action) OVERRIDING SYSTEM VALUE"
+            " VALUES (%s, 'collides')",
+            key,
+        )
+        assert app_write(servers.app_url(SOURCE), "late") == "ok"
+        wait_until(lambda: _apply_errors(conn) > 0, 60, "the apply worker's error")
+    return (int(key[0]),)
+
+
+def _apply_errors(conn: psycopg.Connection) -> int:
+    """The errors of the subscriptions of ``conn``'s database, so far."""
+    row = conn.execute(
+        "SELECT coalesce(sum(t.apply_error_count + t.sync_error_count), 0)"
+        " FROM pg_stat_subscription_stats t JOIN pg_subscription s ON s.oid = t.subid"
+        " WHERE s.subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    ).fetchone()
+    return int(row[0]) if row else 0

@@ -5,16 +5,17 @@ cluster's pg_hba.conf), shared by the xdist workers of a run exactly as the extr
 
 Each test gets two databases there, tenant servers ``lsrc`` and ``ldst``: the owner holds the
 ``REPLICATION`` attribute and ``pg_create_subscription`` (cluster-wide, granted under the
-suite's bootstrap lock), its password from ``PGPASSFILE`` (:attr:`LogicalServers.env`), as in
-production. Two databases of one cluster are two servers to the tool (the slot is made by the
-owner's own session, so a subscription to its own cluster does not wait for itself). A missing
-binary fails the test: it never skips.
+suite's bootstrap lock, held shared while the test runs), its password from ``PGPASSFILE``
+(:attr:`LogicalServers.env`), as in production. Two databases of one cluster are two servers
+to the tool (the slot is made by the owner's own session, so a subscription to its own
+cluster does not wait for itself). A missing binary fails the test: it never skips.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,19 +42,35 @@ def pg16_bin() -> Path:
     return found
 
 
-def _make(root: Path) -> local_pg.Cluster:
-    return local_pg.Cluster(root, durable=False, bin_dir=pg16_bin(), conf=("wal_level = logical",))
+def _make(root: Path, *conf: str) -> local_pg.Cluster:
+    return local_pg.Cluster(
+        root, durable=False, bin_dir=pg16_bin(), conf=("wal_level = logical", *conf)
+    )
 
 
-@pytest.fixture(scope="session")
-def logical_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_pg.Cluster]:
+def _joined(
+    tmp_path_factory: pytest.TempPathFactory, folder: str, *conf: str
+) -> Iterator[local_pg.Cluster]:
     shared = shared_folder(tmp_path_factory)
-    folder = (shared or tmp_path_factory.mktemp("logical")) / "extra-logical"
-    joined = SharedCluster.join(folder, make=_make)
+    root = (shared or tmp_path_factory.mktemp("logical")) / folder
+    joined = SharedCluster.join(root, make=lambda path: _make(path, *conf))
     try:
         yield joined.cluster
     finally:
         joined.leave()
+
+
+@pytest.fixture(scope="session")
+def logical_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_pg.Cluster]:
+    yield from _joined(tmp_path_factory, "extra-logical")
+
+
+@pytest.fixture(scope="session")
+def one_slot_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_pg.Cluster]:
+    """Like :func:`logical_cluster`, with a single replication slot: the probe finds it free,
+    the move's own slot takes it, and the subscription's table synchronisations (each makes a
+    slot of its own on the source) fail: its workers' errors, after the probe passed."""
+    yield from _joined(tmp_path_factory, "extra-logical-one-slot", "max_replication_slots = 1")
 
 
 @dataclass(frozen=True)
@@ -109,29 +126,52 @@ class LogicalServers:
         return found
 
 
-def _grant_replication(cluster: local_pg.Cluster) -> None:
-    """The owner may publish, make slots and subscribe (cluster-wide roles: one process at a
-    time, under the suite's bootstrap lock)."""
+@contextmanager
+def _replication_granted(cluster: local_pg.Cluster) -> Iterator[None]:
+    """The owner may publish, make slots and subscribe while the test runs. Roles are
+    cluster-wide and every database's bootstrap (another xdist worker's fixture) makes the
+    owner ``NOREPLICATION`` again: the grant is made under the suite's bootstrap lock, which
+    is then held shared until the test ends, so that no bootstrap takes it away mid-move (the
+    logical tests of two workers run one after the other)."""
     with psycopg.connect(cluster.superuser_url(), autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (BOOTSTRAP_LOCK_KEY,))
         conn.execute(f"ALTER ROLE {local_pg.OWNER_ROLE} REPLICATION")
         conn.execute(f"GRANT pg_create_subscription TO {local_pg.OWNER_ROLE}")
+        conn.execute("SELECT pg_advisory_lock_shared(%s)", (BOOTSTRAP_LOCK_KEY,))
+        conn.execute("SELECT pg_advisory_unlock(%s)", (BOOTSTRAP_LOCK_KEY,))
+        yield
+
+
+@contextmanager
+def _servers(cluster: local_pg.Cluster, tmp_path: Path) -> Iterator[LogicalServers]:
+    made: dict[str, str] = {}
+    try:
+        for name in (SOURCE, TARGET):
+            made[name] = create_database(cluster, name)
+        passfile = tmp_path / "pgpass-logical"
+        passfile.write_text(
+            f"127.0.0.1:{cluster.port}:*:{local_pg.OWNER_ROLE}:"
+            f"{cluster.password(local_pg.OWNER_ROLE)}\n"
+        )
+        passfile.chmod(0o600)
+        with _replication_granted(cluster):
+            yield LogicalServers(cluster, made, {"PGPASSFILE": str(passfile)})
+    finally:
+        for database in made.values():
+            drop_database(cluster, database)
 
 
 @pytest.fixture
 def logical_servers(logical_cluster: local_pg.Cluster, tmp_path: Path) -> Iterator[LogicalServers]:
-    made: dict[str, str] = {}
-    try:
-        for name in (SOURCE, TARGET):
-            made[name] = create_database(logical_cluster, name)
-        _grant_replication(logical_cluster)
-        passfile = tmp_path / "pgpass-logical"
-        passfile.write_text(
-            f"127.0.0.1:{logical_cluster.port}:*:{local_pg.OWNER_ROLE}:"
-            f"{logical_cluster.password(local_pg.OWNER_ROLE)}\n"
-        )
-        passfile.chmod(0o600)
-        yield LogicalServers(logical_cluster, made, {"PGPASSFILE": str(passfile)})
-    finally:
-        for database in made.values():
-            drop_database(logical_cluster, database)
+    with _servers(logical_cluster, tmp_path) as servers:
+        yield servers
+
+
+@pytest.fixture
+def one_slot_servers(
+    one_slot_cluster: local_pg.Cluster, tmp_path: Path
+) -> Iterator[LogicalServers]:
+    """The test's two databases on :func:`one_slot_cluster` (its single slot is the whole
+    cluster's: a test using it must be the only one, as it is)."""
+    with _servers(one_slot_cluster, tmp_path) as servers:
+        yield servers

@@ -13,13 +13,19 @@ the step's transaction. So the kind runs whichever server the tenant lives on
    first, and so is a dead run's subscription, slot and publication. Then, when the copy's
    method is logical replication (asked for, or ``auto`` and
    :func:`provisioner.kinds.move_logical.probe` finds what it needs), the target subscribes to
-   the source's tables and the initial rows are waited for. Effect: the target has the schema.
+   the source's tables and the initial rows are waited for. Should that replication fail
+   (:class:`provisioner.kinds.move_logical.ReplicationFailed`: the probe cannot see whether the
+   target's server reaches the source), ``auto`` falls back to the dump (:func:`_fall_back`):
+   the fallback committed in the job's payload first, the subscription, slots, publication
+   and the target's copy dropped, the DDL pre-copied again; ``--method logical`` fails the job
+   instead. Effect: the target has the schema.
 2. ``freeze_writes``: the application roles lose every privilege on the source's schema
    (committed there), then the writes begun before are waited for. Effect: the source frozen.
 3. ``copy_schema``: in the run that pre-copied, by logical replication the catch-up to the
    source's position after the freeze (:func:`provisioner.kinds.move_logical.catch_up`), then
    the sequences and the DDL that follows the rows, the subscription and publication dropped
-   meanwhile in a thread (the switch waits for it first); otherwise the rows
+   meanwhile in a thread (the switch waits for it first; a replication that fails there
+   falls back as in step 1, then copies the whole schema by dump); otherwise the rows
    by ``COPY`` and that DDL, in one transaction
    (:func:`provisioner.kinds.move_precopy.copy_rows`); in any other run (resumed: what the
    target holds is not known), a dead run's subscription, slot and publication dropped, the
@@ -123,20 +129,23 @@ def _precopy(tx: Transaction, ctx: StepContext) -> str | None:
     target = moves.end(tx.pg, move.target, ctx.owner_url)
     name = move_logical.name(move.job_id)
     left = move_logical.cleanup(source, target, name)  # a dead run's: it would hold WAL
-    with _session(tx, ctx, move.target) as conn:
-        dropped = move_copy.schema_exists(conn, schema)
-        if dropped:  # the move's own, from a run that died: its state is not known
-            move_copy.drop(conn, schema, lock_timeout_ms=ctx.lock_timeout_ms)
-    method, why, capability = _method(tx, move, source, target, schema)
+    dropped = _drop_copy(tx, ctx, move.target)
+    asked, method, why, capability = _method(tx, move, source, target, schema)
     pre = move_precopy.precopy(source, target, schema, ctx.app_roles)
-    _memo(ctx).precopied = pre
     logical = ""
     if method is move_logical.MoveMethod.LOGICAL:
-        started = move_logical.start(source, target, schema, name, capability.conninfo)
-        _memo(ctx).logical = started
-        logical = (
-            f"; subscribed to {started.tables} tables, initial rows in {started.sync_ms:.0f} ms"
-        )
+        try:
+            started = move_logical.start(source, target, schema, name, capability.conninfo)
+        except move_logical.ReplicationFailed as failed:
+            why = _fall_back(tx, ctx, move, asked, failed, committed=True)
+            pre = move_precopy.precopy(source, target, schema, ctx.app_roles)
+            method = move_logical.MoveMethod.DUMP
+        else:
+            _memo(ctx).logical = started
+            logical = (
+                f"; subscribed to {started.tables} tables, initial rows in {started.sync_ms:.0f} ms"
+            )
+    _memo(ctx).precopied = pre
     return (
         f"method {method}{why}; {target.server}: {pre.entries - pre.after_rows} of "
         f"{pre.entries} DDL entries restored before the freeze (dump {pre.dump_ms:.0f} ms, "
@@ -146,23 +155,76 @@ def _precopy(tx: Transaction, ctx: StepContext) -> str | None:
     )
 
 
+def _drop_copy(tx: Transaction, ctx: StepContext, server: str | None) -> bool:
+    """Drop the tenant's schema on the move's target if it is there (the move's own: ``move``
+    refused a target that had it; what a dead or failed run left there is not trusted)."""
+    with _session(tx, ctx, server) as conn:
+        found = move_copy.schema_exists(conn, ctx.tenant.schema)
+        if found:
+            move_copy.drop(conn, ctx.tenant.schema, lock_timeout_ms=ctx.lock_timeout_ms)
+    return found
+
+
+def _fall_back(
+    tx: Transaction,
+    ctx: StepContext,
+    move: moves.Move,
+    asked: move_logical.MoveMethod,
+    failed: move_logical.ReplicationFailed,
+    *,
+    committed: bool,
+) -> str:
+    """After a logical replication that failed once the probe had passed: its subscription,
+    slots and publication dropped (a slot left would hold the source's WAL), the target's
+    copy dropped (a table synchronised, or half applied, is not trusted). Asked for
+    (``--method logical``), the job fails with one line saying what to do; in ``auto`` the
+    fallback is recorded in the move's job, so that no later run tries replication again
+    (``committed``: on a control session of its own at once, before the step's commit: a
+    crash in between does not try it again either; else in the step's transaction), and the
+    record's reason is returned."""
+    source = moves.end(tx.pg, move.source, ctx.owner_url)
+    target = moves.end(tx.pg, move.target, ctx.owner_url)
+    if asked is move_logical.MoveMethod.LOGICAL:
+        move_logical.cleanup(source, target, move_logical.name(move.job_id))
+        raise PermanentError(
+            f"{failed}; its subscription, slot and publication dropped: `provisioner move "
+            f"{ctx.tenant} --abort`, then `provisioner move {ctx.tenant} --to "
+            f"{move.target or CONTROL} --method dump`"
+        )
+    assert move.job_id is not None, "a move's job is recorded with its row"
+    if committed:
+        with _session(tx, ctx, None) as conn:
+            moves.set_fallback(conn, move.job_id, failed.reason)
+    else:
+        moves.set_fallback(tx.pg, move.job_id, failed.reason)
+    move_logical.cleanup(source, target, move_logical.name(move.job_id))
+    _drop_copy(tx, ctx, move.target)
+    _memo(ctx).logical = None
+    return f" (logical replication failed: {failed.reason})"
+
+
 def _method(
     tx: Transaction, move: moves.Move, source: moves.End, target: moves.End, schema: str
-) -> tuple[move_logical.MoveMethod, str, move_logical.Capability]:
-    """The copy's method for this run, why (for the record), and the probe's answer: the
-    method asked for (``move --method``, else ``PROVISIONER_MOVE_METHOD``), ``auto`` taking
-    logical replication when the probe finds everything it needs."""
+) -> tuple[move_logical.MoveMethod, move_logical.MoveMethod, str, move_logical.Capability]:
+    """The method asked for (``move --method``, else ``PROVISIONER_MOVE_METHOD``), the copy's
+    method for this run, why (for the record), and the probe's answer: ``auto`` takes logical
+    replication when the probe finds everything it needs, unless an earlier run's replication
+    failed (recorded in the job: :func:`_fall_back`)."""
     asked = move_logical.MoveMethod(moves.requested_method(tx.pg, move.job_id) or "auto")
     if asked is move_logical.MoveMethod.DUMP:
-        return asked, " (asked for)", move_logical.Capability(())
+        return asked, asked, " (asked for)", move_logical.Capability(())
+    failed = moves.fallback(tx.pg, move.job_id)
+    if failed is not None and asked is move_logical.MoveMethod.AUTO:
+        why = f" (logical replication failed: {failed})"
+        return asked, move_logical.MoveMethod.DUMP, why, move_logical.Capability(())
     capability = move_logical.probe(source, target, schema)
     if capability.ok:
-        return move_logical.MoveMethod.LOGICAL, "", capability
+        return asked, move_logical.MoveMethod.LOGICAL, "", capability
     missing = "; ".join(capability.missing)
     if asked is move_logical.MoveMethod.LOGICAL:
         raise PermanentError(f"logical replication cannot be used for this move: {missing}")
     why = f" (logical replication not possible: {missing})"
-    return move_logical.MoveMethod.DUMP, why, capability
+    return asked, move_logical.MoveMethod.DUMP, why, capability
 
 
 def _freeze(tx: Transaction, ctx: StepContext) -> str | None:
@@ -196,14 +258,12 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
     target = moves.end(tx.pg, move.target, ctx.owner_url)
     pre, logical = _memo(ctx).precopied, _memo(ctx).logical
     if pre is not None and logical is not None:
-        with move_copy.connect(source) as here, move_copy.connect(target) as there:
-            wait_ms = move_logical.catch_up(here, there, logical)
-            _memo(ctx).unsubscribing = move_logical.unsubscribe(source, target, logical)
-            after_ms = move_precopy.after_replication(here, there, schema, pre)
-        return (
-            f"logical replication caught up in {wait_ms:.0f} ms, then the sequences, "
-            f"{pre.after_rows} DDL entries and the commit in {after_ms:.0f} ms"
-        )
+        try:
+            return _caught_up(ctx, source, target, pre, logical)
+        except move_logical.ReplicationFailed as failed:
+            asked = move_logical.MoveMethod(moves.requested_method(tx.pg, move.job_id) or "auto")
+            why = _fall_back(tx, ctx, move, asked, failed, committed=False)
+            return f"method dump{why}: " + _copy_whole(source, target, schema)
     if pre is not None:
         done = move_precopy.copy_rows(source, target, schema, pre)
         return (
@@ -212,17 +272,41 @@ def _copy(tx: Transaction, ctx: StepContext) -> str | None:
             f"and the commit in {done.after_ms:.0f} ms"
         )
     left = move_logical.cleanup(source, target, move_logical.name(move.job_id))
-    with _session(tx, ctx, move.target) as conn:
-        dropped = move_copy.schema_exists(conn, schema)
-        if dropped:  # a resumed run: what an earlier one left there is not trusted
-            move_copy.drop(conn, schema, lock_timeout_ms=ctx.lock_timeout_ms)
+    dropped = _drop_copy(tx, ctx, move.target)  # a resumed run: what is there is not trusted
+    return (
+        _copy_whole(source, target, schema)
+        + " (a resumed run)"
+        + ("; an earlier run's copy dropped first" if dropped else "")
+        + (f"; an earlier run's {', '.join(left)} dropped" if left else "")
+    )
+
+
+def _caught_up(
+    ctx: StepContext,
+    source: moves.End,
+    target: moves.End,
+    pre: move_precopy.PreCopy,
+    logical: move_logical.Started,
+) -> str:
+    """The freeze's part of a copy by logical replication: the catch-up, the subscription's
+    drop begun in a thread, then the sequences and the DDL after the rows; its record."""
+    with move_copy.connect(source) as here, move_copy.connect(target) as there:
+        wait_ms = move_logical.catch_up(here, there, logical)
+        _memo(ctx).unsubscribing = move_logical.unsubscribe(source, target, logical)
+        after_ms = move_precopy.after_replication(here, there, ctx.tenant.schema, pre)
+    return (
+        f"logical replication caught up in {wait_ms:.0f} ms, then the sequences, "
+        f"{pre.after_rows} DDL entries and the commit in {after_ms:.0f} ms"
+    )
+
+
+def _copy_whole(source: moves.End, target: moves.End, schema: str) -> str:
+    """The whole schema by ``pg_dump | pg_restore`` onto a target without it; its record."""
     began = time.perf_counter()
     move_copy.copy_schema(source, target, schema)
     return (
         f"copied whole from {source.server} to {target.server} in "
-        f"{(time.perf_counter() - began) * 1000:.0f} ms (a resumed run)"
-        + ("; an earlier run's copy dropped first" if dropped else "")
-        + (f"; an earlier run's {', '.join(left)} dropped" if left else "")
+        f"{(time.perf_counter() - began) * 1000:.0f} ms"
     )
 
 

@@ -23,7 +23,16 @@ replication slot and the subscription share it):
   is frozen: nothing more comes); the switch waits for it first.
 * :func:`cleanup` drops whatever a dead run left (subscription, slot, publication), in that
   order: a forgotten slot holds WAL on the source for ever. It is idempotent and runs before a
-  run starts anew, before a resumed run's full copy, and in ``move --abort``.
+  run starts anew, before a resumed run's full copy, after a failed replication, and in
+  ``move --abort``.
+
+The probe cannot see whether the target's server reaches the source (its address there, the
+source's ``pg_hba.conf``, WAL senders or slots used up meanwhile): :func:`start` and
+:func:`catch_up` raise :class:`ReplicationFailed` (one phrase, no server message: nothing of
+the connection string) when the source refuses the publication or the slot, when ``CREATE
+SUBSCRIPTION`` cannot connect, on the workers' first error (``pg_stat_subscription_stats``),
+when no table's copy began within :data:`CONNECT_TIMEOUT_SECONDS` (the workers never reached
+the source), or at a time limit; the move kind then falls back to the dump in ``auto``.
 
 The subscription's connection string holds the source's password: it reaches SQL as a
 literal (``CREATE SUBSCRIPTION`` takes no bind parameter), never a log line, a record or an
@@ -34,7 +43,9 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -52,6 +63,10 @@ Conn = psycopg.Connection[Any]
 
 #: How long :func:`start` waits for the initial rows (the application still writes meanwhile).
 SYNC_TIMEOUT_SECONDS = 3600.0
+#: How long :func:`start` waits for a first table's copy to begin (``srsubstate`` past ``i``):
+#: a worker that cannot reach the source reports no error the statistics count (the apply
+#: worker's own connection), it only never begins.
+CONNECT_TIMEOUT_SECONDS = 60.0
 #: How long :func:`catch_up` waits for the subscription to pass the freeze's position.
 CATCH_UP_TIMEOUT_SECONDS = 120.0
 #: Between two looks at the subscription's progress.
@@ -88,6 +103,16 @@ class Started:
     tables: int
     sync_ms: float
     conninfo: str = field(repr=False)
+
+
+class ReplicationFailed(PermanentError):
+    """Logical replication failed after :func:`probe` passed; ``reason`` is one short phrase
+    for a record or an error, with no server message (a connection's error could echo what it
+    was given)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"logical replication failed: {reason}")
+        self.reason = reason
 
 
 def name(job_id: UUID | None) -> str:
@@ -186,43 +211,71 @@ def _conninfo(source: End, password: str) -> str:
 
 def start(source: End, target: End, schema: str, move_name: str, conninfo: str) -> Started:
     """Publish the schema's tables, make the slot, subscribe the pre-copied target, and wait
-    until every table's initial rows are there."""
+    until every table's initial rows are there; :class:`ReplicationFailed` when a server
+    refuses a part of it or the workers fail (what was made is left: :func:`cleanup`)."""
     began = time.perf_counter()
     with move_copy.connect(source) as here:
         with here.cursor(row_factory=tuple_row) as cur:
             cur.execute(SOURCE_TABLES, {"schema": schema})
             tables = [str(row[0]) for row in cur.fetchall()]
-        here.execute(
-            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                sql.Identifier(move_name),
-                sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables),
-            )
-        )
-        # Made here, not by CREATE SUBSCRIPTION: it then works between two databases of one
-        # cluster too (a subscription making its slot on its own cluster waits for itself).
-        here.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (move_name,))
+        with _refused("the source refused the publication or the replication slot"):
+            _publish(here, schema, move_name, tables)
     with move_copy.connect(target) as there:
-        there.execute(
-            sql.SQL(
-                "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (create_slot = false,"
-                " slot_name = {}, copy_data = true, synchronous_commit = 'on')"
-            ).format(
-                sql.Identifier(move_name),
-                sql.Literal(conninfo),
-                sql.Identifier(move_name),
-                sql.Literal(move_name),
-            )
-        )
+        with _refused("the target's server could not subscribe to the source"):
+            _subscribe(there, move_name, conninfo)
         _wait(there, move_name, len(tables), SYNC_TIMEOUT_SECONDS, "the initial rows")
     return Started(move_name, len(tables), (time.perf_counter() - began) * 1000, conninfo)
 
 
-# Tables of the subscription not yet ready, and its workers' errors so far.
+@contextmanager
+def _refused(what: str) -> Iterator[None]:
+    """A server's refusal (an error with a SQLSTATE) as :class:`ReplicationFailed` naming
+    ``what`` and the SQLSTATE alone: the message of ``CREATE SUBSCRIPTION``'s failed
+    connection is libpq's, about a string that holds the password. A session lost (no
+    SQLSTATE) is not replication's failure: raised as it is."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate is None:
+            raise
+        raise ReplicationFailed(f"{what} (SQLSTATE {exc.sqlstate})") from None
+
+
+def _publish(here: Conn, schema: str, move_name: str, tables: list[str]) -> None:
+    """The publication of the schema's tables by name, and the slot, on the source."""
+    here.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(move_name),
+            sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables),
+        )
+    )
+    # Made here, not by CREATE SUBSCRIPTION: it then works between two databases of one
+    # cluster too (a subscription making its slot on its own cluster waits for itself).
+    here.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (move_name,))
+
+
+def _subscribe(there: Conn, move_name: str, conninfo: str) -> None:
+    """The target's subscription to the publication through the slot made for it."""
+    there.execute(
+        sql.SQL(
+            "CREATE SUBSCRIPTION {} CONNECTION {} PUBLICATION {} WITH (create_slot = false,"
+            " slot_name = {}, copy_data = true, synchronous_commit = 'on')"
+        ).format(
+            sql.Identifier(move_name),
+            sql.Literal(conninfo),
+            sql.Identifier(move_name),
+            sql.Literal(move_name),
+        )
+    )
+
+
+# Tables of the subscription ready, tables whose copy began, and its workers' errors so far.
 PROGRESS = """
 SELECT s.oid,
        (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid AND r.srsubstate = 'r'),
        (SELECT coalesce(sum(apply_error_count + sync_error_count), 0)
-          FROM pg_stat_subscription_stats t WHERE t.subid = s.oid)
+          FROM pg_stat_subscription_stats t WHERE t.subid = s.oid),
+       (SELECT count(*) FROM pg_subscription_rel r WHERE r.srsubid = s.oid AND r.srsubstate <> 'i')
   FROM pg_subscription s
  WHERE s.subname = %(name)s AND s.subdbid = (SELECT oid FROM pg_database
                                              WHERE datname = current_database())
@@ -230,22 +283,29 @@ SELECT s.oid,
 
 
 def _wait(there: Conn, move_name: str, tables: int, timeout: float, what: str) -> None:
-    """Until every table of the subscription is ready; PermanentError on its workers' first
-    error (the server's log says which) or after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    """Until every table of the subscription is ready; :class:`ReplicationFailed` at once on
+    its workers' first error (the server's log says which), when no table's copy began within
+    :data:`CONNECT_TIMEOUT_SECONDS`, or after ``timeout`` seconds."""
+    began = time.monotonic()
     while True:
         row = _maybe(there, PROGRESS, {"name": move_name})
         if row is None:
-            raise PermanentError(f"subscription {move_name} vanished while waiting for {what}")
+            raise ReplicationFailed(f"the subscription vanished while waiting for {what}")
         if row[2]:
-            raise PermanentError(
-                f"logical replication failed on the target ({row[2]} errors: see its server "
-                "log); the move will copy by dump when run again"
+            errors = f"{row[2]} errors" if row[2] > 1 else "an error"
+            raise ReplicationFailed(
+                f"the subscription's workers reported {errors} (see the target's server log)"
             )
         if row[1] >= tables:
             return
-        if time.monotonic() > deadline:
-            raise PermanentError(f"logical replication did not bring {what} in {timeout:g} s")
+        waited = time.monotonic() - began
+        if not row[3] and waited > min(timeout, CONNECT_TIMEOUT_SECONDS):
+            raise ReplicationFailed(
+                f"no table's copy began within {waited:.0f} s (does the target's server "
+                "reach the source?)"
+            )
+        if waited > timeout:
+            raise ReplicationFailed(f"{what} did not arrive within {timeout:g} s")
         time.sleep(POLL_SECONDS)
 
 
@@ -257,7 +317,8 @@ SELECT confirmed_flush_lsn >= %(lsn)s::pg_lsn FROM pg_replication_slots WHERE sl
 def catch_up(here: Conn, there: Conn, started: Started) -> float:
     """In the freeze, on owner sessions of the source (``here``) and the target (``there``):
     wait until the subscription has applied everything the source wrote before now; its
-    milliseconds."""
+    milliseconds, or :class:`ReplicationFailed` (its workers' errors looked at on each turn:
+    a worker that fails on a row retries it for ever, and would only meet the time limit)."""
     began = time.perf_counter()
     lsn = _one(here, "SELECT pg_current_wal_lsn()::text")
     _wait(there, started.name, started.tables, CATCH_UP_TIMEOUT_SECONDS, "the last rows")
@@ -265,13 +326,14 @@ def catch_up(here: Conn, there: Conn, started: Started) -> float:
     while True:
         done = _maybe(here, CONFIRMED, {"lsn": lsn[0], "name": started.name})
         if done is None:
-            raise PermanentError(f"replication slot {started.name} vanished on the source")
+            raise ReplicationFailed("the replication slot vanished on the source")
         if done[0]:
             return (time.perf_counter() - began) * 1000
         if time.monotonic() > deadline:
-            raise PermanentError(
-                f"the subscription did not catch up in {CATCH_UP_TIMEOUT_SECONDS:g} s"
+            raise ReplicationFailed(
+                f"the subscription did not catch up within {CATCH_UP_TIMEOUT_SECONDS:g} s"
             )
+        _wait(there, started.name, 0, CATCH_UP_TIMEOUT_SECONDS, "the last rows")  # errors
         time.sleep(POLL_SECONDS)
 
 

@@ -90,9 +90,21 @@ GET = "SELECT * FROM control.tenant_moves WHERE tenant_id = %(tenant_id)s"
 #: ``logical``: :class:`provisioner.kinds.move_logical.MoveMethod`); kept by every run.
 METHOD_KEY = "move_method"
 
+#: The job payload's key for why ``auto`` fell back to the dump after its logical replication
+#: failed (one phrase, no secret): every later run of the move copies by dump. A new move
+#: (:func:`set_method`) starts without it.
+FALLBACK_KEY = "move_fallback"
+
 SET_METHOD = """
 UPDATE control.platform_jobs
-   SET payload = payload || jsonb_build_object(%(key)s::text, %(method)s::text)
+   SET payload = (payload - %(fallback)s::text)
+                 || jsonb_build_object(%(key)s::text, %(method)s::text)
+ WHERE id = %(job_id)s
+"""
+
+SET_FALLBACK = """
+UPDATE control.platform_jobs
+   SET payload = payload || jsonb_build_object(%(key)s::text, %(reason)s::text)
  WHERE id = %(job_id)s
 """
 
@@ -247,16 +259,36 @@ def set_job(conn: Conn, tenant: TenantId, job_id: UUID) -> None:
 
 
 def set_method(conn: Conn, job_id: UUID, method: str) -> None:
-    """Record the copy's method the move was asked for in its job's payload."""
-    conn.execute(SET_METHOD, {"key": METHOD_KEY, "method": method, "job_id": job_id})
+    """Record the copy's method the move was asked for in its job's payload (a job reopened
+    for a new move forgets its last move's fallback)."""
+    conn.execute(
+        SET_METHOD,
+        {"key": METHOD_KEY, "fallback": FALLBACK_KEY, "method": method, "job_id": job_id},
+    )
+
+
+def set_fallback(conn: Conn, job_id: UUID, reason: str) -> None:
+    """Record in the move's job that its logical replication failed (``reason``: one phrase,
+    no secret), so that no later run of the move tries it again."""
+    conn.execute(SET_FALLBACK, {"key": FALLBACK_KEY, "reason": reason, "job_id": job_id})
 
 
 def requested_method(conn: Conn, job_id: UUID | None) -> str | None:
     """The copy's method the move was asked for (None: not recorded)."""
+    return _payload(conn, job_id, METHOD_KEY)
+
+
+def fallback(conn: Conn, job_id: UUID | None) -> str | None:
+    """Why the move's logical replication failed (None: it did not, or was not tried)."""
+    return _payload(conn, job_id, FALLBACK_KEY)
+
+
+def _payload(conn: Conn, job_id: UUID | None, key: str) -> str | None:
+    """One text value of the move's job payload (None: no job, or no such key)."""
     if job_id is None:
         return None
     with conn.cursor() as cur:
-        cur.execute(GET_METHOD, {"key": METHOD_KEY, "job_id": job_id})
+        cur.execute(GET_METHOD, {"key": key, "job_id": job_id})
         row = cur.fetchone()
     if row is None:
         return None

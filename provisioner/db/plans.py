@@ -16,6 +16,12 @@ and steps sessions) therefore
   :data:`PlanAhead` runs once, prepared, with values that match nothing, so it takes and
   changes nothing. Invariant: a plan ahead's values select no row
   (``tests/integration/test_pool.py::test_the_warm_up_keeps_the_claims_plan_for_the_next_sign_up``);
+* **prepare the checks between a build's batches** (:func:`preparing_again`): a spare's
+  fingerprint and grants check run inside the replay's batches, where psycopg would prepare
+  nothing, on a builder session opened for one refill; prepared at their first run, each is
+  planned once per session (~4 ms), then bound (~1 ms) for every spare. Invariant: only
+  statements that neither alter nor drop run there
+  (``tests/integration/test_pool_builders.py::test_a_builders_checks_are_planned_once_per_session_not_per_spare``);
 * **keep their prepared statements** through a replayed script
   (:func:`keeping_prepared_statements`): psycopg would otherwise forget them all after any
   ``ALTER`` or ``DROP``. Invariant: the script changes only a tenant schema, which no prepared
@@ -54,6 +60,26 @@ def explain_ahead(conn: psycopg.Connection[Any], plans: Sequence[PlanAhead]) -> 
     with conn.cursor() as cur:
         for statement, params in plans:
             cur.execute("EXPLAIN " + statement, params)
+
+
+#: psycopg's own ``prepare_threshold`` (runs of a query before it is prepared).
+PSYCOPG_THRESHOLD = 5
+
+
+@contextmanager
+def preparing_again(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Inside :func:`keeping_prepared_statements`, run statements that are to be prepared as
+    usual (a spare's fingerprint and grants check, between the replay's batches): with no
+    threshold psycopg prepares nothing, not even ``prepare=True``, and a query it prepared
+    before is sent unprepared, planned again. Only statements that neither alter nor drop
+    run here (a result saying so would make psycopg forget every prepared statement)."""
+    threshold = conn.prepare_threshold
+    if threshold is None:
+        conn.prepare_threshold = PSYCOPG_THRESHOLD
+    try:
+        yield
+    finally:
+        conn.prepare_threshold = threshold
 
 
 @contextmanager

@@ -154,9 +154,13 @@ def take_grants(schema: str, app_roles: AppRoles, sequences: list[str]) -> list[
 
 
 def grants_held(conn: Any, schema: str, role: AppRole) -> GrantsHeld | None:
-    """An application role's privileges in ``schema``, against its set (None: no schema)."""
+    """An application role's privileges in ``schema``, against its set (None: no schema).
+    Prepared at its first run on a session, as the fingerprint is: a builder checks every
+    spare it builds with it, on a session opened for one refill."""
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(GRANTS_HELD[role.privileges], {"schema": schema, "role": role.name})
+        cur.execute(
+            GRANTS_HELD[role.privileges], {"schema": schema, "role": role.name}, prepare=True
+        )
         row = cur.fetchone()
     return None if row is None else _held(row)
 

@@ -60,7 +60,12 @@ from psycopg.rows import dict_row
 
 from provisioner import db, naming, roles
 from provisioner.db import DatabaseError, Transaction
-from provisioner.db.plans import PlanAhead, keeping_prepared_statements, prepare_ahead
+from provisioner.db.plans import (
+    PlanAhead,
+    keeping_prepared_statements,
+    prepare_ahead,
+    preparing_again,
+)
 from provisioner.errors import BuildStopped, PermanentError, ProvisionerError, SpareRejected
 from provisioner.pool.grants import (
     GRANTS_HELD,
@@ -453,7 +458,7 @@ def _build(
             # as the reference was (the batch's own names the spare, and the catalog's
             # definitions then leave the spare's names unqualified).
             tx.pg.execute("SET LOCAL search_path TO DEFAULT")
-            problem = mismatch(reference.fingerprint, fingerprint(tx.pg, name))
+            problem = mismatch(reference.fingerprint, fingerprint(tx.pg, name, prepare=True))
             if problem is not None:
                 raise SpareRejected(problem)
             if app_roles is None:
@@ -529,7 +534,8 @@ def _run_batches(
                 _between_batches(stop)
             with session.transaction(pending[at]) as tx:
                 if at + 1 == len(pending) and at_end is not None:
-                    pending.extend(at_end(tx))
+                    with preparing_again(tx.pg):  # the checks' catalog queries stay prepared
+                        pending.extend(at_end(tx))
                     at_end = None
                 following = pending[at + 1] if at + 1 < len(pending) else None
                 chained = following is not None and go_on()

@@ -8,9 +8,9 @@ import threading
 
 import psycopg
 
-from provisioner import pool
+from provisioner import db, pool
 from provisioner.settings import Settings
-from tests.conftest import Database
+from tests.conftest import Database, build_spare
 from tests.workers import wait_until
 
 HOLDER = "test:builders"
@@ -136,3 +136,29 @@ def test_every_builder_pauses_while_the_worker_has_a_job(
         assert keeper.pauses >= 2 and _unfinished(database) == []
     finally:
         keeper.stop()
+
+
+def test_a_builders_checks_are_planned_once_per_session_not_per_spare(
+    settings: Settings, database: Database
+) -> None:
+    """db/plans.py ``preparing_again``: a builder's session (opened for one refill) prepares
+    the spare's fingerprint and grants check at their first run, inside the replay's batches
+    (where psycopg otherwise prepares nothing), and the next spare binds those plans: each
+    statement is prepared once and run once per spare."""
+    build_spare(settings)  # the template's reference computed and stored before
+    owner = db.Database(settings.owner_url)
+    try:
+        with owner.session() as session, pool.builder_lock(session) as locked:
+            assert locked
+            for _ in range(2):
+                pool.build_spare(session, "test", settings.app_roles)
+            rows = session.driver.execute(
+                "SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements"
+            ).fetchall()
+    finally:
+        owner.close()
+    checks = {
+        "fingerprint": [runs for text, runs in rows if ", idx AS (" in text],
+        "grants": [runs for text, runs in rows if "lacking_defaults" in text],
+    }
+    assert checks == {"fingerprint": [2], "grants": [2]}, rows

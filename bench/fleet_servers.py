@@ -67,6 +67,8 @@ def run(
     runs: int = RUNS,
     children: int = 1,
 ) -> None:
+    """``runs`` alternating pairs of deployments, each upgraded by one worker with
+    ``children`` engine children (1 in ``make bench``: the per-job cost, not the overlap)."""
     samples: dict[str, list[float]] = {"one": [], "two": []}
     paths: Counter[str] = Counter()
     with t005_tree() as tree:

@@ -41,6 +41,17 @@ CHILD = Path(__file__).resolve().parent.parent / "crash" / "move_child.py"
 NONE_LEFT = {"subscriptions": [], "slots": [], "publications": []}
 
 
+def fell_back(database: Database, tenant: str, reason: str) -> dict[str, str]:
+    """The move's last records, asserting its pre-copy fell back to the dump for ``reason``
+    (the start of the record's phrase) and its rows were then copied by ``COPY``."""
+    records = dict(details(database, tenant)[-5:])
+    assert f"method dump (logical replication failed: {reason}" in records["precopy_schema"], (
+        records
+    )
+    assert "rows copied from " in records["copy_schema"], records
+    return records
+
+
 def source_by_service(
     settings: Settings, database: Database, servers: LogicalServers, tmp_path: Path, tenant: str
 ) -> dict[str, str]:
@@ -95,13 +106,9 @@ def test_auto_falls_back_to_dump_when_the_target_cannot_replicate(
     result = json.loads(out.stdout)
     assert (result["phase"], result["job"]["status"]) == ("switched", "succeeded")
     assert service.locate(settings, "fall").server == TARGET
-    records = dict(details(database, "fall")[-5:])
-    assert (
-        "method dump (logical replication failed: the target's server could not subscribe "
-        "to the source (SQLSTATE 08" in records["precopy_schema"]
-    ), records
+    reason = "the target's server could not subscribe to the source (SQLSTATE 08"
+    records = fell_back(database, "fall", reason)
     assert "subscribed" not in records["precopy_schema"]
-    assert "rows copied from " in records["copy_schema"], records
     with database.owner() as conn:
         job = moves.get_move(conn, TenantId("fall"))
         assert job is not None
@@ -160,12 +167,7 @@ def test_auto_falls_back_to_dump_on_the_subscription_workers_errors(
     assert before is not None and source is not None
     out = run_cli(settings, "move", "slots", "--to", TARGET, env=servers.env, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    records = dict(details(database, "slots")[-5:])
-    assert (
-        "method dump (logical replication failed: the subscription's workers reported "
-        in records["precopy_schema"]
-    ), records
-    assert "rows copied from " in records["copy_schema"], records
+    fell_back(database, "slots", "the subscription's workers reported ")
     assert servers.leftovers() == NONE_LEFT
     with servers.owner(TARGET) as conn:
         assert catalog.read(conn, "tenant_slots") == before
@@ -192,12 +194,7 @@ def test_a_recorded_fallback_is_kept_by_the_next_run_and_forgotten_by_a_new_move
         moves.set_fallback(conn, move.job_id, "as a dead run left it")
     out = run_cli(settings, "move", "kept", "--to", TARGET, env=servers.env)
     assert out.returncode == 0, out.stdout + out.stderr
-    records = dict(details(database, "kept")[-5:])
-    assert (
-        "method dump (logical replication failed: as a dead run left it); "
-        in records["precopy_schema"]
-    ), records
-    assert "rows copied from " in records["copy_schema"], records
+    fell_back(database, "kept", "as a dead run left it); ")
     assert servers.leftovers() == NONE_LEFT
 
     done = run_cli(settings, "move", "kept", "--finish", "--grace", "0", env=servers.env)

@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import sql
 
 from provisioner import db, kinds, queue
 from provisioner.engine import remote
@@ -58,6 +56,15 @@ from provisioner.engine.events import (
     never_stop,
 )
 from provisioner.engine.handoff import HandOff, first_steps, usable
+from provisioner.engine.job_run import (
+    UNREAD,
+    ClaimRead,
+    InFlight,
+    JobRun,
+    RunState,
+    Turn,
+    Unread,
+)
 from provisioner.engine.sessions import EngineSessions
 from provisioner.engine.step_lock import next_lock, tenant_lock
 from provisioner.errors import (
@@ -82,74 +89,6 @@ from provisioner.templates import upgrade as upgrade_replay
 from provisioner.templates.replay import TemplateCache
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import TenantState
-
-
-class Unread:
-    """The type of :data:`UNREAD`: a value the caller did not read (the engine reads it)."""
-
-
-#: ``Engine.run(tenant_state=UNREAD)``: the claim did not read the tenant's state.
-UNREAD = Unread()
-#: What a claim read of the tenant's row (its state, its server), or UNREAD.
-ClaimRead = str | Unread | None
-
-
-@dataclass(frozen=True)
-class JobRun:
-    """One run of one job: everything its steps and their records need besides the job row,
-    built once by :meth:`Engine.run`."""
-
-    kind: JobKind
-    lease: Lease
-    context: StepContext
-    #: the control session: the tenant's state, the journal's closes after a failure
-    journal: psycopg.Connection[Any]
-    on_progress: ProgressCallback
-    should_stop: StopRequested
-    #: the job types whose next job the last step claims with its commit (empty: none)
-    claim_next: tuple[str, ...]
-    #: each of those kinds' steps, for the claim to open the next job's first one
-    first_steps: Mapping[str, Sequence[str]]
-    #: every step transaction's first statement: the tenant's lock, the commit mode
-    lock: sql.Composed
-
-
-@dataclass
-class RunState:
-    """Where a run stands between two step transactions."""
-
-    #: the job as its last checkpoint left it
-    job: Job
-    #: recorded steps whose effect was gone: they run again, and say so
-    repaired: frozenset[str] = frozenset()
-    #: the journal row the last step opened for the next one (close_step's ``open_next``)
-    opened: int | None = None
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One step's turn inside a step transaction."""
-
-    job: Job
-    step: Step
-    #: its journal row (opened before the transaction, or by the step before it)
-    run_id: int
-    #: the step after it (None: the job's last)
-    following: str | None
-    repairing: bool
-
-
-@dataclass
-class _InFlight:
-    """The step transaction under way, for its failure handling: the step it began with, the
-    step running, the journal row committed before it."""
-
-    first: Step
-    step: Step
-    started: float = field(default_factory=time.monotonic)
-    #: the journal row committed before the transaction began
-    committed_run: int | None = None
-    claim_sent: bool = False
 
 
 class Engine:
@@ -477,7 +416,7 @@ class Engine:
         commit's last step, when the commit failed)."""
         # The step's own now: it closes it, come what may.
         run_id, state.opened = state.opened, None
-        trace = _InFlight(first=pending[0], step=pending[0], committed_run=run_id)
+        trace = InFlight(first=pending[0], step=pending[0], committed_run=run_id)
         # The journal's start row, committed before the step's work begins, so that a step
         # killed mid-work still leaves its run for recovery to mark abandoned; sent with the
         # transaction's BEGIN. Later steps find their row opened by the step before them
@@ -529,7 +468,7 @@ class Engine:
         state.opened = run_id
         return len(finished)
 
-    def _failed(self, run: JobRun, job: Job, trace: _InFlight, exc: BaseException) -> None:
+    def _failed(self, run: JobRun, job: Job, trace: InFlight, exc: BaseException) -> None:
         """A step transaction rolled back: the journal's account on the row it began with (the
         rows of the steps after it rolled back with it), and the failed event."""
         if trace.claim_sent:  # the commit failed: the next job's claim may have committed

@@ -56,7 +56,8 @@ from provisioner.servers import journal
 from provisioner.tenant import row as tenants
 
 if TYPE_CHECKING:
-    from provisioner.engine.engine import Engine, JobRun
+    from provisioner.engine.engine import Engine
+    from provisioner.engine.job_run import JobRun
 
 
 def run_placed(
@@ -190,7 +191,7 @@ def _adopt(
     begun = _Begun(pool, journal.begin_statement(ctx.lock_timeout_ms))
     try:
         stx = begun.tx
-        shown = journal.raise_and_read(stx.pg, journal.JobRun(tenant, job.id, job.run, token))
+        shown = journal.raise_and_read(stx.pg, journal.FencedRun(tenant, job.id, job.run, token))
         looked = (shown - recorded) | (recorded if scope is Scope.ALL else set())
         on_server = {
             s.name: s.server_effect is None or s.server_effect(stx, ctx, access)
@@ -273,7 +274,7 @@ def _run_step(
             with server_tx as stx:
                 access = ControlAccess(control, engine.sessions.transaction, server)
                 detail = step.server(stx, ctx, access)
-                writer = journal.JobRun(tenant, job.id, job.run, token)
+                writer = journal.FencedRun(tenant, job.id, job.run, token)
                 journal.end_step(stx, writer, step.name, detail)  # sent with the COMMIT
             run.on_progress(StepEvent(job, step.name, StepOutcome.ON_SERVER, 0.0, detail))
         with engine.sessions.transaction(run.lock) as tx:

@@ -195,7 +195,7 @@ def _fenced_out(tenant: TenantId, job: UUID, token: int) -> str:
 
 
 @dataclass(frozen=True)
-class JobRun:
+class FencedRun:
     """Which run of which job writes or reads the journal, under which fencing token."""
 
     tenant: TenantId
@@ -207,7 +207,7 @@ class JobRun:
         return {"tenant": self.tenant.value, "job": self.job, "run": self.run, "token": self.token}
 
 
-def end_step(tx: Transaction, writer: JobRun, step: str, detail: str | None) -> None:
+def end_step(tx: Transaction, writer: FencedRun, step: str, detail: str | None) -> None:
     """Have the step's transaction on the tenant's server end with its journal row and the
     fence raised to the run's token, sent with its COMMIT (:data:`RECORD_STEP`). Its commit
     raises :class:`LeaseLost` when a larger token holds the fence (nothing of the transaction
@@ -232,7 +232,7 @@ def begin_statement(lock_timeout_ms: int) -> sql.Composable:
     return sql.SQL(LOCAL_LOCK_TIMEOUT).format(sql.Literal(f"{lock_timeout_ms}ms"))
 
 
-def raise_and_read(conn: psycopg.Connection[Any], reader: JobRun) -> frozenset[str]:
+def raise_and_read(conn: psycopg.Connection[Any], reader: FencedRun) -> frozenset[str]:
     """Raise the tenant's fence to the run's token (:data:`RAISE_FENCE`), then read the steps of
     the job's run the journal shows done, in the caller's transaction (begun with
     :func:`begin_statement`) and in one round trip (a pipeline). Two statements, not one: the

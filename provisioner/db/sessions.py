@@ -139,6 +139,10 @@ class Transaction:
     sa: sa.Connection
     #: the first row of :meth:`Session.transaction`'s ``before`` statement, committed already
     before_row: tuple[Any, ...] | None = None
+    #: the results of :meth:`Session.transaction`'s ``first`` when this call sent it with the
+    #: ``BEGIN`` (positioned on the ``BEGIN``'s; ``nextset()`` to each statement's); None when
+    #: a commit began the transaction ahead, or there was no ``first``
+    first_results: psycopg.Cursor[Any] | None = None
     #: the first statement of the session's next transaction, which the commit begins
     _then: sql.Composable | None = field(default=None, repr=False)
     #: the statement the commit sends ahead of its COMMIT (:meth:`end_with`)
@@ -265,7 +269,8 @@ class Session:
 
         ``first`` is the transaction's first statement, sent with its ``BEGIN`` in one simple
         query (one round trip): composed with :mod:`psycopg.sql`, values as ``sql.Literal``,
-        since a simple query carries no bound parameters.
+        since a simple query carries no bound parameters. Its results are the transaction's
+        ``first_results`` (when this call sent it).
 
         ``then`` is the first statement of this session's next transaction, known now: the
         commit begins that transaction too, in the same round trip (``COMMIT; BEGIN; then``),
@@ -282,17 +287,21 @@ class Session:
         with translated(), self.conn.begin():
             driver = self.driver
             before_row = None
+            first_results = None
             if before is not None or driver.chained is None or driver.chained != first:
                 if driver.chained is not None:  # begun for another first statement
                     driver.rollback()
                 begin = BEGIN if first is None else sql.SQL("BEGIN; {}").format(first)
                 if before is None:
-                    driver.execute(begin)
+                    cursor = driver.execute(begin)
+                    first_results = None if first is None else cursor
                 else:
                     cursor = driver.execute(sql.SQL("{}; COMMIT; {}").format(before, begin))
                     before_row = cursor.fetchone()
             driver.chained = None
-            tx = Transaction(pg=driver, sa=self.conn, before_row=before_row)
+            tx = Transaction(
+                pg=driver, sa=self.conn, before_row=before_row, first_results=first_results
+            )
             tx.begin_next_with(then)
             yield tx
             driver.chain = tx.then  # the commit, as the block is left, begins it

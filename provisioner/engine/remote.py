@@ -9,7 +9,7 @@ For one run of such a job (:func:`run_placed`):
    than any token of a run it took over or of an earlier job of the tenant.
 2. **Adopt.** On the tenant's server, one transaction raises the tenant's fence to the token
    (from then on an older holder cannot write there) and reads the server's journal of this
-   job, in one round trip. When the journal shows nothing to adopt (and the run has no
+   job's run, both sent with its BEGIN: one round trip. When the journal shows nothing to adopt (and the run has no
    recorded step to check), the same transaction goes on to run the first missing step (3.):
    a job's first run costs no server transaction of its own. Otherwise it commits, and a step
    the journal shows done and the checkpoint does not (a crash between the step's two commits)
@@ -188,10 +188,11 @@ def _adopt(
     recorded = set(job.steps_completed)
     scope = kind.scope(job)
     access = ControlAccess(engine.control, engine.sessions.transaction)
-    begun = _Begun(pool, journal.begin_statement(ctx.lock_timeout_ms))
+    reader = journal.FencedRun(tenant, job.id, job.run, token)
+    begun = _Begun(pool, journal.fence_opening(reader, ctx.lock_timeout_ms))
     try:
         stx = begun.tx
-        shown = journal.raise_and_read(stx.pg, journal.FencedRun(tenant, job.id, job.run, token))
+        shown = journal.fenced_steps(stx, reader)
         looked = (shown - recorded) | (recorded if scope is Scope.ALL else set())
         on_server = {
             s.name: s.server_effect is None or s.server_effect(stx, ctx, access)

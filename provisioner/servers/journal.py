@@ -12,9 +12,10 @@ token is a transaction id of ``control``, taken by a write fenced by the job's l
 (:func:`provisioner.queue.fence_token`), so a run that took the job over always holds a larger
 token than the run it took it from (the invariant: :mod:`provisioner.queue.fence`). A run
 raises the fence to its token when it begins (before it adopts anything), in the transaction
-that reads this journal and, when there is nothing to adopt, goes on to run its first step
-(:func:`raise_and_read`); every step transaction here raises it again with its journal row, in
-one statement, refused when the fence holds a larger one: a holder whose lease was taken over (a
+that reads this journal (both sent with its BEGIN, :func:`fence_opening`) and, when there is
+nothing to adopt, goes on to run its first step; every step transaction here raises it again
+with its journal row, in one statement sent with its COMMIT (:func:`end_step`), refused when
+the fence holds a larger one (SQLSTATE PV002: nothing commits): a holder whose lease was taken over (a
 frozen process that wakes up) cannot write on the tenant's server once its successor has begun.
 
 The schema is versioned (:data:`VERSION`) and applied by ``provisioner migrate`` to every server
@@ -34,7 +35,6 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from provisioner.db import Transaction
-from provisioner.db.pipelines import pipeline
 from provisioner.errors import LeaseLost
 from provisioner.models import TenantId
 
@@ -107,17 +107,24 @@ APPLIED = "SELECT to_regclass('provisioner_server.schema_version') IS NOT NULL"
 READ_VERSION = "SELECT coalesce(max(version), 0) FROM provisioner_server.schema_version"
 RECORD_VERSION = "INSERT INTO provisioner_server.schema_version (version) VALUES (%(version)s)"
 
-# Raise the tenant's fence to this run's token; no row when a larger token holds it (a run
-# that took the job over, or a later job of the tenant). Locks the fence row until the step's
-# transaction ends: one step of a tenant at a time on its server.
-RAISE_FENCE = """
+# The first statements of the transaction that raises the fence, sent with its BEGIN (one
+# simple query, one round trip; values as literals): the lock timeout (a frozen holder whose
+# first step's transaction still holds the fence row fails the run as contended, rather than
+# hanging it); the tenant's fence raised to this run's token, no row when a larger token holds
+# it (a run that took the job over, or a later job of the tenant), the row locked until the
+# transaction ends (one step of a tenant at a time on its server); then the steps of the job's
+# run the journal shows done (a row of no known run: any run's). The read is a statement of its
+# own: its snapshot is taken once the raise has its row lock, so it sees a step that an older
+# holder of the run committed while the raise waited for that lock.
+FENCE_OPENING = """SELECT set_config('lock_timeout', {lock_timeout}, true);
 INSERT INTO provisioner_server.fences AS f (tenant_id, token, job_id)
-VALUES (%(tenant)s, %(token)s, %(job)s)
+VALUES ({tenant}, {token}, {job})
 ON CONFLICT (tenant_id) DO UPDATE
    SET token = EXCLUDED.token, job_id = EXCLUDED.job_id, updated_at = now()
  WHERE f.token <= EXCLUDED.token
-RETURNING token
-"""
+RETURNING token;
+SELECT step FROM provisioner_server.step_journal
+ WHERE tenant_id = {tenant} AND job_id = {job} AND (run IS NULL OR run = {run})"""
 
 # A finished step, sent with the COMMIT of the step's own transaction (one round trip:
 # :meth:`provisioner.db.Transaction.end_with`), and the fence raised to its token in the same
@@ -141,16 +148,6 @@ VALUES ({tenant}, {job}, {step},
 ON CONFLICT (tenant_id, job_id, step) DO UPDATE
    SET token = EXCLUDED.token, detail = EXCLUDED.detail, run = EXCLUDED.run,
        finished_at = clock_timestamp()
-"""
-
-# The lock timeout of the transaction that raises the fence (and runs a first step): sent with
-# its BEGIN (:func:`begin_statement`).
-LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', {}, true)"
-
-# The steps of a job's run the server's journal shows done (a row of no known run: any run's).
-STEPS_DONE = """
-SELECT step FROM provisioner_server.step_journal
- WHERE tenant_id = %(tenant)s AND job_id = %(job)s AND (run IS NULL OR run = %(run)s)
 """
 
 
@@ -224,25 +221,23 @@ def end_step(tx: Transaction, writer: FencedRun, step: str, detail: str | None) 
     )
 
 
-def begin_statement(lock_timeout_ms: int) -> sql.Composable:
-    """The first statement of the transaction that raises the fence, sent with its BEGIN (one
-    round trip, :meth:`provisioner.db.Session.transaction`'s ``first``): its lock timeout. It
-    waits for a lock that long at most (as a step does): a frozen holder whose first step's
-    transaction still holds the fence row fails the run as contended, rather than hanging it."""
-    return sql.SQL(LOCAL_LOCK_TIMEOUT).format(sql.Literal(f"{lock_timeout_ms}ms"))
+def fence_opening(reader: FencedRun, lock_timeout_ms: int) -> sql.Composable:
+    """:data:`FENCE_OPENING` for this run: the ``first`` statement of the transaction that
+    raises the fence (:meth:`provisioner.db.Session.transaction`); :func:`fenced_steps` reads
+    what it found."""
+    values = {name: sql.Literal(value) for name, value in reader.params().items()}
+    return sql.SQL(FENCE_OPENING).format(**values, lock_timeout=sql.Literal(f"{lock_timeout_ms}ms"))
 
 
-def raise_and_read(conn: psycopg.Connection[Any], reader: FencedRun) -> frozenset[str]:
-    """Raise the tenant's fence to the run's token (:data:`RAISE_FENCE`), then read the steps of
-    the job's run the journal shows done, in the caller's transaction (begun with
-    :func:`begin_statement`) and in one round trip (a pipeline). Two statements, not one: the
-    read's snapshot is taken once the raise has its row lock, so it sees a step that an older
-    holder of the run committed while the raise waited for that lock."""
-    params = reader.params()
-    with conn.cursor(row_factory=tuple_row) as fence, conn.cursor(row_factory=tuple_row) as read:
-        with pipeline(conn):
-            fence.execute(RAISE_FENCE, params)
-            read.execute(STEPS_DONE, params)
-        if fence.fetchone() is None:
-            raise LeaseLost(_fenced_out(reader.tenant, reader.job, reader.token))
-        return frozenset(str(r[0]) for r in read.fetchall())
+def fenced_steps(tx: Transaction, reader: FencedRun) -> frozenset[str]:
+    """The steps of the job's run the journal shows done, from the results of the
+    transaction's :func:`fence_opening`; :class:`LeaseLost` when a larger token holds the
+    fence (the transaction is then to be rolled back)."""
+    results = tx.first_results
+    assert results is not None, "the transaction was begun with its fence_opening"
+    results.nextset()  # past the BEGIN, to the lock timeout's row
+    results.nextset()  # to the fence's
+    if results.fetchone() is None:
+        raise LeaseLost(_fenced_out(reader.tenant, reader.job, reader.token))
+    results.nextset()  # to the journal's rows
+    return frozenset(str(row[0]) for row in results.fetchall())

@@ -306,9 +306,9 @@ def test_a_fleet_upgrades_job_on_a_server_adopts_nothing_of_its_earlier_run(
     """servers/journal.py, version 2: a fleet upgrade re-opens each tenant's provisioning job
     (same id, next run). The server's journal rows of its first run are not this run's to
     adopt, so nothing of them is checked on the catalog. The second tenant's job (the engine's
-    replay plan proven on the first) is ONE server transaction of five round trips: BEGIN with
-    the lock timeout; the fence and the journal's read (a pipeline); the planned replay; its
-    fingerprint; the journal's row with the COMMIT. Its row then says run 2."""
+    replay plan proven on the first) is ONE server transaction of four round trips: BEGIN with
+    the lock timeout, the fence and the journal's read; the planned replay; its fingerprint;
+    the journal's row with the COMMIT. Its row then says run 2."""
     jobs_server.add_to(database)
     assert run_cli(settings, "migrate").returncode == 0
     for tenant in ("away1", "away2"):
@@ -330,8 +330,9 @@ def test_a_fleet_upgrades_job_on_a_server_adopts_nothing_of_its_earlier_run(
         assert outcome.job.status is JobStatus.SUCCEEDED and outcome.job.run == 2
     assert [str(c.job.tenant_id) for c in claims] == ["away1", "away2"]
     assert "BEGIN; SELECT set_config('lock_timeout'" in server_sent[0], server_sent
+    assert "provisioner_server.fences" in server_sent[0], server_sent
     waits = [line for line in server_sent if "\tQuery\t" in line or "\tSync" in line]
-    assert len(waits) == 5, "\n".join(server_sent)
+    assert len(waits) == 4, "\n".join(server_sent)
     assert waits[-1].endswith('; COMMIT"'), waits[-1]
     with jobs_server.owner() as conn:
         rows = conn.execute(

@@ -2,7 +2,7 @@
 
 :class:`Database` is the step engine's pooled session (one kept open for a whole job);
 :class:`Session` one checked-out session of it; :class:`Transaction` one open transaction seen
-through both drivers. Two latency tricks live here and nowhere else:
+through both drivers. The round trips a transaction saves live here and nowhere else:
 
 * **A transaction's first statement rides on its BEGIN** (:meth:`Session.transaction`'s
   ``first``): the sessions are in psycopg's autocommit mode and each transaction sends its own

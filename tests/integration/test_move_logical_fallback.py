@@ -21,6 +21,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -50,6 +51,17 @@ def fell_back(database: Database, tenant: str, reason: str) -> dict[str, str]:
     )
     assert "rows copied from " in records["copy_schema"], records
     return records
+
+
+def copied_whole(servers: LogicalServers, tenant: str, before: Any, source: Any) -> None:
+    """Nothing of the replication left on either server, and the tenant on the target as it
+    was on the source: catalog (grants with it), rows and sequences."""
+    assert servers.leftovers() == NONE_LEFT
+    with servers.owner(TARGET) as conn:
+        assert catalog.read(conn, f"tenant_{tenant}") == before
+        target = snapshot(conn, tenant)
+    assert target is not None
+    assert (target.rows, target.sequences) == (source.rows, source.sequences)
 
 
 def source_by_service(
@@ -115,12 +127,7 @@ def test_auto_falls_back_to_dump_when_the_target_cannot_replicate(
         assert moves.fallback(conn, job.job_id) is not None
 
     # rows (the application's 3 too), sequences, catalog and grants equal; nothing left
-    assert servers.leftovers() == NONE_LEFT
-    with servers.owner(TARGET) as conn:
-        assert catalog.read(conn, "tenant_fall") == before
-        target = snapshot(conn, "fall")
-    assert target is not None
-    assert (target.rows, target.sequences) == (source.rows, source.sequences)
+    copied_whole(servers, "fall", before, source)
     assert source.rows["audit_events"] == 53
     assert app_write(servers.app_url(TARGET), "fall") == "ok"
     assert app_write(servers.app_url(SOURCE), "fall") == "denied"
@@ -168,12 +175,7 @@ def test_auto_falls_back_to_dump_on_the_subscription_workers_errors(
     out = run_cli(settings, "move", "slots", "--to", TARGET, env=servers.env, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     fell_back(database, "slots", "the subscription's workers reported ")
-    assert servers.leftovers() == NONE_LEFT
-    with servers.owner(TARGET) as conn:
-        assert catalog.read(conn, "tenant_slots") == before
-        target = snapshot(conn, "slots")
-    assert target is not None
-    assert (target.rows, target.sequences) == (source.rows, source.sequences)
+    copied_whole(servers, "slots", before, source)
     assert service.locate(settings, "slots").server == TARGET
     assert servers.password not in shown(database, "slots", out)
 

@@ -9,16 +9,17 @@ For one run of such a job (:func:`run_placed`):
    than any token of a run it took over or of an earlier job of the tenant.
 2. **Adopt.** On the tenant's server, one transaction raises the tenant's fence to the token
    (from then on an older holder cannot write there) and reads the server's journal of this
-   job's run, both sent with its BEGIN: one round trip. When the journal shows nothing to adopt (and the run has no
-   recorded step to check), the same transaction goes on to run the first missing step (3.):
-   a job's first run costs no server transaction of its own. Otherwise it commits, and a step
-   the journal shows done and the checkpoint does not (a crash between the step's two commits)
-   is adopted when its effect is there (the catalog says so, as a resume checks every recorded
-   step): its control side runs with the checkpoint it missed, in one control transaction.
+   job's run, both sent with its BEGIN: one round trip. When the journal shows nothing to
+   adopt (and the run has no recorded step to check), the same transaction goes on to run the
+   first missing step (3.): a job's first run costs no server transaction of its own.
+   Otherwise it commits, and a step the journal shows done and the checkpoint does not (a
+   crash between the step's two commits) is adopted when its effect is there (the catalog says
+   so, as a resume checks every recorded step): its control side runs with the checkpoint it
+   missed, in one control transaction.
    Recorded steps whose effect vanished are forgotten and run again.
 3. **Each missing step**: on the server, ONE transaction runs the step's server side, then
-   writes its journal row and raises the fence again in one statement (refused:
-   :class:`LeaseLost`, the transaction rolls back, nothing written); then on control, ONE
+   writes its journal row and raises the fence again in one statement sent with its COMMIT
+   (refused: :class:`LeaseLost`, the transaction rolls back, nothing written); then on control, ONE
    transaction with the tenant's lock runs the step's control side and closes the step with
    its fenced checkpoint (the job's last step completes the job there, and claims a worker
    child's next job as on control: :mod:`provisioner.engine.handoff`; a step's close opens the

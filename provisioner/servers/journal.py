@@ -15,8 +15,9 @@ raises the fence to its token when it begins (before it adopts anything), in the
 that reads this journal (both sent with its BEGIN, :func:`fence_opening`) and, when there is
 nothing to adopt, goes on to run its first step; every step transaction here raises it again
 with its journal row, in one statement sent with its COMMIT (:func:`end_step`), refused when
-the fence holds a larger one (SQLSTATE PV002: nothing commits): a holder whose lease was taken over (a
-frozen process that wakes up) cannot write on the tenant's server once its successor has begun.
+the fence holds a larger one (SQLSTATE PV002: nothing commits): a holder whose lease was
+taken over (a frozen process that wakes up) cannot write on the tenant's server once its
+successor has begun.
 
 The schema is versioned (:data:`VERSION`) and applied by ``provisioner migrate`` to every server
 not retired (:func:`migrate`); the worker refuses to start while an active server is behind.

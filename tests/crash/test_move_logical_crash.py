@@ -1,5 +1,6 @@
 """A move by logical replication killed with SIGKILL once its subscription exists, before the
-switch; and ``pg_dump | pg_restore`` killed mid-copy. A dead run's subscription, slot and
+switch; one killed once its fallback to the dump is committed; and ``pg_dump | pg_restore``
+killed mid-copy. A dead run's subscription, slot and
 publication are dropped by the next run (whose copy is then whole) or by ``move --abort``; the
 children's password files leave nothing on disk. Real clusters (:mod:`tests.logical_servers`)."""
 
@@ -16,11 +17,14 @@ from pathlib import Path
 from psycopg.conninfo import conninfo_to_dict
 
 from provisioner import service
+from provisioner.models import TenantId
+from provisioner.servers import moves
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from tests.conftest import Database, run_cli, settings_env
 from tests.integration.test_move_logical import details, on_source
-from tests.integration.test_moves import app_write
+from tests.integration.test_move_logical_fallback import copied_whole, fell_back, source_by_service
+from tests.integration.test_moves import app_write, snapshot
 from tests.logical_servers import SOURCE, TARGET, LogicalServers
 from tests.workers import kill_frozen
 
@@ -115,3 +119,50 @@ def test_sigkill_mid_copy_leaves_no_password_file(
         assert path.is_dir() or password.encode() not in path.read_bytes(), path
     out = run_cli(settings, "move", "secret", "--to", SOURCE, env=servers.env)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_killed_after_committing_its_fallback_the_next_run_copies_by_dump(
+    settings: Settings, database: Database, logical_servers: LogicalServers, tmp_path: Path
+) -> None:
+    """The target cannot subscribe (:func:`source_by_service`): a move in ``auto`` commits its
+    fallback to the dump, and is SIGKILLed before it drops what its replication made and before
+    its step's record. The source's reference is then mended, so that replication would work:
+    the next run still keeps the fallback (no second try), drops the dead run's leftovers and
+    copies the tenant whole by dump."""
+    servers = logical_servers
+    env = source_by_service(settings, database, servers, tmp_path, "window")
+    with servers.owner(SOURCE) as conn:
+        before = catalog.read(conn, "tenant_window")
+        source = snapshot(conn, "window")
+    assert before is not None and source is not None
+    kill_frozen(settings, CHILD, "window", TARGET, "precopy_schema", "fell_back", env=env)
+    with database.owner() as conn:
+        move = moves.get_move(conn, TenantId("window"))
+        assert move is not None and move.job_id is not None
+        reason = moves.fallback(conn, move.job_id)
+        done = conn.execute(
+            "SELECT j.steps_completed, count(s.finished_at) FROM control.platform_jobs j"
+            " LEFT JOIN control.job_step_runs s ON s.job_id = j.id AND s.run = j.run"
+            " WHERE j.id = %s GROUP BY j.id",
+            (move.job_id,),
+        ).fetchone()
+    assert reason is not None and reason.startswith("the target's server could not subscribe")
+    assert done == ([], 0)  # the step's record did not commit
+    assert servers.leftovers()["publications"], "the dead run left its publication"
+    with servers.owner(TARGET) as conn:  # and the target's copy of the DDL
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'tenant_window'")
+        assert found.fetchone() is not None
+
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.tenant_servers SET conninfo = %s WHERE name = %s",
+            (servers.reference(SOURCE), SOURCE),
+        )
+    out = run_cli(settings, "move", "window", "--to", TARGET, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "method logical" not in " ".join(d for _, d in details(database, "window")[-5:])
+    fell_back(database, "window", f"{reason}); ")
+    copied_whole(servers, "window", before, source)
+    assert service.locate(settings, "window").server == TARGET
+    assert app_write(servers.app_url(TARGET), "window") == "ok"
+    assert app_write(servers.app_url(SOURCE), "window") == "denied"

@@ -108,24 +108,29 @@ APPLIED = "SELECT to_regclass('provisioner_server.schema_version') IS NOT NULL"
 READ_VERSION = "SELECT coalesce(max(version), 0) FROM provisioner_server.schema_version"
 RECORD_VERSION = "INSERT INTO provisioner_server.schema_version (version) VALUES (%(version)s)"
 
-# The first statements of the transaction that raises the fence, sent with its BEGIN (one
-# simple query, one round trip; values as literals): the lock timeout (a frozen holder whose
-# first step's transaction still holds the fence row fails the run as contended, rather than
-# hanging it); the tenant's fence raised to this run's token, no row when a larger token holds
-# it (a run that took the job over, or a later job of the tenant), the row locked until the
-# transaction ends (one step of a tenant at a time on its server); then the steps of the job's
-# run the journal shows done (a row of no known run: any run's). The read is a statement of its
-# own: its snapshot is taken once the raise has its row lock, so it sees a step that an older
-# holder of the run committed while the raise waited for that lock.
-FENCE_OPENING = """SELECT set_config('lock_timeout', {lock_timeout}, true);
-INSERT INTO provisioner_server.fences AS f (tenant_id, token, job_id)
+# The tenant's fence raised to the run's token: no row when a larger token holds it (a run that
+# took the job over, or a later job of the tenant); the row locked until the transaction ends.
+# Both statements below raise it this way; a ``str.format`` template (its names filled with
+# literals by :func:`fence_opening` and :func:`end_step`).
+RAISE_FENCE = """INSERT INTO provisioner_server.fences AS f (tenant_id, token, job_id)
 VALUES ({tenant}, {token}, {job})
 ON CONFLICT (tenant_id) DO UPDATE
    SET token = EXCLUDED.token, job_id = EXCLUDED.job_id, updated_at = now()
  WHERE f.token <= EXCLUDED.token
-RETURNING token;
+RETURNING token"""
+
+# The first statements of the transaction that raises the fence, sent with its BEGIN (one
+# simple query, one round trip; values as literals): the lock timeout (a frozen holder whose
+# first step's transaction still holds the fence row fails the run as contended, rather than
+# hanging it); the tenant's fence raised to this run's token (:data:`RAISE_FENCE`: its row lock
+# makes one step of a tenant at a time run on its server); then the steps of the job's
+# run the journal shows done (a row of no known run: any run's). The read is a statement of its
+# own: its snapshot is taken once the raise has its row lock, so it sees a step that an older
+# holder of the run committed while the raise waited for that lock.
+FENCE_OPENING = f"""SELECT set_config('lock_timeout', {{lock_timeout}}, true);
+{RAISE_FENCE};
 SELECT step FROM provisioner_server.step_journal
- WHERE tenant_id = {tenant} AND job_id = {job} AND (run IS NULL OR run = {run})"""
+ WHERE tenant_id = {{tenant}} AND job_id = {{job}} AND (run IS NULL OR run = {{run}})"""
 
 # A finished step, sent with the COMMIT of the step's own transaction (one round trip:
 # :meth:`provisioner.db.Transaction.end_with`), and the fence raised to its token in the same
@@ -133,19 +138,12 @@ SELECT step FROM provisioner_server.step_journal
 # row and ``fenced_out`` raises (SQLSTATE PV002): the COMMIT never runs, and the transaction,
 # the step's DDL with it, is rolled back. A step that runs again (its effect vanished from the
 # catalog) overwrites its row. Values as literals: a simple query carries no parameters.
-RECORD_STEP = """
-WITH fence AS (
-INSERT INTO provisioner_server.fences AS f (tenant_id, token, job_id)
-VALUES ({tenant}, {token}, {job})
-ON CONFLICT (tenant_id) DO UPDATE
-   SET token = EXCLUDED.token, job_id = EXCLUDED.job_id, updated_at = now()
- WHERE f.token <= EXCLUDED.token
-RETURNING token
-)
+RECORD_STEP = f"""
+WITH fence AS ({RAISE_FENCE})
 INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, detail, run)
-VALUES ({tenant}, {job}, {step},
-        coalesce((SELECT token FROM fence), provisioner_server.fenced_out({refusal})),
-        {detail}, {run})
+VALUES ({{tenant}}, {{job}}, {{step}},
+        coalesce((SELECT token FROM fence), provisioner_server.fenced_out({{refusal}})),
+        {{detail}}, {{run}})
 ON CONFLICT (tenant_id, job_id, step) DO UPDATE
    SET token = EXCLUDED.token, detail = EXCLUDED.detail, run = EXCLUDED.run,
        finished_at = clock_timestamp()

@@ -140,6 +140,7 @@ class PoolKeeper(threading.Thread):
         on_built: Callable[[], None] = lambda: None,
         pause_limit_seconds: float = PAUSE_LIMIT_SECONDS,
         builders: int = 1,
+        alive_seconds: float | None = None,
     ) -> None:
         super().__init__(name="pool-keeper", daemon=True)
         #: called in this thread after each spare is built (the worker warms its children)
@@ -154,6 +155,8 @@ class PoolKeeper(threading.Thread):
         self.wake = threading.Event()
         #: spares built at once while the worker is idle (the worker's children: one per core)
         self.builders = max(1, builders)
+        #: how long the worker's heartbeat, and so this pool's report in it, stays believed
+        self.alive_seconds = alive_seconds
         # A build commits without waiting for the disk (see the module's docstring).
         self._db = db.Database(
             owner_url,
@@ -298,7 +301,8 @@ class PoolKeeper(threading.Thread):
             with self._db.transaction() as tx:
                 found = counts(tx.pg, self.app_roles)
             self._status.update(asdict(found), size=self.size, error=self._problem)
-            self._status.update(takes_for(self.app_roles))  # read by placement (server_spares)
+            # read by placement (server_spares), while the beat is younger than alive_seconds
+            self._status.update(takes_for(self.app_roles, self.alive_seconds))
             if set(found.foreign) - self._reported:
                 self._report_foreign()
             if not self.is_idle() or self._problem is not None:

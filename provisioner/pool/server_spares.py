@@ -8,7 +8,8 @@ on the control database (:func:`provisioner.pool.refill.refill` with ``on``), on
 server (the builders' lock is the server's own).
 
 Placement counts only the spares a take would hand out: those at the tree state and role set
-a live worker with the pool on reports in its heartbeat (:func:`takes_for`).
+a live worker with the pool on reports in its heartbeat (:func:`takes_for`), a beat younger
+than that worker's lease and written by the owner side (control revision ``20261206_h35beats``).
 
 A take there spans two databases, so it is done in three commits (:func:`take_on_server`):
 
@@ -134,17 +135,25 @@ def server_counts(conn: Any, server: str, app_roles: AppRoles | None = None) -> 
     )
 
 
-def _params(server: str, app_roles: AppRoles | None) -> dict[str, str]:
+def _params(server: str, app_roles: AppRoles | None) -> dict[str, Any]:
     return {"server": server, **takes_for(app_roles)}
 
 
-def takes_for(app_roles: AppRoles | None) -> dict[str, str]:
+def takes_for(app_roles: AppRoles | None, alive_seconds: float | None = None) -> dict[str, Any]:
     """What this worker's takes hand out (the tree state on disk and the role set a spare must
     have been built for, :data:`_USABLE`), for its heartbeat's ``pool`` entry: placement
     (control revision ``20261205_h33spares``) prefers a server for its spares only when they
     match what a live worker with the pool on would take (a stale spare, or any spare while
-    no worker runs a pool, makes no server preferred)."""
-    return {"digest": migrations.tenant_tree_state().digest, "roles": roles_key(app_roles)}
+    no worker runs a pool, makes no server preferred). ``alive_seconds``: how long the beat
+    stays believed (the worker's lease, three intervals; revision ``20261206_h35beats``, which
+    also believes only a beat written by the owner side)."""
+    takes: dict[str, Any] = {
+        "digest": migrations.tenant_tree_state().digest,
+        "roles": roles_key(app_roles),
+    }
+    if alive_seconds is not None:
+        takes["alive_seconds"] = alive_seconds
+    return takes
 
 
 def drop_unfinished_on(control: db.Session, on: OnServer) -> list[str]:

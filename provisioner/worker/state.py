@@ -119,6 +119,7 @@ class WorkerState:
                 app_roles=settings.app_roles,  # spares carry their grants, all but USAGE
                 on_built=self._spare_built,
                 builders=options.concurrency or 1,  # while idle, as many builds as children
+                alive_seconds=settings.holder_lease_seconds,  # placement's trust in the beat
             )
 
     def idle(self) -> bool:

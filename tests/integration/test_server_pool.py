@@ -312,3 +312,52 @@ def test_placement_prefers_no_server_for_spares_a_take_would_not_hand_out(
         conn.execute("UPDATE control.platform_jobs SET status = 'cancelled'")
         ensure_provision_job(conn, TenantId("fourth"))
     assert _server_of(database, "fourth") == "west"
+
+
+def test_placement_believes_only_a_live_beat_written_by_the_owner_side(
+    placed: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    second_server: TenantServerDb,
+) -> None:
+    """A usable spare on east, west the less loaded: east is preferred only while a pool's
+    heartbeat is younger than the lease it promises, and only when the owner side wrote it
+    (control revision 20261206_h35beats). A stopped worker's row, or one ``app_rw`` writes,
+    leaves placement to load alone."""
+    second_server.add_to(database, "west")
+    assert run_cli(placed, "migrate").returncode == 0
+    assert service.provision(placed, "first").job.status is JobStatus.SUCCEEDED
+    assert _server_of(database, "first") == "east"  # west is the less loaded now
+    fill(placed, jobs_server, "east", 1)
+    takes = pool.takes_for(placed.app_roles, alive_seconds=30.0)
+
+    def placed_on(tenant: str) -> str | None:
+        with database.owner() as conn:
+            ensure_provision_job(conn, TenantId(tenant))
+            conn.execute("UPDATE control.platform_jobs SET status = 'cancelled'")
+        return _server_of(database, tenant)
+
+    with database.owner() as conn:
+        heartbeats.beat(conn, "worker", "pool-test", {"pool": takes})
+    assert placed_on("live") == "east"
+    # The same beat 31 s old: its worker stopped beating (its lease said 30 s).
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.runtime_heartbeats SET heartbeat_at = now() - interval '31 seconds'"
+        )
+    assert placed_on("stopped") == "west"
+    # A fresh beat with the same report, written by the application role.
+    with database.owner() as conn:
+        conn.execute("DELETE FROM control.runtime_heartbeats")
+    with db.connect(placed.app_url) as conn:
+        heartbeats.beat(conn, "worker", "forged", {"pool": takes})
+        conn.commit()
+    assert placed_on("forged") == "west"
+    # A beat that does not say its lease (a worker older than the revision) counts for 60 s.
+    with database.owner() as conn:
+        conn.execute("DELETE FROM control.runtime_heartbeats")
+        heartbeats.beat(conn, "worker", "older", {"pool": pool.takes_for(placed.app_roles)})
+        conn.execute(
+            "UPDATE control.runtime_heartbeats SET heartbeat_at = now() - interval '50 seconds'"
+        )
+    assert placed_on("older") == "east"

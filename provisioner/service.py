@@ -46,6 +46,7 @@ from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.kinds import repair as repair_kind
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.local import cluster as local_pg
+from provisioner.local import state as embedded
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.queue import journal
 from provisioner.roles import AppRoles
@@ -55,7 +56,7 @@ from provisioner.tenant import row as tenants
 from provisioner.tenant.checks import CheckRecord
 from provisioner.tenant.state import INACTIVE, TenantState
 
-__all__ = ["CheckRecord", "TenantId", "local_pg"]
+__all__ = ["CheckRecord", "TenantId", "embedded", "local_pg"]
 from provisioner import storage
 from provisioner.kinds.provision import ensure_provision_job
 from provisioner.settings import Settings, tenant_naming
@@ -66,14 +67,14 @@ def resolve(
 ) -> Settings:
     """Fill in the embedded default when no database URL is set, migrated and ready.
 
-    The state folder is looked up like git's (:func:`local_pg.locate_state_dir`); ``notify``
+    The state folder is looked up like git's (:func:`embedded.locate_state_dir`); ``notify``
     hears when a cluster is created or a server started.
     """
     if not settings.embedded:
         return settings
-    state_dir = local_pg.locate_state_dir(settings.state_dir)
+    state_dir = embedded.locate_state_dir(settings.state_dir)
     names = tuple(role.name for role in settings.app_roles)
-    urls = local_pg.ensure_embedded(state_dir, notify or (lambda message: None), names)
+    urls = embedded.ensure_embedded(state_dir, notify or (lambda message: None), names)
     resolved = replace(
         settings,
         state_dir=state_dir,

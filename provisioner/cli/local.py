@@ -25,12 +25,12 @@ def local() -> None:
 def local_stop(ctx: click.Context) -> None:
     """Stop the embedded PostgreSQL (its data stays for the next run)."""
     settings: Settings = ctx.obj
-    state_dir = service.local_pg.locate_state_dir(settings.state_dir)
-    stopped = service.local_pg.stop_embedded(state_dir)
+    state_dir = service.embedded.locate_state_dir(settings.state_dir)
+    stopped = service.embedded.stop_embedded(state_dir)
     click.echo("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL is not running")
 
 
-def export_lines(urls: service.local_pg.EmbeddedUrls) -> list[str]:
+def export_lines(urls: service.embedded.EmbeddedUrls) -> list[str]:
     """Shell-quoted: the URLs name the cluster's password file (``?passfile=...``), never a
     password."""
     return [
@@ -46,14 +46,14 @@ def export_lines(urls: service.local_pg.EmbeddedUrls) -> list[str]:
 def local_status(ctx: click.Context) -> None:
     """Say whether the embedded PostgreSQL runs, where, and its URLs. Exit 0 running, 1 not."""
     settings: Settings = ctx.obj
-    state_dir = service.local_pg.locate_state_dir(settings.state_dir)
-    cluster = service.local_pg.embedded_cluster(state_dir)
+    state_dir = service.embedded.locate_state_dir(settings.state_dir)
+    cluster = service.embedded.embedded_cluster(state_dir)
     if not cluster.running():
         click.echo(f"not running (state folder {state_dir})")
         sys.exit(1)
     click.echo(f"running on 127.0.0.1:{cluster.port}, data in {cluster.data}")
     click.echo(f"state folder {state_dir}")
-    for line in export_lines(service.local_pg.embedded_urls(state_dir)):
+    for line in export_lines(service.embedded.embedded_urls(state_dir)):
         click.echo(line.removeprefix("export "))
 
 
@@ -67,6 +67,6 @@ def local_env(ctx: click.Context) -> None:
     resolved = service.resolve(
         replace(settings, migrations_database_url=None, app_database_url=None), notify=say
     )
-    urls = service.local_pg.embedded_urls(resolved.state_dir)
+    urls = service.embedded.embedded_urls(resolved.state_dir)
     for line in export_lines(urls):
         click.echo(line)

@@ -19,6 +19,7 @@ from provisioner import pool, roles, service
 from provisioner.errors import ConfigurationError
 from provisioner.kinds import lifecycle
 from provisioner.local import cluster as local_pg
+from provisioner.local import state as embedded
 from provisioner.roles import AppRole, Privileges
 from provisioner.settings import Settings
 from provisioner.tenant import schema as tenant_schema
@@ -375,7 +376,7 @@ def test_the_embedded_default_creates_and_grants_the_configured_roles(
     env["PROVISIONER_APP_ROLES"] = "app_rw=readwrite,app_ro=readonly"
     result = run_cli(None, "provision", "local", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    urls = local_pg.embedded_urls(state_dir)
+    urls = embedded.embedded_urls(state_dir)
     with psycopg.connect(urls.owner) as conn:
         held = conn.execute(
             "SELECT has_table_privilege('app_ro', 'tenant_local.members', 'SELECT'),"

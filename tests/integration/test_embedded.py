@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from provisioner.local import cluster as local_pg
+from provisioner.local import state as embedded
 from provisioner.templates import migrations
 from tests.conftest import ROOT, run_cli
 
@@ -135,10 +135,10 @@ def test_a_private_state_folder_keeps_a_pointer_to_data_the_server_can_reach() -
     heard: list[str] = []
     cluster = None
     try:
-        urls = local_pg.ensure_embedded(state, heard.append)
-        cluster = local_pg.embedded_cluster(state)
+        urls = embedded.ensure_embedded(state, heard.append)
+        cluster = embedded.embedded_cluster(state)
         if os.geteuid() == 0:  # the server runs as another user, who cannot reach `outer`
-            pointer = (state / local_pg.LOCATION_FILE).read_text().strip()
+            pointer = (state / embedded.LOCATION_FILE).read_text().strip()
             assert cluster.root == Path(pointer) and not cluster.root.is_relative_to(outer)
             assert any("is private" in line for line in heard)
         else:  # the server runs as us: the data stays in the state folder
@@ -158,12 +158,12 @@ def test_the_state_folder_is_looked_up_like_git(tmp_path: Path) -> None:
     (tmp_path / ".provisioner").mkdir()
     deep = tmp_path / "a" / "b"
     deep.mkdir(parents=True)
-    default = local_pg.DEFAULT_STATE_DIR
-    assert local_pg.locate_state_dir(default, deep) == tmp_path / ".provisioner"
-    assert local_pg.locate_state_dir(Path("elsewhere"), deep) == Path("elsewhere").absolute()
+    default = embedded.DEFAULT_STATE_DIR
+    assert embedded.locate_state_dir(default, deep) == tmp_path / ".provisioner"
+    assert embedded.locate_state_dir(Path("elsewhere"), deep) == Path("elsewhere").absolute()
     lonely = tmp_path.parent / f"{tmp_path.name}-none"
     lonely.mkdir()
-    assert local_pg.locate_state_dir(default, lonely) in (
+    assert embedded.locate_state_dir(default, lonely) in (
         lonely / ".provisioner",
         *(p / ".provisioner" for p in lonely.parents if (p / ".provisioner").is_dir()),
     )

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from provisioner.local import cluster as local_pg
+from provisioner.local import state as embedded
 from provisioner.testing import PgServer
 from tests.conftest import run_cli
 from tests.integration.test_embedded import embedded_env
@@ -84,7 +85,7 @@ def project() -> Iterator[Path]:
         yield path
     finally:
         state = path / ".provisioner"
-        cluster = local_pg.embedded_cluster(state)
+        cluster = embedded.embedded_cluster(state)
         cluster.stop()
         if not cluster.root.is_relative_to(path):
             shutil.rmtree(cluster.root, ignore_errors=True)
@@ -120,8 +121,8 @@ def assert_owner_gets_in(cluster: local_pg.Cluster) -> None:
 
 def test_the_embedded_cluster_admits_its_owner_only(stranger: Stranger, project: Path) -> None:
     state = project / ".provisioner"
-    urls = local_pg.ensure_embedded(state)
-    cluster = local_pg.embedded_cluster(state)
+    urls = embedded.ensure_embedded(state)
+    cluster = embedded.embedded_cluster(state)
 
     assert_refused(stranger, cluster)
     assert_owner_gets_in(cluster)
@@ -179,7 +180,7 @@ def test_a_cluster_an_older_version_made_is_secured_on_its_next_start(
 ) -> None:
     state = project / ".provisioner"
     state.mkdir()
-    cluster = local_pg.embedded_cluster(state)
+    cluster = embedded.embedded_cluster(state)
     start_as_an_older_version(cluster)
     # The hole, as found: the stranger is the superuser, over TCP and over the socket.
     assert stranger.connect(tcp(cluster, "postgres")).stdout.strip() == "postgres"
@@ -196,7 +197,7 @@ def test_a_cluster_an_older_version_made_is_secured_on_its_next_start(
         cluster.stop()
 
     heard: list[str] = []
-    urls = local_pg.ensure_embedded(state, heard.append)
+    urls = embedded.ensure_embedded(state, heard.append)
 
     assert any("now asks every role for a password" in line for line in heard), heard
     assert_refused(stranger, cluster)
@@ -206,7 +207,7 @@ def test_a_cluster_an_older_version_made_is_secured_on_its_next_start(
     with psycopg.connect(cluster.superuser_url("provisioner")) as conn:
         assert conn.execute("SELECT note FROM kept").fetchall() == [("made before the upgrade",)]
     heard.clear()
-    local_pg.ensure_embedded(state, heard.append)  # once is enough
+    embedded.ensure_embedded(state, heard.append)  # once is enough
     assert not any("password" in line for line in heard), heard
 
 
@@ -223,7 +224,7 @@ def test_no_password_is_printed(project: Path) -> None:
     assert all(result.returncode == 0 for result in outputs), [r.stderr for r in outputs]
     passwords = [
         line.rsplit(":", 1)[1]
-        for line in local_pg.embedded_cluster(state).passfile.read_text().splitlines()
+        for line in embedded.embedded_cluster(state).passfile.read_text().splitlines()
     ]
     assert len(passwords) == len(ROLES) and all(len(p) >= 32 for p in passwords)
     printed = "".join(result.stdout + result.stderr for result in outputs)

@@ -2,12 +2,17 @@
 ``app_rw``), then drained by one real ``provisioner worker --once``, against the raw limit
 measured in the same run, and where the time goes.
 
-Three drains alternate with the raw baselines, each in a fresh database: the worker at its
-defaults (no ``--concurrency``), with one child, and with as many children as cores. The raw
-limit is the full end state in one transaction per tenant on open connections, by one session
-(the serial limit) and by as many sessions as cores (what the machine allows in parallel).
-A drain's time is the server's: from the first step's start to the last job's finish, divided
-by the tenants (child start-up is left out, as in :mod:`bench.workers`).
+Three drains, each in a fresh database: the worker at its defaults (no ``--concurrency``),
+with one child, and with as many children as cores. The raw limit is the full end state in one
+transaction per tenant on open connections, by one session (the serial limit) and by as many
+sessions as cores (what the machine allows in parallel), measured **in the drain's own
+database** right before it (after one discarded warm-up round), and each drain is divided by
+its own database's raw figures (:attr:`bench.figures.Figure.pairs`): the same DDL cost up to 2x
+more in one fresh database than in another at the same minute, and a baseline measured
+elsewhere made the ratios swing. A drain's time is the server's: from the first step's start
+to the last job's finish, divided by the tenants (child start-up is left out, as in
+:mod:`bench.workers`); the template's reference is computed before it (the tenant ``shape``
+the raw SQL's grants are read from), as in a running deployment.
 
 Where the time goes comes from the server's own counters, read after every session closed (a
 backend flushes its statistics at exit): transactions that wrote (transaction ids assigned,
@@ -21,6 +26,7 @@ which wait the running statements were in (locks, the WAL's disk writes, CPU).
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections import Counter
@@ -146,38 +152,41 @@ def _settled_counters(database: BenchDatabase) -> tuple[float, ...]:
 
 
 def drain(
-    cluster: BenchCluster, label: str, args: tuple[str, ...], tenants: int
+    database: BenchDatabase, label: str, args: tuple[str, ...], tenants: int
 ) -> tuple[float, Breakdown]:
-    """(ms per tenant from the first step's start to the last finish, its breakdown)."""
-    with cluster.database(f"burst_{label}") as database:
-        with psycopg.connect(database.app_url) as conn:
-            for i in range(tenants):
-                provisioner.enqueue(conn, f"b{label}_{i}")
-            conn.commit()
-        before = _settled_counters(database)
-        sampler = Sampler(database.admin_url)
-        sampler.start()
-        worker = worker_process.WorkerProcess(database, "--once", *args)
-        try:
-            code = worker.wait(timeout=600)
-        finally:
-            worker.close()
-            sampler.stop()
-        if code != 0:
-            raise RuntimeError(f"worker exited {code}: {worker.log()[-2000:]}")
-        after = _settled_counters(database)
-        with psycopg.connect(database.owner_url) as conn:
-            row = conn.execute(
-                "SELECT count(*) FILTER (WHERE status = 'succeeded'), "
-                "extract(epoch FROM max(finished_at) - "
-                "(SELECT min(started_at) FROM control.job_step_runs)) "
-                "FROM control.platform_jobs"
-            ).fetchone()
-        assert row is not None
-        if int(row[0]) != tenants:
-            raise RuntimeError(f"{row[0]} of {tenants} tenants succeeded: {worker.log()[-2000:]}")
-        breakdown = Breakdown(tenants, _delta(before, after), sampler.states)
-        return float(row[1]) * 1000 / tenants, breakdown
+    """(ms per tenant from the first step's start to the last finish, its breakdown): ``tenants``
+    sign-ups enqueued at once, drained by ``provisioner worker --once ARGS``."""
+    with psycopg.connect(database.app_url) as conn:
+        for i in range(tenants):
+            provisioner.enqueue(conn, f"b{label}_{i}")
+        conn.commit()
+    before = _settled_counters(database)
+    sampler = Sampler(database.admin_url)
+    sampler.start()
+    worker = worker_process.WorkerProcess(database, "--once", *args)
+    try:
+        code = worker.wait(timeout=600)
+    finally:
+        worker.close()
+        sampler.stop()
+    if code != 0:
+        raise RuntimeError(f"worker exited {code}: {worker.log()[-2000:]}")
+    after = _settled_counters(database)
+    pattern = f"b{label}_%"
+    with psycopg.connect(database.owner_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE j.status = 'succeeded'), "
+            "extract(epoch FROM max(j.finished_at) - "
+            "  (SELECT min(s.started_at) FROM control.job_step_runs s"
+            "   JOIN control.platform_jobs o ON o.id = s.job_id WHERE o.tenant_id LIKE %s)) "
+            "FROM control.platform_jobs j WHERE j.tenant_id LIKE %s",
+            (pattern, pattern),
+        ).fetchone()
+    assert row is not None
+    if int(row[0]) != tenants:
+        raise RuntimeError(f"{row[0]} of {tenants} tenants succeeded: {worker.log()[-2000:]}")
+    breakdown = Breakdown(tenants, _delta(before, after), sampler.states)
+    return float(row[1]) * 1000 / tenants, breakdown
 
 
 def raw(
@@ -228,46 +237,60 @@ def raw(
     )
 
 
+#: The raw rounds discarded in each fresh database before its figures (a fresh database's
+#: first builds cost up to 2x).
+WARM_UP_TENANTS = 20
+
+
 def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> None:
     if not worker_process.worker_available():
         results.notes["burst"] = "not measured: this tree has no `provisioner worker --once`"
         return
     k = cores()
-    samples: dict[str, list[float]] = {
-        key: [] for key in ("raw_1", f"raw_{k}", "default", "one", f"children_{k}")
+    drains: dict[str, tuple[str, ...]] = {
+        "default": (),
+        "one": ("--concurrency", "1"),
+        f"children_{k}": ("--concurrency", str(k)),
     }
+    samples: dict[str, list[float]] = {key: [] for key in ("raw_1", f"raw_{k}", *drains)}
+    #: each drain's database's raw serial figure, in the order of its samples
+    pairs: dict[str, list[float]] = {key: [] for key in drains}
     breakdowns: dict[str, Breakdown] = {}
-    with cluster.database("burst_raw") as database:
-        service.provision(database.settings(), "shape")
-        # A fresh cluster's first builds are up to 2x slower (measured: raw serial 69-83 ms a
-        # tenant in a bench's first run, 30-45 ms in its second); the first measured, raw on one
-        # session, paid it alone and inflated raw SQL's speed-up. One discarded round first.
-        raw(database, 1, tenants, "warm", counted=False)
-        for run_no in range(runs):
-            for key, sessions in (("raw_1", 1), (f"raw_{k}", k)):
-                ms, breakdown = raw(database, sessions, tenants, f"r{run_no}_{sessions}")
-                samples[key].append(ms)
-                breakdowns.setdefault(key, breakdown)
-            for key, args in (
-                ("default", ()),
-                ("one", ("--concurrency", "1")),
-                (f"children_{k}", ("--concurrency", str(k))),
-            ):
-                ms, breakdown = drain(cluster, f"{key}{run_no}", args, tenants)
-                samples[key].append(ms)
-                breakdowns.setdefault(key, breakdown)
+    for run_no in range(runs):
+        for key, args in drains.items():
+            with cluster.database(f"burst_{key}{run_no}") as database:
+                service.provision(database.settings(), "shape")
+                raw(database, 1, WARM_UP_TENANTS, "warm", counted=False)
+                for raw_key, sessions in (("raw_1", 1), (f"raw_{k}", k)):
+                    ms, breakdown = raw(database, sessions, tenants, f"r{sessions}")
+                    samples[raw_key].append(ms)
+                    breakdowns.setdefault(raw_key, breakdown)
+                ms, breakdown = drain(database, f"{key}{run_no}", args, tenants)
+            samples[key].append(ms)
+            pairs[key].append(samples["raw_1"][-1])
+            breakdowns.setdefault(key, breakdown)
             say(
-                f"  burst: run {run_no + 1}: "
-                + ", ".join(f"{key} {values[-1]:.1f} ms/tenant" for key, values in samples.items())
+                f"  burst: run {run_no + 1}, {key}: {ms:.1f} ms/tenant, its database's raw SQL "
+                f"{samples['raw_1'][-1]:.1f} (1 session), {samples[f'raw_{k}'][-1]:.1f} ({k})"
             )
-    _figures(results, samples, tenants, k)
+    _figures(results, samples, pairs, tenants, k)
     results.notes["burst: where a tenant's time goes (first run)"] = _breakdown_table(breakdowns)
     results.extra["burst_breakdown"] = {
         key: {"per_tenant": b.per_tenant(), "states": b.shares()} for key, b in breakdowns.items()
     }
 
 
-def _figures(results: Results, samples: dict[str, list[float]], tenants: int, k: int) -> None:
+def _figures(
+    results: Results,
+    samples: dict[str, list[float]],
+    pairs: dict[str, list[float]],
+    tenants: int,
+    k: int,
+) -> None:
+    """The figures, each drain divided by its own database's raw serial figure, and the
+    speed-ups: the children's over one child's, each normalised by its own database's raw
+    figure, against raw SQL's own (k sessions over 1) in the same databases; per run, then
+    their median."""
     results.add(
         Figure(
             "burst_raw_1",
@@ -284,44 +307,46 @@ def _figures(results: Results, samples: dict[str, list[float]], tenants: int, k:
             "ms",
             samples[f"raw_{k}"],
             baseline="burst_raw_1",
+            pairs=samples["raw_1"],
         )
     )
-    results.add(
-        Figure(
-            "burst_default",
-            f"burst of {tenants} sign-ups, one worker at its defaults (per tenant)",
-            "ms",
-            samples["default"],
-            baseline="burst_raw_1",
+    labels = {
+        "default": f"burst of {tenants} sign-ups, one worker at its defaults (per tenant)",
+        "one": f"burst of {tenants}, one worker, --concurrency 1 (per tenant)",
+        f"children_{k}": f"burst of {tenants}, one worker, --concurrency {k} (per tenant)",
+    }
+    for key, label in labels.items():
+        results.add(
+            Figure(
+                f"burst_{key}",
+                label,
+                "ms",
+                samples[key],
+                baseline="burst_raw_1",
+                pairs=pairs[key],
+            )
         )
-    )
-    results.add(
-        Figure(
-            "burst_one",
-            f"burst of {tenants}, one worker, --concurrency 1 (per tenant)",
-            "ms",
-            samples["one"],
-            baseline="burst_raw_1",
+    per_run = []
+    drains = len(labels)
+    for run_no in range(len(samples["one"])):
+        databases = range(run_no * drains, (run_no + 1) * drains)
+        raw_speedup = statistics.median(
+            samples["raw_1"][i] / samples[f"raw_{k}"][i] for i in databases
         )
-    )
-    results.add(
-        Figure(
-            f"burst_children_{k}",
-            f"burst of {tenants}, one worker, --concurrency {k} (per tenant)",
-            "ms",
-            samples[f"children_{k}"],
-            baseline="burst_one",
-        )
-    )
-    raw_speedup = results.figures["burst_raw_1"].median / results.figures[f"burst_raw_{k}"].median
-    worker_speedup = (
-        results.figures["burst_one"].median / results.figures[f"burst_children_{k}"].median
-    )
+        one = samples["one"][run_no] / pairs["one"][run_no]
+        children = samples[f"children_{k}"][run_no] / pairs[f"children_{k}"][run_no]
+        per_run.append((one / children, raw_speedup))
+    worker = statistics.median(w for w, _ in per_run)
+    raw_speedup = statistics.median(r for _, r in per_run)
     results.extra["burst_speedups"] = {
         "cores": k,
         "raw": round(raw_speedup, 3),
-        "worker": round(worker_speedup, 3),
-        "worker_over_raw": round(worker_speedup / raw_speedup, 3),
+        "worker": round(worker, 3),
+        "worker_over_raw": round(statistics.median(w / r for w, r in per_run), 3),
+        "per_run": [
+            {"worker": round(w, 3), "raw": round(r, 3), "worker_over_raw": round(w / r, 3)}
+            for w, r in per_run
+        ],
     }
 
 

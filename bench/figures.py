@@ -31,6 +31,12 @@ class Figure:
     baseline: str | None = None  # key of the figure this one is divided by
     note: str = ""
     percentiles: bool = False  # print p50/p99 as well
+    #: each sample's own baseline, measured in the same database right before or after it: the
+    #: ratio is then the median of the per-sample ratios. Why: the same DDL costs up to 2x more
+    #: in one database of a cluster than in another at the same minute (measured: raw builds
+    #: 34-41 ms a tenant in one, 49-66 ms in a fresh one), so a baseline from another database
+    #: swung the ratios of figures measured in fresh databases between 0.45x and 1.4x.
+    pairs: list[float] | None = None
 
     @property
     def median(self) -> float:
@@ -58,6 +64,8 @@ class Figure:
             "baseline": self.baseline,
             "note": self.note,
         }
+        if self.pairs is not None:
+            out["paired_with"] = [round(v, 3) for v in self.pairs]
         if self.percentiles:
             out["p50"] = round(self.p(50), 3)
             out["p99"] = round(self.p(99), 3)
@@ -99,7 +107,15 @@ class Results:
         figure = self.figures.get(key)
         if figure is None or figure.baseline is None or figure.baseline not in self.figures:
             return None
+        if figure.pairs is not None:
+            return paired_ratio(figure.samples, figure.pairs)
         return figure.median / self.figures[figure.baseline].median
+
+
+def paired_ratio(samples: list[float], baselines: list[float]) -> float:
+    """The median of each sample divided by its own baseline (see :attr:`Figure.pairs`)."""
+    assert len(samples) == len(baselines), "one baseline per sample"
+    return statistics.median(s / b for s, b in zip(samples, baselines, strict=True))
 
 
 def timed_ms(action: Callable[[], object]) -> float:

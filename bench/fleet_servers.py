@@ -14,22 +14,36 @@ fleet-servers``): building 4 x 60 tenants takes minutes on a loaded machine.
 
 The tenant server is on the same cluster: the figure is the tool's own cost of the second
 server (two commits per step, the server's pool, the fan-out's read), not a network's.
+
+Each deployment's figure is divided by its own baseline (:attr:`bench.figures.Figure.pairs`):
+right after its upgrade, raw SQL sends the same shape of upgrade (a column and its index, the
+version row) to the same schemas in the same databases, one transaction per schema on one
+open connection per database. The same DDL costs up to 2x more in one fresh database than in
+another at the same minute; the ratio of two deployments' medians carried that spread.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections import Counter
 
 import psycopg
+from psycopg import sql
 
 from bench.cluster import BenchCluster, BenchDatabase, say
 from bench.figures import Figure, Results
-from bench.fleet import t005_tree, tenant_tree, upgrade_by_worker
+from bench.fleet import RAW_UPGRADE, t005_tree, tenant_tree, upgrade_by_worker
 from bench.server_jobs import _reference
 from provisioner import servers, service
 
 TENANTS = 60
 RUNS = 2
+
+#: The baseline's upgrade, after the measured one: the same statements under other names.
+RAW_AFTER = RAW_UPGRADE.replace("source", "source_raw").replace(
+    "version_num = 't004'", "version_num = 't005'"
+)
 
 
 def _deploy(
@@ -47,6 +61,25 @@ def _deploy(
             servers.migrate_servers(control.owner_url)
         service.provision(settings, f"u{i:04d}")
     return control
+
+
+def _raw_after(databases: list[tuple[BenchDatabase, list[str]]]) -> float:
+    """Seconds of :data:`RAW_AFTER` on each database's schemas, one transaction per schema on
+    one open connection per database."""
+    seconds = 0.0
+    for database, schemas in databases:
+        with psycopg.connect(database.owner_url) as conn:
+            began = time.perf_counter()
+            for schema in schemas:
+                conn.execute(
+                    sql.SQL(RAW_AFTER)
+                    .format(schema=sql.Identifier(schema))
+                    .as_string(conn)
+                    .encode()
+                )
+                conn.commit()
+            seconds += time.perf_counter() - began
+    return seconds
 
 
 def _paths(control: BenchDatabase) -> Counter[str]:
@@ -70,7 +103,9 @@ def run(
     """``runs`` alternating pairs of deployments, each upgraded by one worker with
     ``children`` engine children (1 in ``make bench``: the per-job cost, not the overlap)."""
     samples: dict[str, list[float]] = {"one": [], "two": []}
+    pairs: dict[str, list[float]] = {"one": [], "two": []}
     paths: Counter[str] = Counter()
+    schemas = [f"tenant_u{i:04d}" for i in range(tenants)]
     with t005_tree() as tree:
         for run_no in range(runs):
             order = ("one", "two") if run_no % 2 == 0 else ("two", "one")
@@ -82,13 +117,22 @@ def run(
                         seconds = upgrade_by_worker(control, tenants, children, tree)
                         if server is not None:
                             paths = _paths(control)
+                    half = tenants // 2 if server is not None else tenants
+                    where = [(control, schemas[:half])]
+                    if server is not None:
+                        where.append((server, schemas[half:]))
+                    raw_seconds = _raw_after(where)
                 finally:
                     cluster.drop_database(control)
                     if server is not None:
                         cluster.drop_database(server)
                 samples[label].append(seconds / tenants * 1000)
-                per_tenant = samples[label][-1]
-                say(f"  fleet-servers: run {run_no + 1}, {label}: {per_tenant:.2f} ms/tenant")
+                pairs[label].append(raw_seconds / tenants * 1000)
+                per_tenant, raw_ms = samples[label][-1], pairs[label][-1]
+                say(
+                    f"  fleet-servers: run {run_no + 1}, {label}: {per_tenant:.2f} ms/tenant, "
+                    f"raw SQL on the same schemas {raw_ms:.2f} ({per_tenant / raw_ms:.2f}x)"
+                )
     results.add(
         Figure(
             "fleet_servers_one",
@@ -109,6 +153,14 @@ def run(
             note="per tenant",
         )
     )
+    # Each deployment against raw SQL on its own schemas, then the two ratios' ratio.
+    one = [w / r for w, r in zip(samples["one"], pairs["one"], strict=True)]
+    two = [w / r for w, r in zip(samples["two"], pairs["two"], strict=True)]
+    results.extra["fleet_servers_paired"] = {
+        "one_over_raw": [round(v, 3) for v in one],
+        "two_over_raw": [round(v, 3) for v in two],
+        "two_over_one": round(statistics.median(two) / statistics.median(one), 3),
+    }
     results.notes["fleet_servers"] = (
         f"migration step paths over both servers in the last two-server run: {dict(paths)}. "
         "Per-tenant figures are seconds from the upgrade call to the last job's finish / tenants."

@@ -6,8 +6,12 @@ arrive one by one while the keeper rebuilds; against the raw build measured in t
   ``taken from the warm pool``); the figure is each job's ``finished_at - created_at``.
 * **Refill:** from the burst's last finish to the pool being full again, per spare rebuilt,
   against as many raw serial builds (the full end state in one transaction on an open
-  connection) made right after it, while the worker is idle; and, beside it, raw SQL on as
-  many sessions as the keeper has builders (one per core).
+  connection) made right after it in the same database, while the worker is idle; and, beside
+  it, raw SQL on as many sessions as the keeper has builders (one per core). Every raw baseline
+  of a round is measured in the round's own database, and each figure is divided by its own
+  round's (:attr:`bench.figures.Figure.pairs`): the same DDL cost up to 2x more in one fresh
+  database than in another at the same minute, and the refill's ratio to raw builds in another
+  database swung between 0.9x and 2.3x.
 * **A spare's build alone**, interleaved with the raw build in one database: on a session that
   waits for the disk at each commit and on one that does not (the keeper's).
 * **During a refill:** a second burst empties the pool; as soon as the keeper has started
@@ -20,6 +24,7 @@ arrive one by one while the keeper rebuilds; against the raw build measured in t
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import psycopg
@@ -37,6 +42,8 @@ POOL_SIZE = 10
 #: connection per look loaded the two cores the measured refill runs on).
 POLL_SECONDS = 0.02
 DURING_REFILL = 5
+#: Raw serial builds before and after each round, in its database.
+RAW_TENANTS = 20
 #: The keeper's builders at the worker's defaults: one per engine child, one child per core.
 BUILDERS = machine_default()
 
@@ -116,13 +123,15 @@ def _alone(database: BenchDatabase) -> list[float]:
         worker.close()
 
 
-def _round(
-    cluster: BenchCluster, size: int, run_no: int, raw_database: BenchDatabase
-) -> dict[str, list[float]]:
-    """One round; ``raw_database`` holds the raw builds measured right after the refill (the
-    worker idle, its pool full), as many as the refill built."""
+def _round(cluster: BenchCluster, size: int, run_no: int) -> dict[str, list[float]]:
+    """One round, in a fresh database that also holds its raw baselines (see the module): the
+    raw serial build before the round and after it, and, right after the refill (the worker
+    idle, its pool full), as many raw builds as the refill built, serial and side by side."""
     out: dict[str, list[float]] = {k: [] for k in ("burst", "served", "refill", "during", "wait")}
     with cluster.database(f"poolburst{run_no}") as database:
+        service.provision(database.settings(), "shape")  # the raw SQL's grants are read there
+        burst.raw(database, 1, burst.WARM_UP_TENANTS, "warm", counted=False)
+        before, _ = burst.raw(database, 1, RAW_TENANTS, "before", counted=False)
         out["alone"] = _alone(database)
         env = {"PROVISIONER_POOL_SIZE": str(size)}
         worker = worker_process.WorkerProcess(database, env=env)
@@ -144,11 +153,11 @@ def _round(
             began = time.monotonic() - float(row[0])
             _wait(lambda: _ready(watch) >= size, "the refill", worker)
             out["refill"] = [(time.monotonic() - began) * 1000 / size]
-            ms, _ = burst.raw(raw_database, 1, size, f"after{run_no}", counted=False)
+            ms, _ = burst.raw(database, 1, size, "refilled", counted=False)
             out["refill_raw"] = [ms]
             # The keeper builds on as many sessions as the worker has children: raw SQL on
             # as many, for comparison (not the goal's baseline, which is the serial build).
-            ms, _ = burst.raw(raw_database, BUILDERS, size, f"par{run_no}", counted=False)
+            ms, _ = burst.raw(database, BUILDERS, size, "refilled_side_by_side", counted=False)
             out["refill_raw_parallel"] = [ms]
             time.sleep(1.0)
             _burst(app, watch, "again_", size)
@@ -164,6 +173,8 @@ def _round(
             watch.close()
             app.close()
             worker.close()
+        after, _ = burst.raw(database, 1, RAW_TENANTS, "after", counted=False)
+    out["raw"] = [before, after]
     return out
 
 
@@ -199,21 +210,24 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
         results.notes["pool-burst"] = "not measured: this tree has no `provisioner worker`"
         return
     samples: dict[str, list[float]] = {}
-    raw: list[float] = []
+    #: per figure, each sample's own round's raw serial figure (same database)
+    pairs: dict[str, list[float]] = {}
     with cluster.database("poolburst_raw") as database:
         service.provision(database.settings(), "shape")
         builds = _builds(database, 8 * runs)
-        for run_no in range(runs):
-            ms, _ = burst.raw(database, 1, 20, f"p{run_no}")
-            raw.append(ms)
-            for key, values in _round(cluster, size, run_no, database).items():
-                samples.setdefault(key, []).extend(values)
-            after, _ = burst.raw(database, 1, 20, f"q{run_no}")
-            raw.append(after)
-            say(
-                f"  pool-burst: run {run_no + 1}: served {samples['served'][-1]:.0f}/{size}, "
-                f"refill {samples['refill'][-1]:.0f} ms/spare, raw {ms:.0f} ms/tenant"
-            )
+    for run_no in range(runs):
+        found = _round(cluster, size, run_no)
+        for key, values in found.items():
+            samples.setdefault(key, []).extend(values)
+            # the refill's own baseline is the raw build right after it; the others', the round's
+            paired = found["refill_raw"] if key.startswith("refill") else found["raw"]
+            pairs.setdefault(key, []).extend([statistics.median(paired)] * len(values))
+        say(
+            f"  pool-burst: run {run_no + 1}: served {samples['served'][-1]:.0f}/{size}, "
+            f"refill {samples['refill'][-1]:.0f} ms/spare, its database's raw "
+            f"{samples['refill_raw'][-1]:.0f} ms/tenant right after it"
+        )
+    raw = samples["raw"]
     results.add(
         Figure(
             "poolb_build_raw", "raw SQL, 1 tx (interleaved)", "ms", builds["raw"], note="baseline"
@@ -240,7 +254,7 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
     results.add(
         Figure(
             "poolb_raw",
-            "raw SQL, 1 session, before and after each round",
+            "raw SQL, 1 session, before and after each round, in its database",
             "ms",
             raw,
             note="baseline",
@@ -253,13 +267,14 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
             "ms",
             samples["burst"],
             baseline="poolb_raw",
+            pairs=pairs["burst"],
             percentiles=True,
         )
     )
     results.add(
         Figure(
             "poolb_refill_raw",
-            "raw SQL, 1 session, as many builds right after the refill",
+            "raw SQL, 1 session, as many builds right after the refill, same database",
             "ms",
             samples["refill_raw"],
             note="baseline",
@@ -272,6 +287,7 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
             "ms",
             samples["refill"],
             baseline="poolb_refill_raw",
+            pairs=pairs["refill"],
         )
     )
     results.add(
@@ -281,6 +297,7 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
             "ms",
             samples["refill_raw_parallel"],
             baseline="poolb_refill_raw",
+            pairs=pairs["refill_raw_parallel"],
         )
     )
     results.add(
@@ -290,6 +307,7 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
             "ms",
             samples["during"],
             baseline="poolb_raw",
+            pairs=pairs["during"],
             percentiles=True,
         )
     )
@@ -321,6 +339,7 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
             "ms",
             samples["wait"],
             baseline="poolb_raw",
+            pairs=pairs["wait"],
             percentiles=True,
         )
     )

@@ -79,6 +79,8 @@ def _number(value: float, unit: str) -> str:
 def _row(figure: Figure, results: Results) -> str:
     ratio = results.ratio(figure.key)
     ratio_text = f"{ratio:.3g}x {figure.baseline}" if ratio is not None else "baseline"
+    if ratio is not None and figure.pairs is not None:
+        ratio_text += " (paired: same database)"
     if figure.baseline is None and figure.note and figure.note != "baseline":
         ratio_text = figure.note
     extra = ""

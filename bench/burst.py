@@ -6,10 +6,10 @@ Three drains, each in a fresh database: the worker at its defaults (no ``--concu
 with one child, and with as many children as cores. The raw limit is the full end state in one
 transaction per tenant on open connections, by one session (the serial limit) and by as many
 sessions as cores (what the machine allows in parallel), measured **in the drain's own
-database** right before it (after one discarded warm-up round), and each drain is divided by
-its own database's raw figures (:attr:`bench.figures.Figure.pairs`): the same DDL cost up to 2x
-more in one fresh database than in another at the same minute, and a baseline measured
-elsewhere made the ratios swing. A drain's time is the server's: from the first step's start
+database right before and right after it** (after one discarded warm-up round), and each drain
+is divided by the mean of its two (:attr:`bench.figures.Figure.pairs`): the same raw SQL cost
+23-56 ms a tenant in runs seconds apart, and a baseline measured elsewhere or earlier made the
+ratios swing. A drain's time is the server's: from the first step's start
 to the last job's finish, divided by the tenants (child start-up is left out, as in
 :mod:`bench.workers`); the template's reference is computed before it (the tenant ``shape``
 the raw SQL's grants are read from), as in a running deployment.
@@ -253,31 +253,57 @@ def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> Non
         f"children_{k}": ("--concurrency", str(k)),
     }
     samples: dict[str, list[float]] = {key: [] for key in ("raw_1", f"raw_{k}", *drains)}
-    #: each drain's database's raw serial figure, in the order of its samples
+    #: each drain's database's raw serial figure (before and after it, averaged)
     pairs: dict[str, list[float]] = {key: [] for key in drains}
+    #: raw SQL's own speed-up from k sessions in each drain's database
+    raw_speedups: dict[str, list[float]] = {key: [] for key in drains}
     breakdowns: dict[str, Breakdown] = {}
     for run_no in range(runs):
         for key, args in drains.items():
             with cluster.database(f"burst_{key}{run_no}") as database:
                 service.provision(database.settings(), "shape")
                 raw(database, 1, WARM_UP_TENANTS, "warm", counted=False)
-                for raw_key, sessions in (("raw_1", 1), (f"raw_{k}", k)):
-                    ms, breakdown = raw(database, sessions, tenants, f"r{sessions}")
-                    samples[raw_key].append(ms)
-                    breakdowns.setdefault(raw_key, breakdown)
+                before = _raw_pair(database, tenants, k, "before", breakdowns)
                 ms, breakdown = drain(database, f"{key}{run_no}", args, tenants)
+                after = _raw_pair(database, tenants, k, "after", None)
+            for serial, side_by_side in (before, after):
+                samples["raw_1"].append(serial)
+                samples[f"raw_{k}"].append(side_by_side)
             samples[key].append(ms)
-            pairs[key].append(samples["raw_1"][-1])
+            pairs[key].append((before[0] + after[0]) / 2)
+            raw_speedups[key].append(statistics.mean(s / p for s, p in (before, after)))
             breakdowns.setdefault(key, breakdown)
             say(
                 f"  burst: run {run_no + 1}, {key}: {ms:.1f} ms/tenant, its database's raw SQL "
-                f"{samples['raw_1'][-1]:.1f} (1 session), {samples[f'raw_{k}'][-1]:.1f} ({k})"
+                f"{before[0]:.1f}/{after[0]:.1f} before/after (1 session), "
+                f"{before[1]:.1f}/{after[1]:.1f} ({k})"
             )
     _figures(results, samples, pairs, tenants, k)
+    _speedups(results, samples, pairs, raw_speedups, k)
     results.notes["burst: where a tenant's time goes (first run)"] = _breakdown_table(breakdowns)
     results.extra["burst_breakdown"] = {
         key: {"per_tenant": b.per_tenant(), "states": b.shares()} for key, b in breakdowns.items()
     }
+
+
+def _raw_pair(
+    database: BenchDatabase,
+    tenants: int,
+    k: int,
+    tag: str,
+    breakdowns: dict[str, Breakdown] | None,
+) -> tuple[float, float]:
+    """(raw SQL by 1 session, by ``k``) in ``database``, ms per tenant; with ``breakdowns``,
+    each one's breakdown kept when it is the first."""
+    out = []
+    for key, sessions in (("raw_1", 1), (f"raw_{k}", k)):
+        ms, breakdown = raw(
+            database, sessions, tenants, f"{tag}{sessions}", counted=breakdowns is not None
+        )
+        if breakdowns is not None:
+            breakdowns.setdefault(key, breakdown)
+        out.append(ms)
+    return out[0], out[1]
 
 
 def _figures(
@@ -287,10 +313,7 @@ def _figures(
     tenants: int,
     k: int,
 ) -> None:
-    """The figures, each drain divided by its own database's raw serial figure, and the
-    speed-ups: the children's over one child's, each normalised by its own database's raw
-    figure, against raw SQL's own (k sessions over 1) in the same databases; per run, then
-    their median."""
+    """The figures, each drain divided by its own database's raw serial figure."""
     results.add(
         Figure(
             "burst_raw_1",
@@ -326,22 +349,28 @@ def _figures(
                 pairs=pairs[key],
             )
         )
+
+
+def _speedups(
+    results: Results,
+    samples: dict[str, list[float]],
+    pairs: dict[str, list[float]],
+    raw_speedups: dict[str, list[float]],
+    k: int,
+) -> None:
+    """The children's speed-up over one child's, each drain normalised by its own database's
+    raw figure, against raw SQL's own (k sessions over 1) in the same run's databases; per run,
+    then their median."""
     per_run = []
-    drains = len(labels)
     for run_no in range(len(samples["one"])):
-        databases = range(run_no * drains, (run_no + 1) * drains)
-        raw_speedup = statistics.median(
-            samples["raw_1"][i] / samples[f"raw_{k}"][i] for i in databases
-        )
+        raw_speedup = statistics.median(found[run_no] for found in raw_speedups.values())
         one = samples["one"][run_no] / pairs["one"][run_no]
         children = samples[f"children_{k}"][run_no] / pairs[f"children_{k}"][run_no]
         per_run.append((one / children, raw_speedup))
-    worker = statistics.median(w for w, _ in per_run)
-    raw_speedup = statistics.median(r for _, r in per_run)
     results.extra["burst_speedups"] = {
         "cores": k,
-        "raw": round(raw_speedup, 3),
-        "worker": round(worker, 3),
+        "raw": round(statistics.median(r for _, r in per_run), 3),
+        "worker": round(statistics.median(w for w, _ in per_run), 3),
         "worker_over_raw": round(statistics.median(w / r for w, r in per_run), 3),
         "per_run": [
             {"worker": round(w, 3), "raw": round(r, 3), "worker_over_raw": round(w / r, 3)}

@@ -33,9 +33,9 @@ class Figure:
     percentiles: bool = False  # print p50/p99 as well
     #: each sample's own baseline, measured in the same database right before or after it: the
     #: ratio is then the median of the per-sample ratios. Why: the same DDL costs up to 2x more
-    #: in one database of a cluster than in another at the same minute (measured: raw builds
-    #: 34-41 ms a tenant in one, 49-66 ms in a fresh one), so a baseline from another database
-    #: swung the ratios of figures measured in fresh databases between 0.45x and 1.4x.
+    #: from one run to the next, seconds apart (raw builds 23-56 ms a tenant; this machine's
+    #: fsync latency swings 0.13-0.36 ms p50 from one second to the next), so a baseline
+    #: measured in another database, minutes earlier, swung ratios between 0.45x and 1.4x.
     pairs: list[float] | None = None
 
     @property

@@ -18,8 +18,8 @@ server (two commits per step, the server's pool, the fan-out's read), not a netw
 Each deployment's figure is divided by its own baseline (:attr:`bench.figures.Figure.pairs`):
 right after its upgrade, raw SQL sends the same shape of upgrade (a column and its index, the
 version row) to the same schemas in the same databases, one transaction per schema on one
-open connection per database. The same DDL costs up to 2x more in one fresh database than in
-another at the same minute; the ratio of two deployments' medians carried that spread.
+open connection per database. The same DDL costs up to 2x more from one run to the next; the
+ratio of two deployments' medians carried that spread.
 """
 
 from __future__ import annotations

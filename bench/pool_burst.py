@@ -9,9 +9,9 @@ arrive one by one while the keeper rebuilds; against the raw build measured in t
   connection) made right after it in the same database, while the worker is idle; and, beside
   it, raw SQL on as many sessions as the keeper has builders (one per core). Every raw baseline
   of a round is measured in the round's own database, and each figure is divided by its own
-  round's (:attr:`bench.figures.Figure.pairs`): the same DDL cost up to 2x more in one fresh
-  database than in another at the same minute, and the refill's ratio to raw builds in another
-  database swung between 0.9x and 2.3x.
+  round's (:attr:`bench.figures.Figure.pairs`): the same DDL cost up to 2x more from one run
+  to the next, and the refill's ratio to raw builds in another database, minutes apart, swung
+  between 0.9x and 2.3x.
 * **A spare's build alone**, interleaved with the raw build in one database: on a session that
   waits for the disk at each commit and on one that does not (the keeper's).
 * **During a refill:** a second burst empties the pool; as soon as the keeper has started

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(
                     f"unknown scenario(s) {sorted(unknown)}; choose from {SCENARIOS + OPT_IN}"
                 )
-            scenarios = {
+            scenarios: dict[str, tuple[str, Callable[[], None]]] = {
                 "provision": (
                     "raw / Alembic / replay / provision, round-robin",
                     lambda: provisioning.run(cluster, results, args.rounds),
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "move": (
                     f"a {move.ROWS:,}-row tenant moved to a tenant server: the writes' freeze",
-                    lambda: (move.run(cluster, results), move.run_logical(cluster, results)),
+                    lambda: move.run_both(cluster, results),
                 ),
                 "failover": (
                     "a pg_auto_failover primary SIGKILLed while a worker drains 300 tenants",

@@ -79,7 +79,7 @@ def grant_app_role(conn: psycopg.Connection[Any], schema: str, role: str) -> Non
     # The statements themselves are unchanged; how they are sent (one trip each) is the former way.
     statements = tenant_schema.grant_statements(schema, AppRole(role), tables, sequences)
     for statement in statements:
-        conn.execute(statement)
+        conn.execute(sql.Composed([statement]))
     params = {
         "schema": schema,
         "role": role,

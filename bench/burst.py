@@ -211,7 +211,7 @@ def raw(
                 ]
                 ready.wait()
                 for script in scripts:
-                    conn.execute(script)  # type: ignore[call-overload]
+                    conn.execute(script)
                     conn.commit()
         except BaseException as exc:  # reported below, in the main thread
             ready.abort()

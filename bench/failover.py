@@ -23,7 +23,9 @@ from pathlib import Path
 from bench.cluster import say
 from bench.figures import Figure, Goal, Results
 from tests.failover import start_formation
-from tests.failover_drain import CONCURRENCY, CRASH_AFTER, CrashDrain, crash_mid_drain, prepare
+from tests.failover_drain import CONCURRENCY as CONCURRENCY
+from tests.failover_drain import CRASH_AFTER as CRASH_AFTER
+from tests.failover_drain import CrashDrain, crash_mid_drain, prepare
 
 #: What the issue asked of the whole drain.
 GOAL_SECONDS = 30.0

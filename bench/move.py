@@ -156,6 +156,12 @@ def pg16_bin() -> Path | None:
     return None
 
 
+def run_both(cluster: BenchCluster, results: Results) -> None:
+    """The move scenario: the dump's freeze, then logical replication's."""
+    run(cluster, results)
+    run_logical(cluster, results)
+
+
 def run_logical(cluster: BenchCluster, results: Results) -> None:
     """``move_freeze_logical`` against ``move_freeze_dump16`` (see the module); nothing when
     no PostgreSQL 16 binaries are here (said in the notes)."""

@@ -45,6 +45,7 @@ from provisioner.roles import AppRole, Privileges
 from provisioner.storage import store_from_settings
 from provisioner.templates import migrations, seeds
 from provisioner.templates.replay import Template, TemplateCache
+from provisioner.tenant import fingerprint as tenant_fingerprint
 from provisioner.tenant import schema as tenant_schema
 
 
@@ -62,13 +63,13 @@ def raw_script(
     parts: list[sql.Composable] = [
         sql.SQL("CREATE SCHEMA {} AUTHORIZATION CURRENT_USER").format(ident),
         sql.SQL("SET LOCAL search_path TO {}").format(ident),
-        sql.SQL(template.script.rstrip().rstrip(";")),  # type: ignore[arg-type]
+        sql.SQL(template.script.rstrip().rstrip(";")),
     ]
     if not ddl_only:
         parts += [
             *tenant_schema.grant_statements(schema, AppRole(local_pg.APP_ROLE), tables, sequences),
             *(  # the shipped seeds, under the search_path set above
-                sql.SQL(seed.sql.strip().rstrip(";"))  # type: ignore[arg-type]
+                sql.SQL(seed.sql.strip().rstrip(";"))
                 for seed in seeds.declared((), migrations.tenant_tree())
                 if seed.sql is not None
             ),
@@ -177,16 +178,16 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
         samples["engine_server_cpu"].append((_cpu_seconds(backends) - server_cpu) * 1000)
         assert done.status is JobStatus.SUCCEEDED, done
 
-    def fingerprint(i: int) -> None:
+    def fingerprint_check(i: int) -> None:
         schema = f"tenant_fast_{i}"
         started = time.perf_counter()
         with psycopg.connect(database.owner_url) as conn:
             connected = time.perf_counter()
-            fingerprint(conn, schema)
+            tenant_fingerprint.fingerprint(conn, schema)
         samples["fingerprint_fresh"].append((time.perf_counter() - connected) * 1000)
         del started
         started = time.perf_counter()
-        fingerprint(fingerprint_conn, schema)
+        tenant_fingerprint.fingerprint(fingerprint_conn, schema)
         # Ended as a worker's session ends its transactions: psycopg forgets its prepared
         # statements on rollback(), so a rollback here would re-plan the query every time.
         fingerprint_conn.commit()
@@ -222,7 +223,7 @@ def _run(database: BenchDatabase, results: Results, rounds: int) -> None:
         provision,
         provision_alembic,
         engine_run,
-        fingerprint,
+        fingerprint_check,
         grants,
     )
     try:

@@ -70,7 +70,7 @@ def _probes(database: BenchDatabase, schema: str) -> dict[str, float]:
 def seq_scans(database: BenchDatabase, schema: str) -> str:
     """The catalog lookups of the steps and the fast path, EXPLAINed on the last tenant: any
     sequential scan of a catalog would grow with the number of schemas."""
-    checks = {
+    checks: dict[str, tuple[str, dict[str, Any]]] = {
         "fingerprint": (FINGERPRINT, {"schema": schema}),
         "grant check": (
             tenant_schema.APP_ROLE_PRIVILEGES,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 import psycopg
 
@@ -47,7 +48,9 @@ def _silent_enqueue(conn: psycopg.Connection[object], tenant: TenantId) -> None:
         )
 
 
-def _sample(database: BenchDatabase, app: psycopg.Connection[object], name: str, notify: bool):
+def _sample(
+    database: BenchDatabase, app: psycopg.Connection[Any], name: str, notify: bool
+) -> float:
     tenant = TenantId(name)
     time.sleep(random.uniform(0.02, 0.06))
     if notify:
@@ -57,7 +60,7 @@ def _sample(database: BenchDatabase, app: psycopg.Connection[object], name: str,
     committed = time.time()  # from the COMMIT being sent: its own fsync is counted too
     app.commit()
 
-    def claimed() -> object:
+    def claimed() -> tuple[Any, ...] | None:
         return app.execute(
             "SELECT extract(epoch FROM b.claimed_at), j.status FROM public.bench_claims b "
             "JOIN control.platform_jobs j ON j.id = b.job_id WHERE j.tenant_id = %s",

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psycopg
 
@@ -113,7 +113,7 @@ def counts(formation: Formation) -> dict[str, int] | None:
     return {status: count for status, count in rows}
 
 
-def events(log: Path, name: str) -> list[dict]:
+def events(log: Path, name: str) -> list[dict[str, Any]]:
     """The worker's JSON log lines of one event."""
     found = []
     for line in log.read_text().splitlines():
@@ -126,7 +126,13 @@ def events(log: Path, name: str) -> list[dict]:
     return found
 
 
-def wall(record: dict) -> float:
+def _count(conn: psycopg.Connection[Any], query: str) -> int:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wall(record: dict[str, Any]) -> float:
     """A log line's time, in seconds since the epoch."""
     return datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
 
@@ -185,7 +191,7 @@ class CrashDrain:
     drained: float
     rate_before: float
     rate_after: float
-    health_alone: dict
+    health_alone: dict[str, Any]
 
     def summary(self) -> str:
         return (
@@ -269,19 +275,19 @@ def crash_mid_drain(
         probe.join(10)
         assert formation.primary() == "node2"
         with psycopg.connect(formation.url("provisioner_owner", DATABASE)) as conn:
-            found = dict(
+            found: dict[str, int] = dict(
                 conn.execute(
                     "SELECT status, count(*) FROM control.platform_jobs GROUP BY status"
                 ).fetchall()
             )
-            attempts = dict(
+            attempts: dict[str, int] = dict(
                 conn.execute("SELECT id::text, attempts FROM control.platform_jobs").fetchall()
             )
-            open_runs = conn.execute(
-                "SELECT count(*) FROM control.job_step_runs WHERE outcome = 'running'"
-            ).fetchone()[0]
+            open_runs = _count(
+                conn, "SELECT count(*) FROM control.job_step_runs WHERE outcome = 'running'"
+            )
         with psycopg.connect(formation.superuser_url(DATABASE)) as conn:
-            kept = conn.execute("SELECT count(*) FROM failover_probe").fetchone()[0]
+            kept = _count(conn, "SELECT count(*) FROM failover_probe")
         # The new primary has no standby until the old one rejoins: health says so.
         alone = json.loads(cli(env, "health", "--json").stdout)
     finally:

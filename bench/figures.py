@@ -53,6 +53,14 @@ class Figure:
     def p(self, q: float) -> float:
         return percentile(self.samples, q)
 
+    def paired_spread(self) -> tuple[float, float] | None:
+        """The lowest and highest per-sample ratio of a paired figure (None: not paired): a goal
+        read off the median alone flips between runs when the spread straddles its target."""
+        if self.pairs is None:
+            return None
+        ratios = [s / b for s, b in zip(self.samples, self.pairs, strict=True)]
+        return min(ratios), max(ratios)
+
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "label": self.label,

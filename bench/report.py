@@ -153,11 +153,11 @@ def goal_ratio(
     met = ratio <= limit if at_most else ratio >= limit
     gap = ""
     if not met:
-        gap = f"gap: {ratio - limit:+.2f}x beyond the target"
+        gap = f"gap: {ratio - limit:+.3f}x beyond the target"
+    measured = f"{ratio:.2f}x ({_number(figure.median, figure.unit)} {figure.unit} median"
+    spread = figure.paired_spread()
+    if spread is not None:
+        measured += f"; paired, per run {spread[0]:.2f}-{spread[1]:.2f}x"
     return Goal(
-        name,
-        f"{'<=' if at_most else '>='} {limit:.1f}x {figure.baseline}",
-        f"{ratio:.2f}x ({_number(figure.median, figure.unit)} {figure.unit} median)",
-        met,
-        gap,
+        name, f"{'<=' if at_most else '>='} {limit:g}x {figure.baseline}", f"{measured})", met, gap
     )

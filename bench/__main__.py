@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
@@ -35,7 +35,7 @@ from bench import (
     workers,
 )
 from bench.cluster import bench_cluster, say
-from bench.figures import Goal, Results
+from bench.figures import Goal, Results, spread
 from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
 SCENARIOS = (
@@ -350,7 +350,7 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
             Goal(
                 "the same, each deployment over raw SQL on its own schemas (paired)",
                 "<= 1.0x",
-                f"{paired:.2f}x (per run {_spread(each)})",
+                f"{paired:.2f}x (per run {spread(each)})",
                 paired <= 1.0,
                 "" if paired <= 1.0 else f"gap: {paired - 1.0:+.2f}x beyond the target",
             )
@@ -381,12 +381,6 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
     return out
 
 
-def _spread(ratios: Iterable[float]) -> str:
-    """A goal's lowest and highest ratio among its runs (it may straddle the target)."""
-    found = list(ratios)
-    return f"{min(found):.2f}-{max(found):.2f}x" if found else "no runs"
-
-
 def _burst_goals(results: Results) -> list[Goal]:
     """Issue 30's first goal: a burst through one worker at its defaults near the raw serial
     limit, and the speed-up of as many children as cores near raw SQL's own."""
@@ -408,7 +402,7 @@ def _burst_goals(results: Results) -> list[Goal]:
             f"{speedups['cores']} sessions",
             ">= 0.9x",
             f"{ratio:.2f}x (children {speedups['worker']:.2f}x one, raw {speedups['raw']:.2f}x; "
-            f"per run {_spread(r['worker_over_raw'] for r in speedups['per_run'])})",
+            f"per run {spread(r['worker_over_raw'] for r in speedups['per_run'])})",
             ratio >= 0.9,
             "" if ratio >= 0.9 else f"gap: {ratio - 0.9:+.2f}x",
         )

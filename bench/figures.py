@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,13 +53,10 @@ class Figure:
     def p(self, q: float) -> float:
         return percentile(self.samples, q)
 
-    def paired_spread(self) -> tuple[float, float] | None:
-        """The lowest and highest per-sample ratio of a paired figure (None: not paired): a goal
+    def paired_spread(self) -> str | None:
+        """The :func:`spread` of a paired figure's per-sample ratios (None: not paired): a goal
         read off the median alone flips between runs when the spread straddles its target."""
-        if self.pairs is None:
-            return None
-        ratios = [s / b for s, b in zip(self.samples, self.pairs, strict=True)]
-        return min(ratios), max(ratios)
+        return None if self.pairs is None else spread(paired_ratios(self.samples, self.pairs))
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -120,10 +117,22 @@ class Results:
         return figure.median / self.figures[figure.baseline].median
 
 
-def paired_ratio(samples: list[float], baselines: list[float]) -> float:
-    """The median of each sample divided by its own baseline (see :attr:`Figure.pairs`)."""
+def paired_ratios(samples: list[float], baselines: list[float]) -> list[float]:
+    """Each sample divided by its own baseline (see :attr:`Figure.pairs`)."""
     assert len(samples) == len(baselines), "one baseline per sample"
-    return statistics.median(s / b for s, b in zip(samples, baselines, strict=True))
+    return [s / b for s, b in zip(samples, baselines, strict=True)]
+
+
+def paired_ratio(samples: list[float], baselines: list[float]) -> float:
+    """The median of :func:`paired_ratios`."""
+    return statistics.median(paired_ratios(samples, baselines))
+
+
+def spread(ratios: Iterable[float]) -> str:
+    """The lowest and highest of a goal's per-run ratios, as printed beside its median (the runs
+    may straddle the target)."""
+    found = list(ratios)
+    return f"{min(found):.2f}-{max(found):.2f}x" if found else "no runs"
 
 
 def timed_ms(action: Callable[[], object]) -> float:

@@ -157,7 +157,7 @@ def goal_ratio(
     measured = f"{ratio:.2f}x ({_number(figure.median, figure.unit)} {figure.unit} median"
     spread = figure.paired_spread()
     if spread is not None:
-        measured += f"; paired, per run {spread[0]:.2f}-{spread[1]:.2f}x"
+        measured += f"; paired, per run {spread}"
     return Goal(
         name, f"{'<=' if at_most else '>='} {limit:g}x {figure.baseline}", f"{measured})", met, gap
     )

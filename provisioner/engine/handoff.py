@@ -9,7 +9,10 @@ The last step's transaction of a job already completes it and claims the holder'
 * **its commit begins the next job's first transaction** (``COMMIT; BEGIN; <tenant lock>``:
   :meth:`provisioner.db.Transaction.begin_next_with`), and the steps' session stays checked out
   between the two jobs (:meth:`provisioner.engine.sessions.EngineSessions.job`), so the next
-  job's first step finds its transaction open, with its tenant's lock held.
+  job's first step finds its transaction open, with its tenant's lock held. Not for a job on a
+  tenant server: its first transaction on control follows its step's commit on the server
+  (:mod:`provisioner.engine.remote`), and one begun ahead would sit idle over that work until
+  the session's idle timeout ended it (:func:`provisioner.engine.step_lock.next_lock`).
 
 Invariant: nothing of the next job runs before its claim, its journal row and the last job's
 success are durable together (the commit waits for the disk: ``queue.RECORD_LAST_STEP``); a
@@ -17,7 +20,9 @@ journal row opened for a step the run does not begin with (a repair, a stop requ
 state, a hand-back) is discarded, never left open under a live holder; a transaction begun
 ahead that nobody takes is rolled back. SIGKILL between the commits is pinned by
 ``tests/crash/test_handoff_crash.py``; the saved round trips by
-``tests/integration/test_job_kinds.py::test_a_handed_off_job_begins_without_a_round_trip_of_its_own``.
+``tests/integration/test_job_kinds.py::test_a_handed_off_job_begins_without_a_round_trip_of_its_own``;
+a job on a tenant server begun by nothing by
+``tests/integration/test_server_jobs.py::test_no_control_transaction_waits_over_a_server_step``.
 """
 
 from __future__ import annotations

@@ -37,6 +37,12 @@ def tenant_lock(tenant: str) -> sql.Composed:
 
 
 def next_lock(claimed: queue.Claim | None) -> sql.Composed | None:
-    """The first statement of the claimed next job's first step (None: no job, or no tenant)."""
-    tenant = None if claimed is None else claimed.job.tenant_id
-    return None if tenant is None else tenant_lock(tenant)
+    """The first statement of the claimed next job's first step on control (None: no job, no
+    tenant, or a tenant on a tenant server). A job on a tenant server does its step's work
+    there first and opens its control transaction only after that commit
+    (:mod:`provisioner.engine.remote`): a transaction begun for it now would sit idle on
+    control, the tenant's lock held, for as long as the server's work lasts, and a step longer
+    than the session's idle timeout would find that session ended at its close."""
+    if claimed is None or claimed.job.tenant_id is None or claimed.tenant_server is not None:
+        return None
+    return tenant_lock(claimed.job.tenant_id)

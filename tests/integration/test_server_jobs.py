@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -20,6 +21,7 @@ from psycopg.rows import dict_row
 
 from provisioner import queue, service
 from provisioner.engine import Engine, runner
+from provisioner.engine import sessions as engine_sessions
 from provisioner.kinds.provision import PROVISION_JOB_TYPE, STEPS
 from provisioner.local import cluster as local_pg
 from provisioner.models import Job, JobStatus
@@ -340,3 +342,50 @@ def test_a_fleet_upgrades_job_on_a_server_adopts_nothing_of_its_earlier_run(
         ).fetchall()
     runs = {step: 2 if step == "run_tenant_migrations" else 1 for step in SERVER_STEPS}
     assert dict(rows) == runs
+
+
+def test_no_control_transaction_waits_over_a_server_step(
+    settings: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """engine/handoff.py: a job's last commit begins the next job's first transaction only when
+    that job's first step runs on control. Before a job on a tenant server it begins nothing:
+    that transaction would sit idle on control for the whole of the step's work on the server,
+    and a step longer than the sessions' idle timeout (a migration waiting on a lock) would
+    come back to a session the server had ended, and fail the job's close. Here the second
+    job's first server statement waits 3 s on a lock with the idle timeout at 1 s: the job
+    succeeds at its first attempt, every step closed once."""
+    monkeypatch.setattr(engine_sessions, "idle_timeout_ms", lambda stale: 1000)
+    settings = replace(settings, lock_timeout_seconds=30.0)
+    service.enqueue(settings, "home")  # before the server joins: on the control database
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    service.enqueue(settings, "away")
+    with jobs_server.owner() as blocker:
+        blocker.autocommit = False  # its fence row, uncommitted: the adopt's insert waits
+        blocker.execute(
+            "INSERT INTO provisioner_server.fences (tenant_id, token, job_id) "
+            "VALUES ('away', 0, gen_random_uuid())"
+        )
+        release = threading.Timer(3.0, blocker.rollback)
+        release.start()
+        try:
+            claims: list[queue.Claim] = []
+            with Engine.from_settings(settings, "drainer") as engine:
+                first = _drain_once(engine, claims)
+                second = _drain_once(engine, claims)
+        finally:
+            release.join()
+    assert [str(c.job.tenant_id) for c in claims] == ["home", "away"]
+    for outcome in (first, second):
+        assert isinstance(outcome, runner.Settled), outcome
+        assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
+        assert outcome.job.attempts == 1
+    with database.owner() as conn:
+        outcomes = conn.execute(
+            "SELECT step, outcome FROM control.job_step_runs WHERE tenant_id = 'away'"
+        ).fetchall()
+    assert sorted(outcomes) == sorted((step, "succeeded") for step in STEPS)
+    assert sorted(jobs_server.journal("away")) == sorted(SERVER_STEPS)

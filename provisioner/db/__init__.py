@@ -12,7 +12,9 @@ plan-cache tricks, and the caller's connection checks.
 * :mod:`provisioner.db.plans`: generic plans, plans made ahead, prepared statements kept;
 * :mod:`provisioner.db.pipelines`: pipeline mode, left cleanly when a statement in it fails;
 * :mod:`provisioner.db.caller`: the application's own connection, refused before anything is
-  sent when it cannot work.
+  sent when it cannot work;
+* :mod:`provisioner.db.keepalive`: a transaction kept from its idle timeout while its holder
+  works elsewhere (:func:`kept_alive`).
 
 Callers use the names below (``db.Database``, ``db.translated``...), which stay here whatever
 module they live in.
@@ -21,6 +23,7 @@ module they live in.
 from __future__ import annotations
 
 from provisioner.db.conninfo import engine, is_url, libpq_address, with_role
+from provisioner.db.keepalive import kept_alive
 from provisioner.db.pipelines import async_pipeline, pipeline
 from provisioner.db.pooling import transaction_pooled
 from provisioner.db.sessions import (
@@ -69,6 +72,7 @@ __all__ = [
     "engine",
     "is_alive",
     "is_url",
+    "kept_alive",
     "libpq_address",
     "local_settings",
     "login_refused",

@@ -493,7 +493,11 @@ class Engine:
         on that commit too (a LeaseLost rolls it back with the rest)."""
         job, step, kind, ctx = turn.job, turn.step, run.kind, run.context
         run.on_progress(StepEvent(job, step.name, StepOutcome.STARTED))
-        detail = step.run(tx, ctx)
+        if step.works_elsewhere:
+            with db.kept_alive(tx.pg):
+                detail = step.run(tx, ctx)
+        else:
+            detail = step.run(tx, ctx)
         if turn.repairing:
             detail = "; ".join(
                 filter(None, ["re-ran: its effect was missing from the catalog", detail])

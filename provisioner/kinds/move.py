@@ -379,11 +379,11 @@ def _switched(tx: Transaction, ctx: StepContext) -> bool:
 
 
 MOVE_STEPS: tuple[Step, ...] = (
-    Step("precopy_schema", _precopy, _copied),
-    Step("freeze_writes", _freeze, _frozen),
-    Step("copy_schema", _copy, _copied),
-    Step("verify_copy", _verify, _copied),
-    Step("switch_server", _switch, _switched),
+    Step("precopy_schema", _precopy, _copied, works_elsewhere=True),
+    Step("freeze_writes", _freeze, _frozen, works_elsewhere=True),
+    Step("copy_schema", _copy, _copied, works_elsewhere=True),
+    Step("verify_copy", _verify, _copied, works_elsewhere=True),
+    Step("switch_server", _switch, _switched, works_elsewhere=True),
 )
 
 JOB_KINDS: tuple[JobKind, ...] = (

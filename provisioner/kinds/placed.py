@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from provisioner import pool
-from provisioner.db import Transaction
+from provisioner.db import Transaction, kept_alive
 from provisioner.errors import TemplateUnusable
 from provisioner.kinds.provision import GRANTS_IN_PLACE
 from provisioner.kinds.step import StepContext
@@ -126,7 +126,7 @@ def _migrate(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str |
     reason = ctx.templates.disabled.get(tree.digest)
     if reason is None:
         try:
-            reference = _reference(ctx, control, tree)
+            reference = _reference(ctx, control, tree, tx)
         except TemplateUnusable as exc:
             reason = ctx.templates.disabled[tree.digest] = f"template capture failed: {exc}"
         else:
@@ -138,13 +138,17 @@ def _migrate(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str |
     return f"alembic: {reason}"
 
 
-def _reference(ctx: StepContext, control: ControlAccess, tree: migrations.TreeState) -> Reference:
+def _reference(
+    ctx: StepContext, control: ControlAccess, tree: migrations.TreeState, waiting: Transaction
+) -> Reference:
     """Control's reference of the tree state: memoised by the engine, else read or computed
-    and stored in a control transaction of its own (:meth:`TemplateCache.reference`)."""
+    and stored in a control transaction of its own (:meth:`TemplateCache.reference`), the
+    server's transaction (``waiting``) kept alive meanwhile (computing it may outlast its idle
+    timeout: :func:`provisioner.db.kept_alive`)."""
     found = ctx.templates.remembered(control.conn, tree.digest)
     if found is not None:
         return found
-    with control.transaction() as ctx_tx:
+    with kept_alive(waiting.pg), control.transaction() as ctx_tx:
         return ctx.templates.reference(ctx_tx, tree)
 
 

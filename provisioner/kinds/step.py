@@ -86,3 +86,7 @@ class Step:
     effect_present: Callable[[Transaction, StepContext], bool]
     #: False for a step that touches no database (it has no catalog to consult).
     uses_database: bool = True
+    #: True for a step whose work runs on sessions or processes of its own, for longer than
+    #: the engine's idle timeout, while its transaction waits (a move's copy): the engine keeps
+    #: that transaction alive meanwhile (:func:`provisioner.db.kept_alive`).
+    works_elsewhere: bool = False

@@ -57,7 +57,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from provisioner import naming, roles
-from provisioner.db import Transaction, translated
+from provisioner.db import Transaction, kept_alive, translated
 from provisioner.errors import NotReplayable
 from provisioner.roles import AppRoles
 from provisioner.templates import migrations, recording
@@ -470,8 +470,8 @@ class UpgradeCache:
             try:
                 if source is None:
                     reference = obtain_reference(tx, start, tree, app_roles, holder, script)
-                else:
-                    with source.transaction() as at_home:
+                else:  # the server's transaction waits meanwhile: kept alive
+                    with kept_alive(tx.pg), source.transaction() as at_home:
                         reference = obtain_reference(
                             at_home, start, tree, app_roles, holder, script
                         )

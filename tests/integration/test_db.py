@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import psycopg
 import pytest
 from psycopg import pq, sql
@@ -292,3 +295,26 @@ def test_a_statement_before_a_transaction_commits_on_its_own(database: Database)
             assert tx.before_row is None
             insert_tenant(tx, "after")
     assert tenant_rows(database, "after") == 1
+
+
+def test_a_kept_alive_transaction_outlasts_its_idle_timeout_and_only_then(
+    database: Database,
+) -> None:
+    """db/keepalive.py: while the block runs (2.5 s of work elsewhere), the transaction's
+    session pings it and the 1 s idle timeout does not end it; once the block is left the
+    pings have stopped (the thread joined), and the next 2 s idle end it as before. With no
+    timeout set, nothing is started."""
+    options = "-c idle_in_transaction_session_timeout=1000"
+    with psycopg.connect(database.owner_url, options=options) as conn:
+        began = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
+        with db.kept_alive(conn):
+            time.sleep(2.5)
+        assert not [t for t in threading.enumerate() if t.name == "provisioner-keepalive"]
+        assert conn.execute("SELECT pg_current_xact_id()::text").fetchone() == began
+        time.sleep(2.0)
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            conn.execute("SELECT 3")
+    with psycopg.connect(database.owner_url) as conn:
+        conn.execute("SELECT 1")
+        with db.kept_alive(conn):
+            assert not [t for t in threading.enumerate() if t.name == "provisioner-keepalive"]

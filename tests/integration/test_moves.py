@@ -7,12 +7,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
 
 from provisioner import servers, service
-from provisioner.kinds import move_copy
+from provisioner.engine import sessions as engine_sessions
+from provisioner.fleet import move as fleet_move
+from provisioner.kinds import move_copy, move_precopy
+from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from tests.conftest import Database, run_cli, settings_env
@@ -276,3 +283,37 @@ def test_abort_gives_the_source_back_and_drops_the_copy(
     again = move_cli(settings, tenant_server, "odd", "--to", "east")
     assert again.returncode == 0, again.stdout + again.stderr
     assert app_write(tenant_server.app_url, "odd") == "ok"
+
+
+def test_a_copy_longer_than_the_idle_timeout_keeps_the_steps_transaction(
+    settings: Settings,
+    database: Database,
+    tenant_server: TenantServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """db/keepalive.py: a move's steps copy through sessions of their own while the step's
+    control transaction (the tenant's lock, the steps' records) waits. A copy longer than the
+    engine's idle timeout (1 s here; the rows' copy held back 3 s) used to lose that
+    transaction at the step's close, leave the source frozen and copy it all again, as long
+    again, attempt after attempt. Now the move succeeds at its first attempt, its rows there."""
+    for key, value in tenant_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(engine_sessions, "idle_timeout_ms", lambda stale: 1000)
+    provision_with_rows(settings, database, "slow", 100)
+    add_east(database, tenant_server)
+    copy_rows = move_precopy.copy_rows
+    copies: list[float] = []
+
+    def large(*args: Any, **kwargs: Any) -> move_precopy.RowsCopied:
+        copies.append(time.monotonic())
+        time.sleep(3.0)
+        return copy_rows(*args, **kwargs)
+
+    monkeypatch.setattr(move_precopy, "copy_rows", large)
+    moved = fleet_move.move(replace(settings, move_method="dump"), "slow", "east")
+    assert moved.job.status is JobStatus.SUCCEEDED, moved.job.error_detail
+    assert moved.job.attempts == 1 and len(copies) == 1
+    assert service.locate(settings, "slow").server == "east"
+    with tenant_server.app() as conn:
+        assert conn.execute("SELECT count(*) FROM tenant_slow.audit_events").fetchone() == (100,)
+    assert app_write(tenant_server.app_url, "slow") == "ok"

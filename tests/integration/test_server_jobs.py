@@ -27,6 +27,8 @@ from provisioner.local import cluster as local_pg
 from provisioner.models import Job, JobStatus
 from provisioner.queue.claim import claim_params
 from provisioner.settings import Settings
+from provisioner.templates import migrations
+from provisioner.templates import reference as template_reference
 from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, run_cli
 from tests.extra_clusters import TenantServerDb
@@ -388,4 +390,50 @@ def test_no_control_transaction_waits_over_a_server_step(
             "SELECT step, outcome FROM control.job_step_runs WHERE tenant_id = 'away'"
         ).fetchall()
     assert sorted(outcomes) == sorted((step, "succeeded") for step in STEPS)
+    assert sorted(jobs_server.journal("away")) == sorted(SERVER_STEPS)
+
+
+def test_a_server_step_waiting_on_controls_reference_keeps_its_transaction(
+    settings: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """db/keepalive.py, kinds/placed.py: a new tenant's migration step on its server reads the
+    template's reference from control, or waits there while another process computes it,
+    and the step's server transaction waits meanwhile. Longer than the idle timeout (1 s here;
+    the reference's lock held by another session for 2.5 s), that transaction used to be
+    ended by the server and the job ran again; now it is kept alive and the job succeeds at
+    its first attempt."""
+    monkeypatch.setattr(engine_sessions, "idle_timeout_ms", lambda stale: 1000)
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    service.enqueue(settings, "away")
+    digest = migrations.tenant_tree_state().digest
+    waited: list[int] = []
+
+    def release(blocker: psycopg.Connection) -> None:
+        with database.owner() as look:
+            row = look.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+            ).fetchone()
+        waited.append(int(row[0]) if row else 0)
+        blocker.rollback()
+
+    with database.owner() as blocker:  # computing the reference, as another child would
+        blocker.autocommit = False
+        lock = {"class": template_reference.REFERENCE_LOCK_CLASS, "digest": digest}
+        blocker.execute(template_reference.LOCK_REFERENCE, lock)
+        timer = threading.Timer(2.5, release, (blocker,))
+        timer.start()
+        try:
+            claims: list[queue.Claim] = []
+            with Engine.from_settings(settings, "drainer") as engine:
+                outcome = _drain_once(engine, claims)
+        finally:
+            timer.join()
+    assert waited == [1]  # the step waited for the reference all along
+    assert isinstance(outcome, runner.Settled), outcome
+    assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
+    assert outcome.job.attempts == 1
     assert sorted(jobs_server.journal("away")) == sorted(SERVER_STEPS)

@@ -595,6 +595,13 @@ def overview(settings: Settings) -> fleet_overview.Overview:
         return fleet_overview.read(conn, settings.app_roles)
 
 
+def server_rows(settings: Settings) -> list[fleet_overview.ServerRow]:
+    """The control database and every tenant server, with their references and their tenants'
+    jobs, in one snapshot (the console's servers page), read as the owner."""
+    with writer_connection(settings, "console") as conn, conn.transaction():
+        return fleet_overview.server_rows(conn)
+
+
 def rollout_history(settings: Settings, limit: int = 20) -> list[rollout.PastRollout]:
     """The newest rollouts, each with its tenants by phase."""
     with writer_connection(settings, "console") as conn:

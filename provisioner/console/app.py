@@ -253,6 +253,7 @@ class Console:
             Route("/rollouts", self.page("rollouts.html", lambda r: pages.rollouts(settings))),
             Route("/queue", self.page("queue.html", lambda r: pages.queue(settings))),
             Route("/pool", self.page("pool.html", lambda r: pages.pool(settings))),
+            Route("/servers", self.page("servers.html", lambda r: pages.servers(settings))),
             Route("/tenant", open_tenant),
             Route(
                 "/tenants/{tenant}",

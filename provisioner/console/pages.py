@@ -5,6 +5,7 @@ thread pool (the library is synchronous); none writes.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from provisioner import service
 from provisioner.models import Job, JobStatus
 from provisioner.queue.journal import JobRunRecord, StepRunRecord
+from provisioner.servers.directory import Placement
 from provisioner.settings import Settings
 from provisioner.tenant.state import TenantState
 
@@ -30,7 +32,13 @@ def fleet(settings: Settings) -> dict[str, Any]:
         "heads": service.tenants_per_head(settings),
         "failed": service.list_jobs(settings, status=JobStatus.FAILED.value, limit=20),
         "progress": service.upgrade_progress(settings),
+        "server_statuses": _by_status(overview.servers),
     }
+
+
+def _by_status(placed: Placement) -> dict[str, int]:
+    """How many tenant servers are in each status (the fleet page's card: empty, no card)."""
+    return dict(Counter(server.status.value for server in placed.servers))
 
 
 def rollouts(settings: Settings) -> dict[str, Any]:
@@ -116,3 +124,10 @@ def queue(settings: Settings) -> dict[str, Any]:
 def pool(settings: Settings) -> dict[str, Any]:
     overview = service.overview(settings)
     return {"pool": overview.pool, "heartbeats": overview.heartbeats, "size": settings.pool_size}
+
+
+def servers(settings: Settings) -> dict[str, Any]:
+    """The control database and every tenant server, with their references and their tenants'
+    jobs, in one snapshot, read as the owner like ``servers list``."""
+    rows = service.server_rows(settings)
+    return {"rows": rows, "registered": len(rows) > 1}

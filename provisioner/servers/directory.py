@@ -83,6 +83,17 @@ LOCATE = "SELECT server, conninfo FROM control.tenant_location(%(tenant_id)s)"
 # Each server's status and load, without its reference (what the application role may read).
 LOADS = "SELECT name, status, capacity, weight, placed FROM control.tenant_servers ORDER BY name"
 
+# Each server's status and load (no reference) and the tenants (not purged) on the control
+# database, in one statement for the metrics' snapshot: one row with no server at all (its
+# server columns NULL), else one per server.
+PLACEMENT = """
+SELECT c.on_control, s.name, s.status, s.capacity, s.placed
+  FROM (SELECT count(*) AS on_control FROM control.tenants
+         WHERE server IS NULL AND state <> 'deleted') AS c
+  LEFT JOIN control.tenant_servers AS s ON true
+ ORDER BY s.name
+"""
+
 # The server of each tenant that lives on one (a list's or a report's column).
 SERVERS_OF = "SELECT tenant_id, server FROM control.tenants WHERE server IS NOT NULL"
 
@@ -147,6 +158,15 @@ class Directory:
 
     servers: list[TenantServer]
     on_control: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the tenants (not purged) are: how many on the control database, and each server's
+    status and load (by name)."""
+
+    on_control: int
+    servers: list[ServerLoad]
 
 
 @dataclass(frozen=True)
@@ -274,6 +294,20 @@ def loads(conn: Conn) -> list[ServerLoad]:
             ServerLoad(r["name"], ServerStatus(r["status"]), r["capacity"], r["placed"])
             for r in cur.fetchall()
         ]
+
+
+def placement(conn: Conn) -> Placement:
+    """The control database's tenants and every server's load in one statement, so that a
+    caller's snapshot (the metrics' scrape) reads them together."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(PLACEMENT)
+        rows = cur.fetchall()
+    loads = [
+        ServerLoad(r["name"], ServerStatus(r["status"]), r["capacity"], r["placed"])
+        for r in rows
+        if r["name"] is not None
+    ]
+    return Placement(int(rows[0]["on_control"]), loads)
 
 
 def servers_of(conn: Conn) -> dict[str, str]:

@@ -12,8 +12,8 @@ Two sources, one registry (the worker's own, not the library's global one):
 * **Read from the database at each scrape** by :class:`FleetCollector`, on its own connection:
   the queue by kind and status and the oldest ready job's wait (one statement for every kind),
   the warm pool's spares, the newest rollout's tenants by phase, each component's heartbeat
-  age, the tenants by their last recorded drift check
-  (:func:`provisioner.fleet.overview.read`). A scrape while the database is down still
+  age, the tenants by their last recorded drift check, each server's tenants, capacity and
+  status (:func:`provisioner.fleet.overview.read`). A scrape while the database is down still
   answers: the counters, and ``provisioner_database_up 0``.
 """
 
@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from provisioner import db
 from provisioner.errors import ProvisionerError
 from provisioner.fleet import overview
+from provisioner.servers.directory import CONTROL, Placement
 from provisioner.settings import Settings
 
 #: Step durations run from milliseconds (a grant) to minutes (a big migration).
@@ -129,6 +130,34 @@ def _families(found: overview.Overview) -> Iterator[Metric]:
     if found.drift.last_checked_at is not None:
         last_check.add_metric([], found.drift.last_checked_at.timestamp())
     yield from (jobs, oldest, tenants, spares, rollout, beats, checked, last_check)
+    yield from _server_families(found.servers)
+
+
+def _server_families(placed: Placement) -> Iterator[Metric]:
+    """Each server's tenants (the control database's as ``control``), capacity (a server
+    without a limit has none) and status (1 for its current one; tenant servers only)."""
+    tenants = GaugeMetricFamily(
+        "provisioner_server_tenants",
+        "Tenants (not purged) on each server; the control database is 'control'",
+        labels=["server"],
+    )
+    capacity = GaugeMetricFamily(
+        "provisioner_server_capacity",
+        "Each tenant server's capacity in tenants (absent: no limit)",
+        labels=["server"],
+    )
+    status = GaugeMetricFamily(
+        "provisioner_server_status",
+        "1 for each tenant server's current status (active, draining, full, retired)",
+        labels=["server", "status"],
+    )
+    tenants.add_metric([CONTROL], placed.on_control)
+    for server in placed.servers:
+        tenants.add_metric([server.name], server.placed)
+        if server.capacity is not None:
+            capacity.add_metric([server.name], server.capacity)
+        status.add_metric([server.name, server.status.value], 1)
+    yield from (tenants, capacity, status)
 
 
 class WorkerMetrics:

@@ -217,6 +217,11 @@ def test_every_page_a_live_rollout_and_actions_without_and_with_the_token(
     assert "spares ready" in text(browser, "#pool")
     shot(browser, "pool")
 
+    # The servers page: the control database alone in this fleet.
+    browser.get(console.url + "/servers")
+    assert "No tenant server is registered" in text(browser, "#no-servers")
+    assert text(browser, "#server-control").startswith(f"control default {len(TENANTS) + 1} ")
+
     # An action without the token: refused, nothing changed.
     browser.get(console.url + "/queue")
     failed_job = job_row(database, "con_broken")
@@ -303,7 +308,7 @@ def test_without_a_token_the_console_is_read_only(
     assert refused[0] == 403 and "read-only" in refused[1]
     action = request(port, "POST", "/rollouts/abort", Origin=origin)
     assert action[0] == 403 and "read-only" in action[1]
-    for path in ("/", "/rollouts", "/pool", "/queue?fragment=1"):
+    for path in ("/", "/rollouts", "/pool", "/servers", "/queue?fragment=1"):
         assert request(port, "GET", path)[0] == 200
     assert request(port, "GET", "/tenants/nobody")[0] == 404
     status, page, _ = request(port, "GET", "/tenants/Not%20Valid")

@@ -17,9 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg.rows import dict_row
 
 from provisioner import queue, service
+from provisioner.servers import ServerStatus
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.testing import Tenant
+from provisioner.worker.metrics import WorkerMetrics
 from tests.conftest import Database, run_cli
 from tests.integration.test_fleet_upgrade import make_tree
 from tests.workers import Workers, wait_until
@@ -141,6 +143,57 @@ def test_a_scrape_while_the_worker_runs_jobs_matches_the_queue_rows(
     assert set(beats) == {(("component", "provisioner-worker"),)}
     assert samples[("provisioner_database_up", ())] == 1.0
     assert worker.stop() == 0
+
+
+SERVER_GAUGES = (
+    "provisioner_server_tenants",
+    "provisioner_server_capacity",
+    "provisioner_server_status",
+)
+
+
+def server_gauges(samples: Samples) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    return {name: labelled(samples, name) for name in SERVER_GAUGES}
+
+
+def test_the_server_gauges_count_each_servers_tenants_capacity_and_status(
+    settings: Settings, database: Database
+) -> None:
+    """Scraped over HTTP from the worker's registry (no worker process needed: the gauges are
+    read at each scrape). The directory's servers are never contacted, so their references
+    name services that need not exist."""
+    service.enqueue(settings, "srv_home")  # no server yet: the control database
+    service.enqueue(settings, "srv_gone")
+    with database.owner() as conn:  # purged: counted nowhere
+        conn.execute("UPDATE control.tenants SET state = 'deleted' WHERE tenant_id = 'srv_gone'")
+    metrics = WorkerMetrics(settings, "test-servers")
+    _, port = metrics.start()
+    try:
+        assert server_gauges(scrape(port)) == {
+            "provisioner_server_tenants": {(("server", "control"),): 1.0},
+            "provisioner_server_capacity": {},
+            "provisioner_server_status": {},
+        }
+        service.add_server(settings, "east", "service=east_unused", capacity=4)
+        service.add_server(settings, "west", "service=west_unused", weight=2)
+        service.enqueue(settings, "srv_east", server="east")
+        service.set_server_status(settings, "west", ServerStatus.DRAINING)
+        samples = scrape(port)
+    finally:
+        metrics.stop()
+    assert server_gauges(samples) == {
+        "provisioner_server_tenants": {
+            (("server", "control"),): 1.0,
+            (("server", "east"),): 1.0,
+            (("server", "west"),): 0.0,
+        },
+        "provisioner_server_capacity": {(("server", "east"),): 4.0},
+        "provisioner_server_status": {
+            (("server", "east"), ("status", "active")): 1.0,
+            (("server", "west"), ("status", "draining")): 1.0,
+        },
+    }
+    assert samples[("provisioner_database_up", ())] == 1.0
 
 
 def test_the_metrics_are_off_unless_a_port_is_set_and_a_bad_port_is_refused() -> None:

@@ -30,6 +30,7 @@ from bench import (
     provisioning,
     scale,
     server_jobs,
+    storage,
     tenant_fixture,
     wake,
     workers,
@@ -58,6 +59,7 @@ OPT_IN = (
     "failover",
     "server-jobs",
     "fleet-servers",
+    "storage",
 )
 
 
@@ -189,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                 "server-jobs": (
                     "enqueue -> succeeded through a running worker: control vs a tenant server",
                     lambda: server_jobs.run(cluster, results),
+                ),
+                "storage": (
+                    "the S3 readiness check: one store kept vs a new store per check (moto)",
+                    lambda: storage.run(results),
                 ),
                 "fleet-scale": (
                     f"{args.fleet_scale_tenants} tenants at t004 built in bulk, who is behind, "

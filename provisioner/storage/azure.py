@@ -22,6 +22,7 @@ from provisioner.settings import AZURE_CREDENTIAL_ENV, Settings
 from provisioner.storage.base import (
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
+    ClientMemo,
     fail,
     library_gone,
     require_library,
@@ -40,6 +41,11 @@ class AzureBlobStore:
     connect_timeout: float = CONNECT_TIMEOUT
     read_timeout: float = READ_TIMEOUT
     provider: str = "azure"
+    #: the container's client, built by the first check
+    #: (:class:`provisioner.storage.base.ClientMemo`)
+    _clients: ClientMemo[ContainerClient] = field(
+        default_factory=ClientMemo, init=False, repr=False, compare=False
+    )
 
     def describe(self) -> str:
         return f"azure container '{self.container}' at {self._account()}"
@@ -96,7 +102,7 @@ class AzureBlobStore:
             library_gone(self.provider, "azure-storage-blob", "azure", exc)
 
         try:
-            client = self._client()
+            client = self._clients.get(self._client)
         except (ValueError, AzureError) as exc:
             fail(
                 self,
@@ -106,8 +112,7 @@ class AzureBlobStore:
                 exc,
             )
         try:
-            with client:
-                client.get_container_properties()
+            client.get_container_properties()
         except ResourceNotFoundError as exc:
             fail(
                 self,

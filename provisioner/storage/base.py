@@ -11,12 +11,24 @@ endpoint fails the check in seconds rather than minutes; the queue's backoff doe
 Third-party errors are translated in each store's module, once, into the two classes above;
 messages name the provider, the bucket or container and the remedy, never a key, token or
 connection string.
+
+A store builds its SDK client at its first check and keeps it for the next ones
+(:class:`ClientMemo`): a new boto3 session and client cost 90-190 ms of the process's CPU (the
+service's model loaded, the client class built), more than a tenant's whole provisioning, on
+every sign-up; a kept client costs its one request, on a connection it keeps open. Its
+credentials are resolved then, once per store (a worker's engine child holds one store for its
+life): keys from the environment or a file are read when the child first checks, refreshable
+ones (an instance or task role, web identity) renew themselves. Pinned by
+``tests/integration/test_storage.py::test_a_store_keeps_its_client_and_the_credentials_it_read``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import NoReturn, Protocol
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, NoReturn, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from provisioner.errors import ConfigurationError, StorageMisconfigured, StorageUnavailable
@@ -89,3 +101,23 @@ def fail(
 ) -> NoReturn:
     """Raise ``kind`` with one secret-free line: the store, then what went wrong."""
     raise kind(redact(f"{store.describe()} {what}")) from exc
+
+
+Client = TypeVar("Client")
+
+
+@dataclass
+class ClientMemo(Generic[Client]):
+    """A store's SDK client, built by its first check and used by every check after it (see the
+    module). The SDKs' clients are safe to share between threads; building one is not."""
+
+    _client: Client | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, build: Callable[[], Client]) -> Client:
+        """The client, built now by ``build`` if no check built it yet (a failed build is not
+        kept: the next check tries again)."""
+        with self._lock:
+            if self._client is None:
+                self._client = build()
+            return self._client

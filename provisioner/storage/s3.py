@@ -10,8 +10,8 @@ when it is not installed. botocore's errors are translated here and nowhere else
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ from provisioner.settings import Settings
 from provisioner.storage.base import (
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
+    ClientMemo,
     fail,
     library_gone,
     require_library,
@@ -77,6 +78,10 @@ class S3Store:
     connect_timeout: float = CONNECT_TIMEOUT
     read_timeout: float = READ_TIMEOUT
     provider: str = "s3"
+    #: the boto3 client, built by the first check (:class:`provisioner.storage.base.ClientMemo`)
+    _clients: ClientMemo[Any] = field(
+        default_factory=ClientMemo, init=False, repr=False, compare=False
+    )
 
     def describe(self) -> str:
         where = f" at {safe_endpoint(self.endpoint_url)}" if self.endpoint_url else ""
@@ -97,11 +102,13 @@ class S3Store:
             s3={"addressing_style": self.addressing_style or "auto"},
         )
         try:
-            client = Session().client(
-                "s3",
-                endpoint_url=self.endpoint_url,
-                region_name=self.region,
-                config=config,
+            client = self._clients.get(
+                lambda: Session().client(
+                    "s3",
+                    endpoint_url=self.endpoint_url,
+                    region_name=self.region,
+                    config=config,
+                )
             )
         except (ValueError, botocore.exceptions.BotoCoreError) as exc:
             # An endpoint URL botocore cannot use, or a broken AWS profile/config file.
@@ -155,8 +162,6 @@ class S3Store:
                 "the job will be retried",
                 exc,
             )
-        finally:
-            client.close()
 
     def _client_error(self, exc: botocore.exceptions.ClientError) -> NoReturn:
         error = exc.response.get("Error", {})

@@ -189,40 +189,44 @@ def _iam_user(
     return key["AccessKeyId"], key["SecretAccessKey"]
 
 
-def test_s3_credentials_are_checked(
-    s3_bucket: S3Bucket, moto_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    put_objects(s3_bucket)
-    before = s3_bucket.snapshot()
-    read_only = {
+def _read_only(bucket: S3Bucket) -> dict[str, object]:
+    """An IAM policy that lets its user read ``bucket`` and nothing else."""
+    return {
         "Version": "2012-10-17",
         "Statement": [
             {
                 "Effect": "Allow",
                 # AWS authorises HeadBucket as s3:ListBucket; moto calls it s3:HeadBucket.
                 "Action": ["s3:ListBucket", "s3:HeadBucket", "s3:GetObject"],
-                "Resource": [
-                    f"arn:aws:s3:::{s3_bucket.name}",
-                    f"arn:aws:s3:::{s3_bucket.name}/*",
-                ],
+                "Resource": [f"arn:aws:s3:::{bucket.name}", f"arn:aws:s3:::{bucket.name}/*"],
             }
         ],
     }
-    reader_key, reader_secret = _iam_user(moto_server, unique_name("reader"), read_only)
+
+
+def test_s3_credentials_are_checked(
+    s3_bucket: S3Bucket, moto_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put_objects(s3_bucket)
+    before = s3_bucket.snapshot()
+    reader_key, reader_secret = _iam_user(
+        moto_server, unique_name("reader"), _read_only(s3_bucket)
+    )
     stranger_key, stranger_secret = _iam_user(moto_server, unique_name("stranger"), None)
     bogus_key, bogus_secret = "AKIA" + "X" * 16, "bogus/" + "y" * 34
-    store = store_from_settings(s3_bucket.settings())
 
     moto_server.enforce_auth(0)
     try:
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", reader_key)
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", reader_secret)
-        store.check()  # read-only rights are enough
+        store_from_settings(s3_bucket.settings()).check()  # read-only rights are enough
 
         refusals = {}
         for key, secret in ((stranger_key, stranger_secret), (bogus_key, bogus_secret)):
             monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
             monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+            # a store reads its credentials at its first check: a new one for each
+            store = store_from_settings(s3_bucket.settings())
             error, _ = timed_failure(store.check, StorageMisconfigured)
             refusals[key] = str(error)
             assert_secret_free(str(error), secret, key)
@@ -234,6 +238,38 @@ def test_s3_credentials_are_checked(
         assert "credentials" in message
         assert f"'{s3_bucket.name}'" in message
     assert s3_bucket.snapshot() == before
+
+
+def test_a_store_keeps_its_client_and_the_credentials_it_read(
+    s3_bucket: S3Bucket, moto_server: MotoS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """storage/base.py: a store builds its client at its first check and keeps it: the next
+    checks build no boto3 session (one costs ~100 ms of CPU) and sign with the credentials
+    read then, even once the environment's are wrong; a new store reads them again."""
+    key, secret = _iam_user(moto_server, unique_name("keeper"), _read_only(s3_bucket))
+    sessions: list[object] = []
+    real_session = boto3.session.Session
+
+    def counted(*args: object, **kwargs: object) -> boto3.session.Session:
+        sessions.append(args)
+        return real_session(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(boto3.session, "Session", counted)
+    moto_server.enforce_auth(0)
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        store = store_from_settings(s3_bucket.settings())
+        store.check()
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong/" + "z" * 34)
+        for _ in range(3):
+            store.check()  # the credentials it read at its first check
+        assert len(sessions) == 1
+        error, _ = timed_failure(store_from_settings(s3_bucket.settings()).check,
+                                 StorageMisconfigured)  # fmt: skip
+    finally:
+        moto_server.disable_auth()
+    assert "access denied" in str(error) and len(sessions) == 2
 
 
 def test_s3_outage_is_transient_and_recovers_on_the_same_port(

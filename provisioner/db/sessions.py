@@ -28,6 +28,14 @@ failing last statement commits nothing, and the block raises and rolls back
 A statement may also be committed on its own just before a transaction begins, in the same
 round trip (``before``: the step engine's first journal row), pinned by
 ``test_a_statement_before_a_transaction_commits_on_its_own``.
+
+**A pooled session is replaced after** :data:`RECYCLE_AFTER_USES` **uses** (checkouts, and a
+worker child's jobs on its held session: :meth:`Session.used`): its server process keeps every
+relation it opened in its catalog caches for its life, one tenant schema after another (10-34
+KiB for a 2-table schema, more for a larger template; 0.1-0.35 GB for a session that upgraded
+10,000 tenants), and returns that memory only when it exits. Invariant: a spent session is
+closed when it is handed back, never under a transaction; the next use opens a new one
+(``test_a_pooled_session_is_replaced_after_its_uses``).
 """
 
 from __future__ import annotations
@@ -62,6 +70,12 @@ CONNECT_TIMEOUT_SECONDS = 5
 SA_CONNECT_ARGS: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
 #: A pooled session used this long ago or less needs no liveness check before a job.
 FRESH_SECONDS = 1.0
+#: Uses of a pooled session before it is replaced (see the module): a reconnect costs a few
+#: ms once per this many jobs, and bounds what one server process holds of the tenants' catalog.
+RECYCLE_AFTER_USES = 200
+#: The key of a session's count of uses in its pooled connection's ``info`` (which SQLAlchemy
+#: clears when the connection is replaced).
+USES = "provisioner_uses"
 
 
 def connect(
@@ -250,6 +264,22 @@ class Session:
     rolled back (SQLAlchemy reconnects it)."""
 
     conn: sa.Connection
+    #: its uses before it is replaced (see the module)
+    recycle_after: int = RECYCLE_AFTER_USES
+
+    def used(self) -> None:
+        """Count one more use of its server process (:meth:`Database.session` counts each
+        checkout; a worker child counts each job it runs on a session it holds on)."""
+        self.conn.info[USES] = self.uses + 1
+
+    @property
+    def uses(self) -> int:
+        return int(self.conn.info.get(USES, 0))
+
+    @property
+    def spent(self) -> bool:
+        """True once it served its uses: handed back, it is closed."""
+        return self.uses >= self.recycle_after
 
     @property
     def driver(self) -> ChainingConnection:
@@ -330,6 +360,7 @@ class Database:
         idle_in_transaction_timeout_ms: int | None = None,
         settings: dict[str, str] | None = None,
         most_sessions: int = 2,
+        recycle_after: int | None = None,
     ) -> None:
         # Generic plans: the statements planned ahead on an idle session (on_idle_session, the
         # warm-up after a spare build) are used as they are, not planned again for their values.
@@ -342,6 +373,8 @@ class Database:
             options["idle_in_transaction_session_timeout"] = idle_in_transaction_timeout_ms
         self.url = url
         self.application_name = application_name[:63]
+        #: uses of a session before it is replaced (None: :data:`RECYCLE_AFTER_USES`)
+        self.recycle_after = recycle_after or RECYCLE_AFTER_USES
         #: until when the pooled session counts as just checked (see connect_ahead)
         self._fresh_until = 0.0
         connect_args: dict[str, Any] = {
@@ -377,12 +410,17 @@ class Database:
     def session(self) -> Iterator[Session]:
         """The pooled session checked out for several transactions (a job's): each then costs
         no checkout and check-in of the pool, 40-50 us apiece. A
-        transaction its last commit began and nobody took is rolled back at its end."""
+        transaction its last commit began and nobody took is rolled back at its end; a session
+        that served its uses is then closed (see the module)."""
         with translated(), self._engine.connect() as conn:
+            session = Session(conn, self.recycle_after)
+            session.used()
             try:
-                yield Session(conn)
+                yield session
             finally:
                 _end_chained(conn)
+                if not conn.closed and not conn.invalidated and session.spent:
+                    conn.invalidate()  # spent: closed, the next use opens a new one
 
     def connect_ahead(
         self, prepare: Callable[[Transaction], object] | None = None

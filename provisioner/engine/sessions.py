@@ -134,15 +134,19 @@ class EngineSessions:
         """The steps' pooled session, checked out once for the whole job: its transactions
         cost no pool checkout each (see :meth:`transaction`). A job whose last commit began the
         next job's first transaction (:mod:`provisioner.engine.handoff`) leaves the session
-        checked out, that transaction open, for the next job; any other end checks it in (a
-        transaction begun ahead is rolled back then)."""
+        checked out, that transaction open, for the next job, unless the session served its
+        uses (it is then replaced: :data:`provisioner.db.sessions.RECYCLE_AFTER_USES`); any
+        other end checks it in (a transaction begun ahead is rolled back then)."""
         if self._session is None:
             self._held = ExitStack()
             self._session = self._held.enter_context(self.db.session())
+        else:
+            self._session.used()  # one more job on the session held since the last one
         handed_on = False
         try:
             yield
-            handed_on = self._session.driver.chained is not None
+            # a spent session is handed back (and replaced: db/sessions.py), its chain dropped
+            handed_on = self._session.driver.chained is not None and not self._session.spent
         finally:
             if not handed_on:
                 self.end_job_session()

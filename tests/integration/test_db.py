@@ -318,3 +318,36 @@ def test_a_kept_alive_transaction_outlasts_its_idle_timeout_and_only_then(
         conn.execute("SELECT 1")
         with db.kept_alive(conn):
             assert not [t for t in threading.enumerate() if t.name == "provisioner-keepalive"]
+
+
+def test_a_pooled_session_is_replaced_after_its_uses(database: Database) -> None:
+    """db/sessions.py: a pooled session serves ``recycle_after`` uses (checkouts), then is
+    closed as it is handed back, its server process with it, and the next use opens a new
+    one; a transaction begun ahead on it is rolled back first, never left open."""
+    with db.Database(database.owner_url, recycle_after=3) as owner:
+        pids = []
+        for _ in range(7):
+            with owner.transaction() as tx:
+                row = tx.pg.execute("SELECT pg_backend_pid()").fetchone()
+                assert row is not None
+                pids.append(int(row[0]))
+        assert pids[0] == pids[1] == pids[2] != pids[3] == pids[4] == pids[5] != pids[6]
+        with owner.session() as session:
+            for _ in range(2):
+                session.used()  # a worker child's jobs on a session it holds on
+            assert session.spent
+            with session.transaction(LOCK, then=LOCK):
+                pass  # its commit begins the next transaction, with the lock
+        assert lock_free(database, 1)  # rolled back as the spent session was closed
+    with database.owner() as conn:
+
+        def alive() -> int:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids[:6],)
+            ).fetchone()
+            return int(row[0]) if row else -1
+
+        deadline = time.monotonic() + 10  # a closed session's process exits at once, or nearly
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive() == 0  # the spent sessions' server processes are gone

@@ -259,6 +259,34 @@ def test_a_handed_off_job_begins_without_a_round_trip_of_its_own(
     assert runs[0]["started_at"] == opened["started_at"]  # the row the first job opened
 
 
+def test_a_worker_childs_steps_session_is_replaced_after_its_jobs(
+    fast: Settings, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """db/sessions.py, engine/sessions.py: a worker child holds its steps' session from one
+    job to the next (hand-offs), and counts each job as a use of it: after 2 (here) the
+    session is handed back and closed, the transaction begun ahead for the next job rolled
+    back, and the next job opens a new one. Five jobs, three sessions; every job succeeds at
+    its first attempt."""
+    monkeypatch.setattr(db.sessions, "RECYCLE_AFTER_USES", 2)
+    tenants_ = [f"recycled{i}" for i in range(5)]
+    for tenant in tenants_:
+        enqueue(database, tenant)
+    steps_pids: set[int] = set()
+    with Engine.from_settings(fast, "drainer") as engine:
+        control_pid = engine.control.info.backend_pid
+        for _ in tenants_:
+            outcome = drain_once(engine)
+            assert isinstance(outcome, runner.Settled), outcome
+            assert (outcome.job.status, outcome.job.attempts) == (JobStatus.SUCCEEDED, 1)
+            with psycopg.connect(database.owner_url, autocommit=True) as conn:
+                rows = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'drainer'"
+                ).fetchall()
+            steps_pids |= {int(pid) for (pid,) in rows} - {control_pid}
+        assert not begun_ahead(database, "drainer", tenants_[-1])
+    assert len(steps_pids) == 3, steps_pids
+
+
 def journal(database: Database, tenant: str) -> list[dict[str, Any]]:
     with psycopg.connect(database.owner_url, row_factory=dict_row) as conn:
         return conn.execute(

@@ -487,6 +487,20 @@ def retry_failed(settings: Settings, kind: str | None = None) -> list[Job]:
     return jobs
 
 
+def prune_history(
+    settings: Settings,
+    days: int,
+    *,
+    dry_run: bool = False,
+    on_batch: Callable[[int], None] = lambda deleted: None,
+) -> queue.Pruned:
+    """Delete the queue's history that ended more than ``days`` days ago, as the owner (or
+    count it: ``dry_run``); see :mod:`provisioner.queue.retention`."""
+    conn = db.connect(settings.owner_url, application_name="prune", autocommit=True)
+    with closing(conn), db.translated():
+        return queue.prune_history(conn, days, dry_run=dry_run, on_batch=on_batch)
+
+
 @dataclass(frozen=True)
 class TenantStatus:
     #: the tenant's most recently changed job of the owner's kinds (never the application's)

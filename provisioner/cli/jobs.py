@@ -1,5 +1,5 @@
-"""``provisioner jobs``: the operator's view of the queue (``list``) and its levers (``retry``,
-``cancel``)."""
+"""``provisioner jobs``: the operator's view of the queue (``list``), its levers (``retry``,
+``cancel``) and its history's retention (``prune``)."""
 
 from __future__ import annotations
 
@@ -105,3 +105,36 @@ def jobs_cancel(ctx: click.Context, job_id: str) -> None:
     """Cancel a queued or running job; a running holder stops recording at its next step."""
     job = service.cancel_job(settings_of(ctx), job_id)
     click.echo(f"job {job.id} cancelled")
+
+
+@jobs.command("prune")
+@click.option(
+    "--older-than",
+    "days",
+    type=click.IntRange(0, 36500),
+    required=True,
+    help="Delete the history that ended more than this many days ago (0: all that ended).",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as one JSON object.")
+@click.pass_context
+@fail_cleanly
+def jobs_prune(ctx: click.Context, days: int, dry_run: bool, as_json: bool) -> None:
+    """Delete the queue's history that ended before the cutoff: ended steps' records, a job's
+    runs before its current one, ended rollouts but the newest. Jobs (each tenant's
+    checkpoint) are never deleted. Progress goes to stderr."""
+
+    def progress(deleted: int) -> None:
+        if not as_json:
+            click.echo(f"... {deleted:,} step records deleted", err=True)
+
+    pruned = service.prune_history(settings_of(ctx), days, dry_run=dry_run, on_batch=progress)
+    if as_json:
+        emit_json(pruned.view())
+        return
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(
+        f"{verb} {pruned.step_records:,} step records, {pruned.runs:,} earlier runs and "
+        f"{pruned.rollouts:,} rollouts ({pruned.rollout_tenants:,} rollout tenants) that ended "
+        f"before {pruned.cutoff:%Y-%m-%d %H:%M:%S %Z}"
+    )

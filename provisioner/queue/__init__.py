@@ -148,6 +148,8 @@ from provisioner.queue.model_rows import (
     SWEEP_NEW_JOBS,
     SWEEP_SNAPSHOT,
 )
+from provisioner.queue.retention import Pruned
+from provisioner.queue.retention import prune as prune_history
 from provisioner.queue.rows import (
     BACKOFF_CAP_SECONDS,
     ERROR_DETAIL_LIMIT,
@@ -251,6 +253,7 @@ __all__ = [
     "OpenedRun",
     "OrphanedJobs",
     "PlanAhead",
+    "Pruned",
     "StepRunOutcome",
     "StepRunRecord",
     "abandon_step_runs",
@@ -290,6 +293,7 @@ __all__ = [
     "phases",
     "phases_by_server",
     "plan_claim",
+    "prune_history",
     "record_step",
     "recover_stale",
     "release",

@@ -61,9 +61,13 @@ class SecurityHeaders:
 
 
 def _ago(value: datetime | None) -> str:
+    """How long ago a database timestamp was, by this host's clock: one that runs behind the
+    database's would show a time ahead as "-4 s ago", shown as "just now" instead."""
     if value is None:
         return "-"
     seconds = (datetime.now(UTC) - value).total_seconds()
+    if seconds < 1:
+        return "just now"
     if seconds < 90:
         return f"{seconds:.0f} s ago"
     if seconds < 5400:

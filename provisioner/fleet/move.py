@@ -23,7 +23,6 @@ server, a target that takes no tenants, an open move; UnknownTenant or UnknownSe
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -234,9 +233,8 @@ def finish(settings: Settings, tenant_id: str, *, grace_seconds: float) -> moves
         current = moves.get_move(conn, tenant)
         if current is None or current.phase is not moves.MovePhase.SWITCHED:
             raise InvalidInput(f"tenant {tenant} has no switched move to finish")
-        assert current.switched_at is not None
-        due = current.switched_at + timedelta(seconds=grace_seconds)
-        if datetime.now(UTC) < due:
+        due, over = moves.grace_over(conn, tenant, grace_seconds)
+        if not over:
             raise InvalidInput(
                 f"the grace period of tenant {tenant}'s move ends at {due.isoformat()}: "
                 "run again then, or with --grace 0"

@@ -75,9 +75,21 @@ SELECT h.holder FROM control.lease_holders h
 # holder that stopped beating (SILENT_HOLDERS); not renewed for the stale threshold (a holder
 # that never beats, such as a one-off command); or, for the owner's kinds, without progress
 # (no step recorded since the claim or the last step) for the stale threshold although its
-# holder beats: a stuck holder. The stale threshold is the outer bound of a step.
+# holder beats: a stuck holder. The stale threshold is the outer bound of a step. A job row
+# locked now is in its holder's open transaction (a live one: a dead holder's transaction ends
+# with its session, or at the idle timeout): skipped, not waited for, which stalled the
+# recovering worker's loop behind a move's copy.
 RECOVER_STALE = f"""
-WITH silent AS MATERIALIZED ({SILENT_HOLDERS.strip()})
+WITH silent AS MATERIALIZED ({SILENT_HOLDERS.strip()}),
+stale AS (
+    SELECT id FROM control.platform_jobs
+     WHERE status = 'running'
+       AND (locked_at < now() - make_interval(secs => %(stale)s)
+            OR (updated_at < now() - make_interval(secs => %(stale)s)
+                AND (locked_at IS NULL OR NOT control.by_application(job_type)))
+            OR locked_by IN (SELECT holder FROM silent))
+       FOR UPDATE SKIP LOCKED
+)
 UPDATE control.platform_jobs
    SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
        available_at = now(),
@@ -85,11 +97,7 @@ UPDATE control.platform_jobs
        error_detail = CASE WHEN locked_by IN (SELECT holder FROM silent) THEN %(silent_detail)s
                            ELSE %(detail)s END,
        locked_at = NULL, locked_by = NULL, updated_at = now()
- WHERE status = 'running'
-   AND (locked_at < now() - make_interval(secs => %(stale)s)
-        OR (updated_at < now() - make_interval(secs => %(stale)s)
-            AND (locked_at IS NULL OR NOT control.by_application(job_type)))
-        OR locked_by IN (SELECT holder FROM silent))
+ WHERE id IN (SELECT id FROM stale)
 RETURNING *
 """
 

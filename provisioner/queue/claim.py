@@ -50,11 +50,14 @@ CLAIMABLE = """
 
 # The claim's common expressions (``claimed``: the job's row as claimed, and the ``xmin`` its
 # claim wrote, the run's fencing token: queue/fence.py), which CLAIM_NEXT and the hand-off's
-# claim (queue/handoff.py) select from.
+# claim (queue/handoff.py) select from. Its times are the statement's: a hand-off claims in
+# the last step's transaction, which may have begun long before (a move's freeze), and a job
+# stamped with that transaction's start would count as without progress for that long
+# (RECOVER_STALE).
 CLAIMING = f"""next AS ({CLAIMABLE}), claimed AS (
     UPDATE control.platform_jobs AS j
        SET status = 'running', attempts = j.attempts + 1, locked_at = clock_timestamp(),
-           locked_by = %(worker)s, updated_at = now()
+           locked_by = %(worker)s, updated_at = clock_timestamp()
       FROM next
      WHERE j.id = next.id
     RETURNING j.*, j.xmin AS claim_xmin

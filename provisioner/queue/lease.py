@@ -175,10 +175,15 @@ SELECT * FROM released
 """
 
 
-# Renew the leases a live worker holds, so long steps are never taken for abandoned.
+# Renew the leases a live worker holds, so long steps are never taken for abandoned. A job row
+# locked now is locked by its holder's own open transaction (a move's freeze holds its row
+# until the switch): that holder is alive, and the row is skipped, not waited for; waiting
+# stalled the worker's whole heartbeat (and so every other child's lease) behind the copy.
 RENEW_LEASES = """
 UPDATE control.platform_jobs SET locked_at = now()
- WHERE status = 'running' AND locked_by = ANY(%(holders)s)
+ WHERE id IN (SELECT id FROM control.platform_jobs
+               WHERE status = 'running' AND locked_by = ANY(%(holders)s)
+                 FOR UPDATE SKIP LOCKED)
 RETURNING id
 """
 

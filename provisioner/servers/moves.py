@@ -112,10 +112,13 @@ GET_METHOD = "SELECT payload ->> %(key)s FROM control.platform_jobs WHERE id = %
 
 # The directory's switch: the tenant's server becomes the target (the placed counts follow by
 # trigger) and the move is switched, in one statement; only from ``moving`` and only while
-# the tenant still lives on the source. No row: already switched (or not this move's).
+# the tenant still lives on the source. No row: already switched (or not this move's). Its
+# time is the statement's, not its transaction's: the freeze's transaction, which the switch
+# ends, began as long before as the copy and the verification took (the grace period of
+# ``move --finish`` counts from it).
 SWITCH = """
 WITH moved AS (
-    UPDATE control.tenant_moves SET phase = 'switched', switched_at = now()
+    UPDATE control.tenant_moves SET phase = 'switched', switched_at = clock_timestamp()
      WHERE tenant_id = %(tenant_id)s AND phase = 'moving'
     RETURNING tenant_id, source, target
 )
@@ -123,6 +126,14 @@ UPDATE control.tenants t SET server = moved.target, updated_at = now()
   FROM moved
  WHERE t.tenant_id = moved.tenant_id AND t.server IS NOT DISTINCT FROM moved.source
 RETURNING t.server
+"""
+
+# When a switched move's grace period ends, and whether it has, by the database's clock (the
+# command's machine may disagree with it).
+GRACE = """
+SELECT switched_at + make_interval(secs => %(grace)s) AS due,
+       clock_timestamp() >= switched_at + make_interval(secs => %(grace)s) AS over
+  FROM control.tenant_moves WHERE tenant_id = %(tenant_id)s AND phase = 'switched'
 """
 
 # The move's end: ``finished`` (from switched) or ``aborted`` (from moving).
@@ -309,6 +320,16 @@ def switch(conn: Conn, tenant: TenantId) -> bool:
     with conn.cursor() as cur:
         cur.execute(SWITCH, {"tenant_id": tenant.value})
         return cur.fetchone() is not None
+
+
+def grace_over(conn: Conn, tenant: TenantId, grace_seconds: float) -> tuple[datetime, bool]:
+    """When the grace period of the tenant's switched move ends, and whether it has, by the
+    database's clock (:data:`GRACE`)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(GRACE, {"tenant_id": tenant.value, "grace": grace_seconds})
+        row = cur.fetchone()
+    assert row is not None, "the caller found the move switched"
+    return row["due"], bool(row["over"])
 
 
 def end_move(conn: Conn, tenant: TenantId, phase: MovePhase) -> Move | None:

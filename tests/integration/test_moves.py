@@ -17,6 +17,7 @@ import pytest
 
 from provisioner import servers, service
 from provisioner.engine import sessions as engine_sessions
+from provisioner.errors import InvalidInput
 from provisioner.fleet import move as fleet_move
 from provisioner.kinds import move_copy, move_precopy
 from provisioner.models import JobStatus
@@ -295,7 +296,8 @@ def test_a_copy_longer_than_the_idle_timeout_keeps_the_steps_transaction(
     control transaction (the tenant's lock, the steps' records) waits. A copy longer than the
     engine's idle timeout (1 s here; the rows' copy held back 3 s) used to lose that
     transaction at the step's close, leave the source frozen and copy it all again, as long
-    again, attempt after attempt. Now the move succeeds at its first attempt, its rows there."""
+    again, attempt after attempt. Now the move succeeds at its first attempt, its rows there;
+    and ``--finish``'s grace period counts from the switch, not from the freeze's start."""
     for key, value in tenant_server.env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(engine_sessions, "idle_timeout_ms", lambda stale: 1000)
@@ -317,3 +319,8 @@ def test_a_copy_longer_than_the_idle_timeout_keeps_the_steps_transaction(
     with tenant_server.app() as conn:
         assert conn.execute("SELECT count(*) FROM tenant_slow.audit_events").fetchone() == (100,)
     assert app_write(tenant_server.app_url, "slow") == "ok"
+    # The grace period counts from the switch, by the database's clock: the freeze's
+    # transaction, which the switch ended, began more than 3 s before it.
+    with pytest.raises(InvalidInput, match="grace period of tenant slow's move ends at"):
+        fleet_move.finish(settings, "slow", grace_seconds=2.5)
+    assert fleet_move.finish(settings, "slow", grace_seconds=0).phase.value == "finished"

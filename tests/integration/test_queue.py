@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import timedelta
 from uuid import uuid4
 
@@ -380,6 +381,55 @@ def test_recover_stale_without_locked_at_uses_updated_at(database: Database) -> 
         )
     with app(database) as conn:
         assert [j.id for j in queue.recover_stale(conn, 900)] == [job.id]
+
+
+def test_a_beat_and_a_recovery_pass_by_a_job_row_its_holder_holds_in_a_transaction(
+    database: Database,
+) -> None:
+    """queue/lease.py RENEW_LEASES, queue/admin.py RECOVER_STALE: a running job whose row its
+    holder's open transaction holds (a move's freeze holds its row until the switch) is in a
+    live holder's hands. The worker's beat renews its other jobs without waiting for that
+    transaction, and a recovery passes the row by; both used to wait for it, which stalled the
+    heartbeat of every child of the worker behind one move's copy (here a 2 s lock timeout
+    would fail them). Once the transaction ends, an expired lease is recovered as before."""
+    held = claim(database, "held", "mover")
+    other = claim(database, "other", "mover")
+    with database.owner() as conn:  # both leases expired: a recovery's candidates
+        conn.execute(
+            "UPDATE control.platform_jobs SET locked_at = now() - interval '20 minutes' "
+            "WHERE id = ANY(%s)",
+            ([held.id, other.id],),
+        )
+    beat = queue.HolderBeat("worker", "instance", 30.0)
+    with database.owner() as holder, database.owner() as worker:
+        holder.autocommit = False
+        holder.execute(
+            "UPDATE control.platform_jobs SET progress = progress WHERE id = %s", (held.id,)
+        )
+        worker.execute("SET lock_timeout = '2s'")
+        assert queue.beat_holders(worker, beat, ["mover"]) == 1  # the other job, renewed
+        assert queue.recover_stale(worker, 900) == []  # held: passed by; other: renewed
+        holder.rollback()
+        assert [j.id for j in queue.recover_stale(worker, 900)] == [held.id]
+    assert row(database, other.id)["status"] == "running"
+
+
+def test_a_claim_in_a_long_transaction_stamps_the_job_with_its_own_time(
+    database: Database,
+) -> None:
+    """queue/claim.py CLAIMING: a hand-off claims the next job in the last step's transaction,
+    which may have begun long before (a move's freeze). The claimed job is stamped with the
+    claim's time, not the transaction's start: stamped 1 s early here, it would count as 1 s
+    without progress already (RECOVER_STALE's stuck-holder bound)."""
+    with app(database) as conn:
+        enqueue_tenant(conn, "late")
+    with app(database) as tx:
+        began = tx.execute("SELECT now() AS at").fetchone()["at"]
+        time.sleep(1.0)
+        job = queue.claim_next(tx, ["provision_tenant"], "w1")
+        tx.commit()
+    assert job is not None and job.updated_at is not None and job.locked_at is not None
+    assert job.updated_at - began >= timedelta(seconds=1)
 
 
 def test_recover_stale_fails_jobs_whose_attempts_are_spent(database: Database) -> None:

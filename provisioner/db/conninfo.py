@@ -44,6 +44,32 @@ def libpq_address(address: str) -> str:
     return address
 
 
+#: libpq's TCP keepalives and user timeout on every connection the package opens. A server that
+#: goes silent in the middle of a statement (its host lost, the network cut) is given up after
+#: about 25 s of unanswered probes (10 s idle, then 3 probes 5 s apart), or 30 s of sent data
+#: never acknowledged; without them a connection waited for the kernel's default, about 2 h
+#: 11 min, and a worker child with it, its lease renewed all along by its parent's heartbeat.
+#: A live server's kernel answers the probes, whatever a statement's length. (A server process
+#: frozen on a live host is not caught: its kernel still answers.) An address that sets one of
+#: them keeps its own (:func:`keepalive_args`).
+KEEPALIVES: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
+def keepalive_args(address: str) -> dict[str, Any]:
+    """:data:`KEEPALIVES`, less those ``address`` sets itself."""
+    try:
+        given = conninfo_to_dict(libpq_address(address))
+    except psycopg.ProgrammingError:  # libpq refuses the address at connect, and says why
+        given = {}
+    return {key: value for key, value in KEEPALIVES.items() if key not in given}
+
+
 def is_url(address: str) -> bool:
     """True for a ``postgresql://`` URL (any driver suffix), False for a key=value string."""
     return address.lower().startswith(_URL_PREFIXES)
@@ -59,12 +85,12 @@ def engine(
     """A SQLAlchemy engine (psycopg 3) whose connections libpq opens from ``address`` itself.
 
     ``connect_args`` go to :meth:`psycopg.Connection.connect` with the address (SQLAlchemy
-    ignores its own ``connect_args`` when a creator is given); ``engine_args`` to
-    :func:`sqlalchemy.create_engine`."""
+    ignores its own ``connect_args`` when a creator is given), after :func:`keepalive_args`;
+    ``engine_args`` to :func:`sqlalchemy.create_engine`."""
     import sqlalchemy as sa
 
     conninfo = libpq_address(address)
-    kwargs = dict(connect_args or {})
+    kwargs = {**keepalive_args(conninfo), **(connect_args or {})}
     creator: Callable[[], psycopg.Connection[Any]] = lambda: connection_class.connect(  # noqa: E731
         conninfo, **kwargs
     )

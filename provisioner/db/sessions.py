@@ -100,6 +100,7 @@ def connect(
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
             application_name=application_name[:63],
             options=_options(session_options),
+            **conninfo.keepalive_args(url),
         )
 
 

@@ -36,10 +36,11 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import tuple_row
 
 from provisioner import db
+from provisioner.db.conninfo import keepalive_args
 from provisioner.errors import PermanentError
 from provisioner.local.cluster import find_client_dir
 from provisioner.redact import redact
@@ -214,16 +215,21 @@ class Passwords:
 
     def address(self, end: End) -> str:
         """The end's address for a child: with its password (the owner URL's) in a password
-        file of its own; libpq's own sources otherwise."""
+        file of its own, libpq's own sources otherwise; and the bounds of every connection of
+        the package (:data:`provisioner.db.CONNECT_TIMEOUT_SECONDS`, the TCP keepalives:
+        :data:`provisioner.db.conninfo.KEEPALIVES`), where the address sets none."""
+        bounds = {"connect_timeout": db.CONNECT_TIMEOUT_SECONDS, **keepalive_args(end.address)}
+        given = conninfo_to_dict(db.libpq_address(end.address))
+        bounds = {key: value for key, value in bounds.items() if key not in given}
         if end.password is None:
-            return end.address
+            return make_conninfo(db.libpq_address(end.address), **bounds)
         escaped = end.password.replace("\\", "\\\\").replace(":", "\\:")
         fd = _anonymous_file()
         self._fds.append(fd)
         os.fchmod(fd, 0o600)
         os.write(fd, f"*:*:*:*:{escaped}\n".encode())
         os.lseek(fd, 0, os.SEEK_SET)
-        return make_conninfo(end.address, passfile=f"/dev/fd/{fd}")
+        return make_conninfo(db.libpq_address(end.address), passfile=f"/dev/fd/{fd}", **bounds)
 
 
 def _anonymous_file() -> int:

@@ -9,8 +9,11 @@ import time
 import psycopg
 import pytest
 from psycopg import pq, sql
+from psycopg.conninfo import make_conninfo
+from sqlalchemy.pool import NullPool
 
 from provisioner import db
+from provisioner.db.conninfo import KEEPALIVES
 from tests.conftest import Database
 
 SETTING = sql.SQL("SELECT set_config('provisioner.test', 'inside', true)")
@@ -351,3 +354,27 @@ def test_a_pooled_session_is_replaced_after_its_uses(database: Database) -> None
         while alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert alive() == 0  # the spent sessions' server processes are gone
+
+
+def test_every_connection_of_the_package_has_tcp_keepalives(database: Database) -> None:
+    """db/conninfo.py KEEPALIVES, as libpq holds them on live connections: a command's
+    (``db.connect``), the engine's pooled sessions (``db.Database``) and Alembic's
+    (``db.engine``); an address's own value wins."""
+    wanted = {key: str(value) for key, value in KEEPALIVES.items()}
+
+    def held(conn: psycopg.Connection) -> dict[str, str]:
+        params = conn.info.get_parameters()
+        return {key: params.get(key, "") for key in KEEPALIVES}
+
+    with db.connect(database.owner_url) as conn:
+        assert held(conn) == wanted
+    with db.Database(database.owner_url) as owner, owner.transaction() as tx:
+        assert held(tx.pg) == wanted
+    engine = db.engine(database.owner_url, poolclass=NullPool)
+    with engine.connect() as alembic:
+        driver = alembic.connection.driver_connection
+        assert isinstance(driver, psycopg.Connection) and held(driver) == wanted
+    engine.dispose()
+    own = make_conninfo(database.owner_url, keepalives_idle=60)
+    with db.connect(own) as conn:
+        assert held(conn) == {**wanted, "keepalives_idle": "60"}

@@ -9,7 +9,10 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from provisioner.db import libpq_address, with_role
+from provisioner.db.conninfo import KEEPALIVES, keepalive_args
+from provisioner.kinds.move_copy import Passwords
 from provisioner.redact import redact
+from provisioner.servers.moves import End
 from provisioner.settings import Settings
 
 PASSWORD = "p@ss:w/rd='q' \\ x y=z"
@@ -63,3 +66,33 @@ def test_libpq_gets_the_address_as_written_but_the_driver_name() -> None:
     kv = "host=h1,h2 port=1,2 dbname=app"
     assert libpq_address(kv) == kv
     assert libpq_address("postgresql+psycopg://u@h1:1,h2:2/a") == "postgresql://u@h1:1,h2:2/a"
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "postgresql://owner@db1:5432,db2:5432/app?target_session_attrs=read-write",
+        "postgresql+psycopg://owner@db/app",
+        "host=db1,db2 port=5432,5433 dbname=app user=owner",
+    ],
+)
+def test_every_address_gets_the_tcp_keepalives_and_keeps_its_own(address: str) -> None:
+    """db/conninfo.py KEEPALIVES: every connection is given TCP keepalives and a user timeout
+    (a server gone silent mid-statement is given up in about 25-30 s, not the kernel's 2 h),
+    except those its address sets itself."""
+    assert keepalive_args(address) == KEEPALIVES
+    own = make_conninfo(libpq_address(address), keepalives_idle=60, tcp_user_timeout=0)
+    kept = keepalive_args(own)
+    assert "keepalives_idle" not in kept and "tcp_user_timeout" not in kept
+    assert kept == {k: v for k, v in KEEPALIVES.items() if k in kept} and len(kept) == 3
+
+
+def test_a_moves_child_gets_the_bounds_and_its_password_in_a_file() -> None:
+    """kinds/move_copy.py Passwords.address: ``pg_dump``/``pg_restore``'s address carries the
+    connect timeout and the keepalives (none of which it had), its password only in a file."""
+    end = End("east", "postgresql://owner@db:5432/app?connect_timeout=9", password="s3cret")
+    with Passwords() as passwords:
+        given = conninfo_to_dict(passwords.address(end))
+    assert given["connect_timeout"] == "9"  # the address's own
+    assert {k: given[k] for k in KEEPALIVES} == {k: str(v) for k, v in KEEPALIVES.items()}
+    assert "password" not in given and given["passfile"].startswith("/dev/fd/")

@@ -45,7 +45,7 @@ import enum
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -242,16 +242,35 @@ def _refused(what: str) -> Iterator[None]:
 
 
 def _publish(here: Conn, schema: str, move_name: str, tables: list[str]) -> None:
-    """The publication of the schema's tables by name, and the slot, on the source."""
-    here.execute(
-        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-            sql.Identifier(move_name),
-            sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables),
+    """The publication of the schema's tables by name, and the slot, on the source; neither
+    waits longer than :data:`PUBLISH_TIMEOUT_MS` (see it)."""
+    bound = str(PUBLISH_TIMEOUT_MS)
+    here.execute(BOUNDED, {"ms": bound})
+    try:
+        here.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(move_name),
+                sql.SQL(", ").join(sql.Identifier(schema, t) for t in tables),
+            )
         )
-    )
-    # Made here, not by CREATE SUBSCRIPTION: it then works between two databases of one
-    # cluster too (a subscription making its slot on its own cluster waits for itself).
-    here.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (move_name,))
+        # Made here, not by CREATE SUBSCRIPTION: it then works between two databases of one
+        # cluster too (a subscription making its slot on its own cluster waits for itself).
+        here.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (move_name,))
+    finally:
+        with suppress(psycopg.Error):  # a lost session: the caller meets that error
+            here.execute(BOUNDED, {"ms": "0"})
+
+
+#: How long the publication may wait for its tables' locks, and the slot for the transactions
+#: that wrote on the source's cluster to end (every database's: an application idle in a
+#: transaction after a write would hold it for ever). Past it the source refuses (SQLSTATE
+#: 57014 or 55P03): replication failed, and ``auto`` falls back to the dump.
+PUBLISH_TIMEOUT_MS = 60_000
+# The session's statement and lock timeouts (in ms; 0: none), set around the publication.
+BOUNDED = (
+    "SELECT set_config('statement_timeout', %(ms)s, false), "
+    "set_config('lock_timeout', %(ms)s, false)"
+)
 
 
 def _subscribe(there: Conn, move_name: str, conninfo: str) -> None:

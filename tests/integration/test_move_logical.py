@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from pathlib import Path
 
+import pytest
+
 from provisioner import service
+from provisioner.fleet import move as fleet_move
+from provisioner.kinds import move_logical
+from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from tests.conftest import Database, run_cli
@@ -190,3 +196,39 @@ def test_auto_falls_back_to_dump_for_a_table_without_a_key(
     assert servers.leftovers() == {"subscriptions": [], "slots": [], "publications": []}
     with servers.owner(TARGET) as conn:
         assert conn.execute("SELECT count(*) FROM tenant_nokey.loose").fetchone() == (2,)
+
+
+def test_a_slot_kept_waiting_by_a_writer_falls_back_to_the_dump_in_bounded_time(
+    settings: Settings,
+    database: Database,
+    logical_servers: LogicalServers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kinds/move_logical.py PUBLISH_TIMEOUT_MS: a logical slot is made only once every
+    transaction that wrote on the source's cluster has ended; an application idle in such a
+    transaction used to hold the move's pre-copy (its tenant locked, its lease renewed) for as
+    long as it stayed. Now the wait is bounded (1 s here): the source refuses, and ``auto``
+    falls back to the dump, which moves the tenant."""
+    servers = logical_servers
+    on_source(settings, database, servers, "waited", 20)
+    for key, value in servers.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(move_logical, "PUBLISH_TIMEOUT_MS", 1000)
+    with servers.owner(SOURCE) as writer:
+        writer.autocommit = False  # an application's write, its transaction left open
+        writer.execute("CREATE TEMP TABLE idle_writer (i int)")
+        writer.execute("INSERT INTO idle_writer VALUES (1)")
+        release = threading.Timer(20.0, writer.rollback)  # without the bound: 20 s, then logical
+        release.start()
+        try:
+            moved = fleet_move.move(settings, "waited", TARGET)
+        finally:
+            release.cancel()
+            writer.rollback()
+    assert moved.job.status is JobStatus.SUCCEEDED, moved.job.error_detail
+    records = dict(details(database, "waited")[-5:])
+    assert "method dump (logical replication failed: the source refused" in (
+        records["precopy_schema"]
+    ), records
+    assert "(SQLSTATE 57014)" in records["precopy_schema"]
+    assert service.locate(settings, "waited").server == TARGET

@@ -250,9 +250,12 @@ def change_lifecycle(
     should_stop: StopRequested = never_stop,
     holder: str | None = None,
     started_by: str | None = None,
+    busy_wait: float | None = None,
 ) -> LifecycleResult:
     """Suspend, restore, deprovision or purge one tenant (``job_type`` names the kind), here
     through its job row and the step engine, or queued for a worker (``queue_only``).
+    ``busy_wait``: at most this many seconds waiting for another job of the tenant under a live
+    holder, then TenantBusy (None: as long as it takes).
 
     UnknownTenant without a control row; WrongState when the tenant's state does not allow it;
     a tenant already there (and the catalog agreeing) is left alone. A half-done earlier
@@ -294,7 +297,7 @@ def change_lifecycle(
         if queue_only:
             return LifecycleResult(tenant, job_type, job, found.state, queued=True)
         outcome = runner.claim_and_run(
-            engine, job.id, on_progress=on_progress, should_stop=should_stop
+            engine, job.id, on_progress=on_progress, should_stop=should_stop, busy_wait=busy_wait
         )
         job = runner.settled_job(outcome)
         with db.translated():

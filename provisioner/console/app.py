@@ -34,6 +34,10 @@ from provisioner.settings import Settings
 
 #: What every action records as the origin of the runs it starts.
 STARTED_BY = "console"
+#: How long a lifecycle action waits for a tenant busy with another job under a live holder (a
+#: move's copy lasts hours), then answers 409 "busy": the actions run one at a time, and one
+#: request waiting for ever held every other (the cancel that would free the tenant too).
+BUSY_WAIT_SECONDS = 5.0
 
 #: Sent with every answer: nothing runs but this origin's own script, no other site frames it.
 SECURITY_HEADERS = [
@@ -215,6 +219,7 @@ class Console:
                 job_type,
                 holder=holder_id("console"),
                 started_by=STARTED_BY,
+                busy_wait=BUSY_WAIT_SECONDS,
             )
             if result.already:
                 return f"tenant {result.tenant} is already {result.state}"

@@ -164,13 +164,17 @@ def claim_and_run(
     *,
     on_progress: ProgressCallback,
     should_stop: StopRequested,
+    busy_wait: float | None = None,
 ) -> Outcome:
     """Claim one job now and run it, or wait while a live process holds it (or another job of
     its tenant runs), then claim it. A job that another process finished meanwhile is returned
     as that process left it (a second ``provision T`` reports the first one's outcome);
-    :class:`Busy` only when ``should_stop`` ends the wait. A dead holder's job is taken over.
+    :class:`Busy` when ``should_stop`` ends the wait, or once it has lasted ``busy_wait``
+    seconds (None: no bound; the run itself is never bounded by it). A dead holder's job is
+    taken over.
     """
     conn = engine.control
+    deadline = None if busy_wait is None else time.monotonic() + busy_wait
     while True:
         with db.translated():
             claimed = queue.claim_job_with_state(conn, job_id, engine.holder)
@@ -179,7 +183,7 @@ def claim_and_run(
             current = queue.get_job(conn, job_id)
         if current.status.terminal:
             return Settled(current)
-        if should_stop():
+        if should_stop() or (deadline is not None and time.monotonic() >= deadline):
             return Busy(current)
         time.sleep(BUSY_POLL_SECONDS)
     return run_claimed(engine, claimed, on_progress=on_progress, should_stop=should_stop)

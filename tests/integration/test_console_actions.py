@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from provisioner import queue, service
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.testing import Tenant
@@ -157,3 +158,47 @@ def test_pause_and_resume_from_the_console_need_the_token_and_record_the_console
     assert run_cli(settings, "worker", "--once", env=tree).returncode == 0
     _, page, _ = request(console.port, "GET", "/rollouts")
     assert 'data-state="completed"' in page
+
+
+def test_a_suspend_of_a_busy_tenant_answers_busy_and_leaves_the_console_free(
+    settings: Settings, database: Database, tmp_path: Path, consoles: list[Console]
+) -> None:
+    """console/app.py BUSY_WAIT_SECONDS: a lifecycle action on a tenant whose other job runs
+    under a live holder (a move's copy lasts hours) waits a few seconds, then answers 409
+    "busy", the tenant untouched; it used to wait as long as that job, and, the actions running
+    one at a time, hold every other action too: here the cancel that frees the tenant."""
+    job = service.provision(settings, "busy_t").job
+    # its holder live: a session carries its name (queue/claim.py), as an engine's does
+    holder = psycopg.connect(database.owner_url, autocommit=True, application_name="other:engine")
+    with database.owner() as conn:
+        reopened = queue.reopen(conn, job.id, started_by="test")
+        assert queue.claim_job(conn, reopened.id, "other:engine") is not None
+    console = Console(settings, tmp_path / "console.log", {"PROVISIONER_CONSOLE_TOKEN": TOKEN})
+    consoles.append(console)
+    status, _, headers = request(
+        console.port, "POST", "/login", f"token={TOKEN}", Origin=console.url
+    )
+    assert status == 303
+    cookie = headers["set-cookie"].split(";")[0]
+    _, page, _ = request(console.port, "GET", "/tenants/busy_t", Cookie=cookie)
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found is not None and 'action="/tenants/busy_t/suspend"' in page, page
+    csrf = found.group(1)
+
+    def post(path: str) -> tuple[int, str]:
+        status, page, _ = request(
+            console.port, "POST", path, f"csrf={csrf}", Cookie=cookie, Origin=console.url
+        )
+        return status, page
+
+    with holder:
+        status, page = post("/tenants/busy_t/suspend")
+        assert status == 409, page
+        assert "tenant busy_t is busy: its suspend_tenant job" in page
+        assert "is queued, behind another of its jobs" in page
+        found = service.status(settings, "busy_t").tenant
+        assert found is not None and found.state.value == "onboarding"  # untouched
+        status, page = post(f"/jobs/{reopened.id}/cancel")
+        assert status == 200, page
+    status, page = post("/tenants/busy_t/suspend")
+    assert status == 200 and "tenant busy_t is suspended" in page, page

@@ -40,7 +40,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import tuple_row
 
 from provisioner import db
-from provisioner.db.conninfo import keepalive_args
+from provisioner.db.conninfo import KEEPALIVES
 from provisioner.errors import PermanentError
 from provisioner.local.cluster import find_client_dir
 from provisioner.redact import redact
@@ -218,9 +218,9 @@ class Passwords:
         file of its own, libpq's own sources otherwise; and the bounds of every connection of
         the package (:data:`provisioner.db.CONNECT_TIMEOUT_SECONDS`, the TCP keepalives:
         :data:`provisioner.db.conninfo.KEEPALIVES`), where the address sets none."""
-        bounds = {"connect_timeout": db.CONNECT_TIMEOUT_SECONDS, **keepalive_args(end.address)}
         given = conninfo_to_dict(db.libpq_address(end.address))
-        bounds = {key: value for key, value in bounds.items() if key not in given}
+        wanted = {"connect_timeout": db.CONNECT_TIMEOUT_SECONDS, **KEEPALIVES}
+        bounds = {key: value for key, value in wanted.items() if key not in given}
         if end.password is None:
             return make_conninfo(db.libpq_address(end.address), **bounds)
         escaped = end.password.replace("\\", "\\\\").replace(":", "\\:")

@@ -490,18 +490,40 @@ def retry_failed(settings: Settings, kind: str | None = None) -> list[Job]:
     return jobs
 
 
+@dataclass(frozen=True)
+class HistoryPruned:
+    """What ``jobs prune`` deleted: the control database's history and, per tenant server not
+    retired, its step journal's dead rows (a server that is down says why)."""
+
+    control: queue.Pruned
+    journals: list[servers.JournalPruned]
+
+    @property
+    def down(self) -> list[servers.JournalPruned]:
+        return [s for s in self.journals if s.problem is not None]
+
+    def view(self) -> dict[str, Any]:
+        return {**self.control.view(), "servers": [s.view() for s in self.journals]}
+
+
 def prune_history(
     settings: Settings,
     days: int,
     *,
     dry_run: bool = False,
     on_batch: Callable[[int], None] = lambda deleted: None,
-) -> queue.Pruned:
+    on_server_batch: Callable[[str, int], None] = lambda server, rows: None,
+) -> HistoryPruned:
     """Delete the queue's history that ended more than ``days`` days ago, as the owner (or
-    count it: ``dry_run``); see :mod:`provisioner.queue.retention`."""
+    count it: ``dry_run``): control's (:mod:`provisioner.queue.retention`), then each tenant
+    server's journal (:mod:`provisioner.servers.retention`), by the same cutoff."""
     conn = db.connect(settings.owner_url, application_name="prune", autocommit=True)
     with closing(conn), db.translated():
-        return queue.prune_history(conn, days, dry_run=dry_run, on_batch=on_batch)
+        pruned = queue.prune_history(conn, days, dry_run=dry_run, on_batch=on_batch)
+        journals = servers.prune_journals(
+            conn, settings.owner_url, pruned.cutoff, dry_run=dry_run, on_batch=on_server_batch
+        )
+    return HistoryPruned(pruned, journals)
 
 
 @dataclass(frozen=True)

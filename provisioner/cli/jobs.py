@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import textwrap
 
 import click
@@ -121,20 +122,43 @@ def jobs_cancel(ctx: click.Context, job_id: str) -> None:
 @fail_cleanly
 def jobs_prune(ctx: click.Context, days: int, dry_run: bool, as_json: bool) -> None:
     """Delete the queue's history that ended before the cutoff: ended steps' records, a job's
-    runs before its current one, ended rollouts but the newest. Jobs (each tenant's
-    checkpoint) are never deleted. Progress goes to stderr."""
+    runs before its current one, ended rollouts but the newest, and each tenant server's
+    journal rows that no run reads again. Jobs (each tenant's checkpoint) are never deleted.
+    Progress goes to stderr; a tenant server that is down is reported (exit 1)."""
 
     def progress(deleted: int) -> None:
         if not as_json:
             click.echo(f"... {deleted:,} step records deleted", err=True)
 
-    pruned = service.prune_history(settings_of(ctx), days, dry_run=dry_run, on_batch=progress)
+    def server_progress(server: str, rows: int) -> None:
+        if not as_json:
+            click.echo(f"... server {server}: {rows:,} journal rows", err=True)
+
+    pruned = service.prune_history(
+        settings_of(ctx),
+        days,
+        dry_run=dry_run,
+        on_batch=progress,
+        on_server_batch=server_progress,
+    )
     if as_json:
         emit_json(pruned.view())
-        return
+    else:
+        _print_pruned(pruned, dry_run)
+    if pruned.down:
+        sys.exit(1)  # what could be pruned was; the down server's journal was not
+
+
+def _print_pruned(pruned: service.HistoryPruned, dry_run: bool) -> None:
     verb = "would delete" if dry_run else "deleted"
+    history = pruned.control
     click.echo(
-        f"{verb} {pruned.step_records:,} step records, {pruned.runs:,} earlier runs and "
-        f"{pruned.rollouts:,} rollouts ({pruned.rollout_tenants:,} rollout tenants) that ended "
-        f"before {pruned.cutoff:%Y-%m-%d %H:%M:%S %Z}"
+        f"{verb} {history.step_records:,} step records, {history.runs:,} earlier runs and "
+        f"{history.rollouts:,} rollouts ({history.rollout_tenants:,} rollout tenants) that ended "
+        f"before {history.cutoff:%Y-%m-%d %H:%M:%S %Z}"
     )
+    for server in pruned.journals:
+        if server.problem is not None:
+            click.echo(f"server {server.server}: DOWN, its journal not pruned ({server.problem})")
+        else:
+            click.echo(f"server {server.server}: {verb} {server.rows or 0:,} journal rows")

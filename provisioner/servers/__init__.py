@@ -2,9 +2,9 @@
 its export for PgBouncer (:mod:`.pgbouncer`), whether the owner reaches each server
 (:mod:`.reach`), the tool's own schema on each (:mod:`.journal`: the step journal and the fence)
 and the owner's sessions there (:mod:`.sessions`), the fleet commands' bounded fan-out over the
-servers (:mod:`.fanout`), and the record of a tenant's move between them (:mod:`.moves`).
-Placement itself is the control database's trigger, fired by the enqueue (control revision
-``20261202_h29servers``)."""
+servers (:mod:`.fanout`), the journals' retention (:mod:`.retention`), and the record of a
+tenant's move between them (:mod:`.moves`). Placement itself is the control database's trigger,
+fired by the enqueue (control revision ``20261202_h29servers``)."""
 
 from provisioner.servers.directory import (
     CONTROL,
@@ -26,6 +26,7 @@ from provisioner.servers.directory import (
 from provisioner.servers.fanout import SERVERS_AT_ONCE, Reached, Target, fan_out, targets
 from provisioner.servers.pgbouncer import databases_section
 from provisioner.servers.reach import Reach, reach, reach_active
+from provisioner.servers.retention import JournalPruned, prune_journals
 from provisioner.servers.sessions import (
     Migration,
     ServerSessions,
@@ -37,6 +38,7 @@ __all__ = [
     "CONTROL",
     "SERVERS_AT_ONCE",
     "Directory",
+    "JournalPruned",
     "Location",
     "Migration",
     "Reach",
@@ -55,6 +57,7 @@ __all__ = [
     "loads",
     "locate",
     "migrate_servers",
+    "prune_journals",
     "reach",
     "reach_active",
     "require_ready",

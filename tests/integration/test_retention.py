@@ -10,12 +10,14 @@ from typing import Any
 
 import psycopg
 
-from provisioner import queue, service
+from provisioner import queue, servers, service
 from provisioner.models import JobStatus
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli
+from tests.extra_clusters import TenantServerDb, refusing_port
 
 AGED = "10 days"
+TENANTS = ("ja", "jb", "jc", "jd")
 
 
 def _count(database: Database, query: str, *params: Any) -> int:
@@ -140,3 +142,69 @@ def test_prune_refuses_bad_input_in_one_line_and_deletes_nothing(
         assert refused.returncode == 2, refused.stderr
         assert "--older-than" in refused.stderr
     assert _count(database, "SELECT count(*) FROM control.job_step_runs") == before
+
+
+def test_prune_deletes_a_tenant_servers_dead_journal_rows_and_reports_a_server_down(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    """The tenant servers' journals (servers/retention.py): rows of ended jobs' runs and of
+    earlier runs go; the rows of a live run (its job queued again after a crash between its
+    two commits: adoptable) stay, and so do rows newer than the cutoff; a server that is down
+    is reported in one line, exit 1, after the others were pruned."""
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    done = service.provision(settings, "ja").job
+    live = service.provision(settings, "jb").job
+    service.provision(settings, "jc")  # ended, its current run
+    service.provision(settings, "jd")  # today's: newer than the cutoff
+    journal = "SELECT count(*) FROM provisioner_server.step_journal WHERE tenant_id = %s"
+    with jobs_server.owner() as conn:
+        conn.execute(
+            "UPDATE provisioner_server.step_journal SET finished_at = finished_at - %s::interval "
+            "WHERE tenant_id IN ('ja', 'jb', 'jc')",
+            (AGED,),
+        )
+        # ja's first run, as a run before its current one: a retry began run 2
+        conn.execute(
+            "INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, run, "
+            "finished_at) VALUES ('ja', %s, 'old_step', 1, 1, now() - %s::interval)",
+            (done.id, AGED),
+        )
+        # a row of the journal's version 1 (no run) of an ended job
+        conn.execute(
+            "INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, "
+            "finished_at) VALUES ('ja', %s, 'v1_step', 1, now() - %s::interval)",
+            (done.id, AGED),
+        )
+        counts = {t: int(conn.execute(journal, (t,)).fetchone()[0]) for t in TENANTS}
+    assert counts == {"ja": 6, "jb": 4, "jc": 4, "jd": 4}
+    with database.owner() as conn:
+        conn.execute("UPDATE control.platform_jobs SET run = 2 WHERE id = %s", (done.id,))
+        # jb's job queued again with its current run: its rows are what a resume adopts
+        conn.execute(
+            "UPDATE control.platform_jobs SET status = 'queued', finished_at = NULL "
+            "WHERE id = %s",
+            (live.id,),
+        )
+
+    dry = run_cli(settings, "jobs", "prune", "--older-than", "7", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["servers"] == [{"server": "east", "rows": 10, "problem": None}]
+    pruned = run_cli(settings, "jobs", "prune", "--older-than", "7")
+    assert pruned.returncode == 0, pruned.stderr
+    assert "server east: deleted 10 journal rows" in pruned.stdout.splitlines()
+    assert "server east: 10 journal rows" in pruned.stderr  # its progress
+    with jobs_server.owner() as conn:
+        left = {t: int(conn.execute(journal, (t,)).fetchone()[0]) for t in TENANTS}
+        fences = int(conn.execute("SELECT count(*) FROM provisioner_server.fences").fetchone()[0])
+    assert left == {"ja": 0, "jb": 4, "jc": 0, "jd": 4}
+    assert fences == 4  # the fences stay
+
+    with database.owner() as conn:
+        servers.add(conn, "gone", f"host=127.0.0.1 port={refusing_port()} dbname=x")
+    down = run_cli(settings, "jobs", "prune", "--older-than", "7")
+    assert down.returncode == 1, down.stdout + down.stderr
+    lines = down.stdout.splitlines()
+    assert "server east: deleted 0 journal rows" in lines
+    gone = [line for line in lines if line.startswith("server gone: ")]
+    assert len(gone) == 1 and "DOWN, its journal not pruned" in gone[0], lines

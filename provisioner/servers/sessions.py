@@ -4,11 +4,15 @@ check a worker makes before it starts (:func:`require_ready`).
 A server is reached as :func:`provisioner.servers.reach.owner_address` says: its reference, as
 the role it names or the owner URL's, with the password from libpq's own sources. The pools are
 opened on first use (a worker whose jobs all live on the control database opens none) and kept
-for the engine's life, as the steps' session on the control database is.
+while they are used; a pool no job has used for :data:`IDLE_CLOSE_SECONDS` is closed when the
+engine is next told to tidy up (:meth:`ServerSessions.close_idle`, from a worker child between
+drains), so that a server drained and retired is not held by an idle session of every worker
+child until it restarts (a ``DROP DATABASE`` there refused, a connection slot taken).
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +26,10 @@ from provisioner.servers.directory import ServerStatus, TenantServer, directory,
 from provisioner.servers.reach import owner_address, reach
 
 
+#: A tenant server's pool unused this long is closed at the next tidy-up (reopened on use).
+IDLE_CLOSE_SECONDS = 600.0
+
+
 class ServerSessions:
     """An engine's owner pools, one per tenant server (see the module)."""
 
@@ -30,6 +38,7 @@ class ServerSessions:
         self.holder = holder
         self.idle_ms = idle_in_transaction_timeout_ms
         self._pools: dict[str, db.Database] = {}
+        self._used: dict[str, float] = {}
 
     def database(self, control: psycopg.Connection[Any], name: str) -> db.Database:
         """The pool of server ``name`` (its reference read from the directory on first use).
@@ -54,12 +63,24 @@ class ServerSessions:
                 found.close()
                 raise ServerUnready(f"tenant server {name}: {behind}")
             self._pools[name] = found
+        self._used[name] = time.monotonic()
         return found
+
+    def close_idle(self, idle_seconds: float = IDLE_CLOSE_SECONDS) -> list[str]:
+        """Close the pools no call of :meth:`database` asked for in ``idle_seconds``; their
+        names. Call it only between jobs: a pool handed out is in use until its job ends."""
+        cutoff = time.monotonic() - idle_seconds
+        idle = [name for name, used in self._used.items() if used <= cutoff]
+        for name in idle:
+            del self._used[name]
+            self._pools.pop(name).close()
+        return idle
 
     def close(self) -> None:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        self._used.clear()
 
 
 @dataclass(frozen=True)

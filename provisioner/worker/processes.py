@@ -214,6 +214,7 @@ class _ChildLoop:
                     self.engine.warm()
                 case ClaimNext(job_types=job_types):
                     self.stopping = False
+                    self.engine.servers.close_idle()  # a retired server's session let go
                     self.drain(job_types)
                 case _:
                     assert_never(message)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -437,3 +438,51 @@ def test_a_server_step_waiting_on_controls_reference_keeps_its_transaction(
     assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
     assert outcome.job.attempts == 1
     assert sorted(jobs_server.journal("away")) == sorted(SERVER_STEPS)
+
+
+def test_an_engine_lets_go_of_a_servers_pool_no_job_used_for_a_while(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    """servers/sessions.py: a tenant server's pool stays open while jobs use it and is closed at
+    the tidy-up (a worker child's, between drains) once unused for the idle bound; a job there
+    opens it again. Before, every worker child held a session on a server drained and retired
+    until it restarted (its ``DROP DATABASE`` refused)."""
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    service.enqueue(settings, "kept")
+
+    def sessions_on_server() -> int:
+        with jobs_server.admin() as admin:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                "AND application_name = 'pool-holder'",
+                (jobs_server.name,),
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with Engine.from_settings(settings, "pool-holder") as engine:
+        outcome = _drain_once(engine, [])
+        assert isinstance(outcome, runner.Settled)
+        assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
+        assert sessions_on_server() == 1
+        assert engine.servers.close_idle() == []  # used just now: kept
+        assert sessions_on_server() == 1
+        assert engine.servers.close_idle(0.0) == ["east"]
+        assert _wait_for(lambda: sessions_on_server() == 0)
+        service.enqueue(settings, "again")
+        outcome = _drain_once(engine, [])
+        assert isinstance(outcome, runner.Settled)
+        assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
+        assert sessions_on_server() == 1
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
+    """Poll ``condition`` until it holds or ``seconds`` pass (a closed session leaves the
+    server's view a moment after the client closes it)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -25,7 +25,6 @@ from provisioner.servers import journal
 from provisioner.servers.directory import ServerStatus, TenantServer, directory, get
 from provisioner.servers.reach import owner_address, reach
 
-
 #: A tenant server's pool unused this long is closed at the next tidy-up (reopened on use).
 IDLE_CLOSE_SECONDS = 600.0
 

@@ -29,10 +29,13 @@ from provisioner.queue.rows import TENANT_JOB_LOCK_CLASS, Conn, fetch_one
 # kinds: a CASE, because the planner orders a filter's conditions by their cost, and a generic
 # plan (a job-type array of unknown length) put the lock first. Taken on another kind's job, it
 # would be held to the end of the claim's transaction, and that kind's claimants would pass the
-# job by meanwhile (tests/integration/test_queue.py).
+# job by meanwhile (tests/integration/test_queue.py). A job is ready by the statement's clock,
+# not its transaction's: a hand-off claims in a step's transaction begun before the job was
+# queued (a move's copy), and would pass by every job queued since.
 CLAIMABLE = """
     SELECT id FROM control.platform_jobs q
-     WHERE status = 'queued' AND available_at <= now() AND job_type = ANY(%(job_types)s)
+     WHERE status = 'queued' AND available_at <= statement_timestamp()
+       AND job_type = ANY(%(job_types)s)
        AND NOT EXISTS (SELECT 1 FROM control.platform_jobs r
                         WHERE r.tenant_id = q.tenant_id AND r.status = 'running'
                           AND (NOT control.by_application(r.job_type)
@@ -68,7 +71,7 @@ CLAIMING = f"""next AS ({CLAIMABLE}), claimed AS (
 # is taking at that moment, never misses one queued before the claim). A worker asks its next
 # idle child to claim only when it is true (worker/wakeups.py).
 MORE_QUEUED = """EXISTS (SELECT 1 FROM control.platform_jobs o
-                 WHERE o.status = 'queued' AND o.available_at <= now()
+                 WHERE o.status = 'queued' AND o.available_at <= statement_timestamp()
                    AND o.job_type = ANY(%(job_types)s) AND o.id <> claimed.id) AS more"""
 
 

@@ -623,6 +623,29 @@ def test_the_last_step_completes_its_job_and_claims_the_next_in_one_transaction(
     assert outcome == ("succeeded", "ok")
 
 
+def test_a_hand_off_claims_a_job_queued_after_its_transaction_began(database: Database) -> None:
+    """queue/claim.py: a job is ready when its ``available_at`` has passed by the claiming
+    statement's clock, not by its transaction's start. The hand-off claims in the last step's
+    transaction, which may have begun long before (a move's copy): a job enqueued meanwhile
+    (``available_at``: its enqueue's time, after that start) was passed by, and the child went
+    idle with a ready job queued."""
+    job = claim(database, "first")
+    with app(database) as conn:
+        run_id = step_run(conn, job)
+        conn.execute("SELECT 1")  # the step's transaction begins
+        with app(database) as other:
+            later = enqueue_tenant(other, "later")
+        assert row(database, later.id)["available_at"] > conn.execute(
+            "SELECT now() AS began"
+        ).fetchone()["began"]
+        closed = queue.close_step(
+            conn, run_id, "ok", job.lease, list(kinds.BUILTIN["provision_tenant"].step_names),
+            100, last=True, claim_next=["provision_tenant"],
+        )  # fmt: skip
+        conn.commit()
+    assert closed.claimed is not None and closed.claimed.job.id == later.id
+
+
 def give_the_lease_away(database: Database, job: Job) -> None:
     """What recovery does meanwhile: the job is someone else's now."""
     with database.owner() as conn:

@@ -157,6 +157,39 @@ def test_the_application_role_registers_tenants_only_under_the_recorded_pattern(
     assert schemas(database) == ["acct_charlie_data"]
 
 
+def test_the_application_role_registers_only_ids_the_recorded_rule_allows(
+    settings: Settings, database: Database, named: dict[str, str]
+) -> None:
+    """Control revision 20261207_h37guard: the registration policy holds the id itself to the
+    recorded rule (pattern matched whole, length), to the characters every rule allows, off
+    the reserved words. Before it, an id such as ``Evil"; x`` under its pattern's schema name
+    got in, and every fleet command that reads the tenants refused it and stopped."""
+    assert run_cli(settings, "migrate", env=named).returncode == 0
+    refused = (
+        'Evil"; x',  # not the rule's characters
+        "ab",  # the pattern asks for 3 to 16
+        "abcdefghijklmnopq",  # 17 characters: longer than the recorded 16
+        "abc_d",  # '_' is outside this project's pattern
+        "1abc",  # a digit first
+        "select",  # a reserved word
+        "abc\nx",
+    )
+    for tenant in refused:
+        with (
+            psycopg.connect(database.app_url) as conn,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            conn.execute(
+                "INSERT INTO control.tenants (tenant_id, schema_name) VALUES (%s, %s)",
+                (tenant, NAMED.schema(tenant)),
+            )
+    with psycopg.connect(database.app_url) as conn:
+        ensure_provision_job(conn, TenantId("abc123"))
+    assert control_rows(database) == [("abc123", "acct_abc123_data", "pending")]
+    listed = run_cli(settings, "tenants", "list", "--json", env=named)
+    assert listed.returncode == 0, listed.stderr
+
+
 def pooled(database: Database) -> int:
     with database.owner() as conn:
         row = conn.execute("SELECT count(*) FROM control.tenant_pool").fetchone()

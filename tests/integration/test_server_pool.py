@@ -361,3 +361,38 @@ def test_placement_believes_only_a_live_beat_written_by_the_owner_side(
             "UPDATE control.runtime_heartbeats SET heartbeat_at = now() - interval '50 seconds'"
         )
     assert placed_on("older") == "east"
+
+
+@pytest.mark.parametrize("alive", ['"nope"', "1e300", "-5", '{"x": 1}', "null"])
+def test_a_heartbeat_the_application_writes_never_breaks_placement(
+    placed: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    second_server: TenantServerDb,
+    alive: str,
+) -> None:
+    """Control revision 20261207_h37guard: placement reads a heartbeat's lease only once the
+    owner side is known to have written it, and only as a JSON number within a day. Before it,
+    a row ``app_rw`` wrote with a lease that is not a number (or too large for an interval)
+    raised in every placement while a server kept spares: no tenant could be registered."""
+    second_server.add_to(database, "west")
+    assert run_cli(placed, "migrate").returncode == 0
+    assert service.provision(placed, "first").job.status is JobStatus.SUCCEEDED
+    fill(placed, jobs_server, "east", 1)
+    takes = pool.takes_for(placed.app_roles, alive_seconds=30.0)
+    hostile = {"pool": {**takes, "alive_seconds": json.loads(alive)}}
+    with db.connect(placed.app_url) as conn:
+        heartbeats.beat(conn, "evil", "i", hostile)
+        conn.commit()
+    # An owner-side beat with the same bad lease: believed as no lease at all (not a number).
+    with database.owner() as conn:
+        heartbeats.beat(conn, "worker", "odd", hostile)
+    for tenant in ("second", "third"):
+        with database.owner() as conn:
+            ensure_provision_job(conn, TenantId(tenant))
+        assert _server_of(database, tenant) in ("east", "west")
+    # The application's own registration goes through as well.
+    with db.connect(placed.app_url) as conn:
+        ensure_provision_job(conn, TenantId("fourth"))
+        conn.commit()
+    assert _server_of(database, "fourth") in ("east", "west")

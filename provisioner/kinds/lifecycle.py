@@ -16,7 +16,9 @@ succeeded and the tenant is counted ``skipped``, never ``failed``
   mark_restored (back to the state before suspension or archival).
 * ``deprovision_tenant``: revoke_app_rw, mark_archived (data kept, restorable).
 * ``purge_tenant``: revoke_app_rw, drop_schema (``DROP SCHEMA ... CASCADE``), mark_deleted. The
-  control rows and every job's history stay as the audit record.
+  control rows and every job's history stay as the audit record. A tenant still ``pending``
+  never had its schema made by the tool (:func:`made`): its purge revokes and drops nothing,
+  and says whether a schema of that name exists (someone else's, left as it is).
 
 For a tenant on a tenant server, each kind runs the same steps split in two
 (:mod:`provisioner.kinds.placed_lifecycle`): the schema's side on its server, the state change
@@ -71,16 +73,38 @@ RULES: dict[str, Rule] = {
 }
 
 
+def made(conn: psycopg.Connection[Any], ctx: StepContext) -> bool:
+    """Whether the tool ever made the tenant's schema, read on control (``conn``): a tenant
+    still ``pending`` never had one made (``create_schema`` marks it ``provisioning`` in the
+    transaction that makes or takes the schema, :mod:`provisioner.kinds.provision`), so a
+    schema bearing its name is someone else's, and purging the tenant leaves it alone."""
+    return tenants.state_of(conn, ctx.tenant) is not TenantState.PENDING
+
+
+def left_alone(conn: psycopg.Connection[Any], ctx: StepContext) -> str:
+    """A skipped step's detail: what was not touched, and whether a schema of that name exists
+    (on ``conn``, the schema's server)."""
+    found = tenant_schema.object_count(conn, ctx.tenant.schema) is not None
+    there = f"; schema {ctx.tenant.schema} exists and is left as it is" if found else ""
+    return f"nothing done: the tenant is pending, the tool never made its schema{there}"
+
+
 def _revoke_app_rw(tx: Transaction, ctx: StepContext) -> str | None:
+    if not made(tx.pg, ctx):
+        return left_alone(tx.pg, ctx)
     tenant_schema.revoke_app_roles(tx.pg, ctx.tenant.schema, ctx.app_roles)
     return None
 
 
 def _revoked(tx: Transaction, ctx: StepContext) -> bool:
+    if not made(tx.pg, ctx):
+        return True
     return tenant_schema.app_roles_cut_off(tx.pg, ctx.tenant.schema, ctx.app_roles)
 
 
 def _drop_schema(tx: Transaction, ctx: StepContext) -> str | None:
+    if not made(tx.pg, ctx):
+        return left_alone(tx.pg, ctx)
     # Bounded by the lock timeout: DROP SCHEMA ... CASCADE needs every table's strongest lock,
     # so an application transaction on one of them would hold the purge (and every query
     # queued behind it) for as long as it lives. It gives up instead and is retried, without
@@ -90,6 +114,8 @@ def _drop_schema(tx: Transaction, ctx: StepContext) -> str | None:
 
 
 def _schema_gone(tx: Transaction, ctx: StepContext) -> bool:
+    if not made(tx.pg, ctx):
+        return True
     return tenant_schema.object_count(tx.pg, ctx.tenant.schema) is None
 
 

@@ -12,22 +12,28 @@ schema there, and each side's catalog check reads the server's catalog.
 from __future__ import annotations
 
 from provisioner.db import Transaction
-from provisioner.kinds.lifecycle import MARKS
+from provisioner.kinds.lifecycle import MARKS, left_alone, made
 from provisioner.kinds.placed import GRANT_PLACED, ControlAccess, PlacedStep
 from provisioner.kinds.step import StepContext
 from provisioner.tenant import schema as tenant_schema
 
 
 def _revoke(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
+    if not made(control.conn, ctx):  # a pending tenant's schema is not the tool's
+        return left_alone(tx.pg, ctx)
     tenant_schema.revoke_app_roles(tx.pg, ctx.tenant.schema, ctx.app_roles)
     return None
 
 
 def _revoked(tx: Transaction, ctx: StepContext, control: ControlAccess) -> bool:
+    if not made(control.conn, ctx):
+        return True
     return tenant_schema.app_roles_cut_off(tx.pg, ctx.tenant.schema, ctx.app_roles)
 
 
 def _drop(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | None:
+    if not made(control.conn, ctx):
+        return left_alone(tx.pg, ctx)
     # Bounded by the lock timeout, as on control (lifecycle._drop_schema): an application
     # transaction on one of the tables makes the purge give up and retry, never queue behind it.
     tenant_schema.drop_schema(tx.pg, ctx.tenant.schema, lock_timeout_ms=ctx.lock_timeout_ms)
@@ -35,6 +41,8 @@ def _drop(tx: Transaction, ctx: StepContext, control: ControlAccess) -> str | No
 
 
 def _dropped(tx: Transaction, ctx: StepContext, control: ControlAccess) -> bool:
+    if not made(control.conn, ctx):
+        return True
     return tenant_schema.object_count(tx.pg, ctx.tenant.schema) is None
 
 

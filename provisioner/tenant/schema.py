@@ -149,19 +149,43 @@ def schema_owner(conn: Conn, schema: str) -> tuple[str | None, str]:
     return row[0], str(row[1])
 
 
+# A tenant's schema made, in one round trip (a simple query, values as literals): the objects
+# a schema of that name already holds (no row: none by that name), ``CREATE SCHEMA IF NOT
+# EXISTS``, then its owner and the connected role.
+CREATE_SCHEMA = """SELECT (SELECT count(*) FROM pg_depend d
+         WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = n.oid)
+  FROM pg_namespace n WHERE n.nspname = {name};
+CREATE SCHEMA IF NOT EXISTS {schema} AUTHORIZATION CURRENT_USER;
+SELECT (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = {name}), current_user"""
+
+
 def create_schema(conn: Conn, schema: str) -> None:
-    """``CREATE SCHEMA IF NOT EXISTS`` owned by the connected (owner) role."""
-    with conn.cursor() as cur:
-        cur.execute(
-            sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION CURRENT_USER").format(
-                sql.Identifier(schema)
-            )
-        )
-    owner, me = schema_owner(conn, schema)
+    """``CREATE SCHEMA IF NOT EXISTS`` owned by the connected (owner) role, in one round trip.
+
+    A schema of that name that already holds objects is refused (:class:`PermanentError`):
+    the tool makes a tenant's schema in the step that records it (a crash cannot leave one
+    made and unrecorded), so such a schema is someone else's (a restore, a DBA's, one from
+    before the tool), and provisioning would hand its data to the application role. An empty
+    one, or one another role owns, is refused as before when it is not the owner's."""
+    query = sql.SQL(CREATE_SCHEMA).format(name=sql.Literal(schema), schema=sql.Identifier(schema))
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query, prepare=False)
+        before = cur.fetchone()
+        cur.nextset()  # the CREATE's
+        cur.nextset()
+        row = cur.fetchone()
+    assert row is not None, "the owner's query returns its row"
+    owner, me = row[0], str(row[1])
     if owner != me:
         raise PermanentError(
             f"schema {schema} already exists and is owned by role {owner}, not {me}; "
             f"drop it or ALTER SCHEMA {schema} OWNER TO {me}"
+        )
+    if before is not None and int(before[0]) > 0:
+        raise PermanentError(
+            f"schema {schema} already exists and holds {int(before[0])} object(s) the tool did "
+            "not make (a tenant's schema is made by its create_schema step, with its record): the "
+            "tool takes no schema it did not make; rename or drop it, or use another tenant id"
         )
 
 

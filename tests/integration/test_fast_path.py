@@ -174,9 +174,10 @@ def test_a_schema_already_at_head_is_left_as_it_is(database: Database) -> None:
     owner = db.Database(database.owner_url)
     try:
         outcomes = []
-        for _ in range(2):  # the second run finds every table there, at head
+        for run in range(2):  # the second run finds every table there, at head
             with owner.transaction() as tx:
-                tenant_schema.create_schema(tx.pg, "tenant_twice")
+                if run == 0:
+                    tenant_schema.create_schema(tx.pg, "tenant_twice")
                 outcomes.append(cache.migrate(tx, "tenant_twice"))
     finally:
         owner.close()

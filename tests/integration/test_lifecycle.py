@@ -273,3 +273,58 @@ def test_status_numbers_runs_and_says_what_started_each(
         ("provision_tenant", 2, "provision (repair)"),
         ("suspend_tenant", 1, "suspend"),
     ]
+
+
+def _foreign_schema(database: Database, tenant: str) -> None:
+    """A schema the tool never made under the tenant's name, with data: a DBA's, a restore's."""
+    with database.owner() as conn:
+        conn.execute(f"CREATE SCHEMA tenant_{tenant}")
+        conn.execute(f"CREATE TABLE tenant_{tenant}.payroll (salary int)")
+        conn.execute(f"INSERT INTO tenant_{tenant}.payroll VALUES (100000)")
+
+
+def _payroll(database: Database, tenant: str) -> list[tuple[int]]:
+    with database.owner() as conn:
+        return conn.execute(f"SELECT salary FROM tenant_{tenant}.payroll").fetchall()
+
+
+def test_provisioning_takes_no_schema_it_did_not_make_and_a_purge_drops_none(
+    settings: Settings, database: Database
+) -> None:
+    """tenant/schema.py, kinds/lifecycle.py: the application registers an id whose schema
+    exists with someone else's data. Provisioning refuses it in one line (it would have run
+    the tenant's migrations in it and granted the application every table); the purge of the
+    still-pending tenant revokes and drops nothing and says the schema was left as it is.
+    Before, the job succeeded and app_rw could read and update the payroll, and the purge
+    dropped it."""
+    _foreign_schema(database, "secret")
+    with database.app() as conn:
+        ensure_provision_job(conn, TenantId("secret"))
+    ran = run_cli(settings, "worker", "--once")
+    assert ran.returncode == 0, ran.stderr
+    with database.owner() as conn:
+        row = conn.execute(
+            "SELECT status, error_detail FROM control.platform_jobs WHERE tenant_id = 'secret'"
+        ).fetchone()
+    assert row is not None and row[0] == "failed", row
+    assert "schema tenant_secret already exists and holds 1 object(s) the tool did not make" in row[1]
+    assert app_reads(database, "secret") == "permission denied"
+    assert _payroll(database, "secret") == [(100000,)]
+    assert state(database, "secret")[0] == "pending"
+
+    purged = run_cli(settings, "deprovision", "secret", "--purge", "--yes")
+    assert purged.returncode == 0, purged.stdout + purged.stderr
+    assert state(database, "secret")[0] == "deleted"
+    assert _payroll(database, "secret") == [(100000,)]
+    with database.owner() as conn:
+        details = dict(
+            conn.execute(
+                "SELECT s.step, s.detail FROM control.job_step_runs s "
+                "JOIN control.platform_jobs j ON j.id = s.job_id "
+                "WHERE s.tenant_id = 'secret' AND j.job_type = 'purge_tenant'"
+            ).fetchall()
+        )
+    assert details["drop_schema"] == (
+        "nothing done: the tenant is pending, the tool never made its schema; "
+        "schema tenant_secret exists and is left as it is"
+    )

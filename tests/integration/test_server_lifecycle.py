@@ -209,3 +209,26 @@ def test_a_kind_without_steps_for_a_tenant_server_fails_at_once_there(
         in outcome.job.error_detail
     )
     assert job_kinds.display_name(database, "acme") is None  # nothing written
+
+
+def test_a_schema_the_tool_did_not_make_on_a_server_is_neither_taken_nor_purged(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    """As on control (tests/integration/test_lifecycle.py): on the tenant's server, a schema of
+    the tenant's name with someone else's data fails the provisioning's create_schema in one
+    line, and the purge of the still-pending tenant leaves it as it is."""
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    with jobs_server.owner() as conn:
+        conn.execute("CREATE SCHEMA tenant_ledger")
+        conn.execute("CREATE TABLE tenant_ledger.entries (amount int)")
+        conn.execute("INSERT INTO tenant_ledger.entries VALUES (7)")
+    refused = run_cli(settings, "provision", "ledger")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "schema tenant_ledger already exists and holds 1 object(s)" in refused.stdout
+    assert tenant_state(database, "ledger") == "pending"
+    assert app_sees(jobs_server, "ledger") == "permission denied"
+    purged = run_cli(settings, "deprovision", "ledger", "--purge", "--yes")
+    assert purged.returncode == 0, purged.stdout + purged.stderr
+    assert tenant_state(database, "ledger") == "deleted"
+    assert on_server(jobs_server, "SELECT amount FROM tenant_ledger.entries") == [(7,)]

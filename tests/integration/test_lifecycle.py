@@ -307,7 +307,7 @@ def test_provisioning_takes_no_schema_it_did_not_make_and_a_purge_drops_none(
             "SELECT status, error_detail FROM control.platform_jobs WHERE tenant_id = 'secret'"
         ).fetchone()
     assert row is not None and row[0] == "failed", row
-    assert "schema tenant_secret already exists and holds 1 object(s) the tool did not make" in row[1]
+    assert "schema tenant_secret already exists and holds 1 object(s) the tool" in row[1]
     assert app_reads(database, "secret") == "permission denied"
     assert _payroll(database, "secret") == [(100000,)]
     assert state(database, "secret")[0] == "pending"

@@ -48,10 +48,12 @@ def enqueue(conn: connections.SyncConnection, tenant_id: str, *, server: str | N
 
     A new tenant is placed on the least loaded active tenant server (``server`` names one);
     :class:`NoServerRoom` when none takes it (nothing is written; the caller's transaction is
-    aborted by the failed statement, as by any other).
+    aborted by the failed statement, as by any other). ``server="control"`` (the control
+    database) is taken for a tenant that lives there, or a new one while the directory has no
+    server but retired ones; else :class:`InvalidInput` before anything is written.
     """
     tenant = TenantId(tenant_id)
-    named = None if server is None else servers.server_name(server)
+    named = None if server is None else servers.placement_name(server)
     pg = connections.sync_connection(conn)
     return ensure_provision_job(pg, tenant, retry_terminal=True, server=named).job
 
@@ -63,7 +65,7 @@ async def enqueue_async(
     ``AsyncSession``/``AsyncConnection`` on the psycopg driver (``postgresql+psycopg://``);
     the same statements, awaited, in the caller's transaction."""
     tenant = TenantId(tenant_id)
-    named = None if server is None else servers.server_name(server)
+    named = None if server is None else servers.placement_name(server)
     pg = await connections.async_connection(conn)
     return (await ensure_provision_job_async(pg, tenant, retry_terminal=True, server=named)).job
 

@@ -163,7 +163,7 @@ def enqueue(settings: Settings, tenant_id: str, server: str | None = None) -> qu
     """Idempotently enqueue the tenant's provisioning job (re-queues a failed one); a new
     tenant goes to ``server`` when named, else where placement puts it."""
     tenant = TenantId(tenant_id)
-    named = None if server is None else servers.server_name(server)
+    named = None if server is None else servers.placement_name(server)
     with writer_connection(settings) as conn:
         refuse_inactive(conn, tenant, "enqueue")
         return ensure_provision_job(conn, tenant, retry_terminal=True, server=named)

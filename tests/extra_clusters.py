@@ -50,6 +50,7 @@ from psycopg.types.json import Jsonb
 import provisioner
 from provisioner import servers, service
 from provisioner.local import cluster as local_pg
+from provisioner.servers import journal
 from provisioner.settings import Settings
 from provisioner.templates import migrations
 from provisioner.testing import PgServer, bootstrap
@@ -100,6 +101,13 @@ def create_database(cluster: local_pg.Cluster, prefix: str, template: str | None
         drop_database(cluster, name)
         raise
     return name
+
+
+def apply_tool_schema(cluster: local_pg.Cluster, name: str) -> None:
+    """The tool's schema on database ``name`` as the owner, as `provisioner migrate` applies it
+    to a server in the directory (``move --to`` refuses a server without it)."""
+    with psycopg.connect(cluster.url(local_pg.OWNER_ROLE, name), autocommit=True) as conn:
+        journal.migrate(conn)
 
 
 def drop_database(cluster: local_pg.Cluster, name: str) -> None:
@@ -271,6 +279,7 @@ def second_cluster(east_cluster: local_pg.Cluster) -> PgServer:
 @pytest.fixture
 def tenant_server(east_cluster: local_pg.Cluster, tmp_path: Path) -> Iterator[TenantServer]:
     name = create_database(east_cluster, "s")
+    apply_tool_schema(east_cluster, name)  # a server ready for moves, as `migrate` leaves it
     password = east_cluster.password(local_pg.OWNER_ROLE)
     passfile = tmp_path / "pgpass"
     passfile.write_text(f"127.0.0.1:{east_cluster.port}:*:{local_pg.OWNER_ROLE}:{password}\n")

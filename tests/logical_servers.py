@@ -28,7 +28,7 @@ from provisioner.testing import BOOTSTRAP_LOCK_KEY
 from provisioner.testing.pytest_plugin import shared_folder
 from provisioner.testing.shared import SharedCluster
 from tests.conftest import Database
-from tests.extra_clusters import create_database, drop_database
+from tests.extra_clusters import apply_tool_schema, create_database, drop_database
 
 SOURCE, TARGET = "lsrc", "ldst"
 
@@ -148,6 +148,7 @@ def _servers(cluster: local_pg.Cluster, tmp_path: Path) -> Iterator[LogicalServe
     try:
         for name in (SOURCE, TARGET):
             made[name] = create_database(cluster, name)
+            apply_tool_schema(cluster, made[name])  # as `migrate` leaves a server
         passfile = tmp_path / "pgpass-logical"
         passfile.write_text(
             f"127.0.0.1:{cluster.port}:*:{local_pg.OWNER_ROLE}:"

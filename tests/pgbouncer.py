@@ -70,8 +70,13 @@ class Bouncer:
 
 
 def start_bouncer(
-    server_port: int, pool_mode: str = "transaction", secret: str | None = None
+    server_port: int,
+    pool_mode: str = "transaction",
+    secret: str | None = None,
+    databases: str | None = None,
 ) -> Bouncer:
+    """``databases``: the ``[databases]`` section to run with (default: every database of the
+    server, ``* = host=127.0.0.1 port=...``)."""
     binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     if not Path(binary).exists():
         raise AssertionError("pgbouncer is not installed: `make test` installs it (make ha-tools)")
@@ -80,7 +85,7 @@ def start_bouncer(
     users = "".join(f'"{role}" "{password}"\n' for role, password in passwords_for(secret).items())
     (folder / "users.txt").write_text(users)
     (folder / "pgbouncer.ini").write_text(
-        f"[databases]\n* = host=127.0.0.1 port={server_port}\n\n"
+        (databases or f"[databases]\n* = host=127.0.0.1 port={server_port}\n") + "\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = scram-sha-256\nauth_file = {folder / 'users.txt'}\n"

@@ -3,9 +3,10 @@ resumable job (freeze, copy, verify, switch); ``--finish`` drops the old copy af
 period, ``--abort`` stops a move that has not switched (:mod:`provisioner.fleet.move`).
 
 Exit codes: 0 done (or queued); 1 the move failed, or another process is running it; 2 bad
-input (a bad name, the tenant's own server, a server that takes no tenants, a target that
-already has the schema, a move already open, a grace period not over, nothing to finish or
-abort); 3 an unknown tenant or server.
+input (a bad name, the tenant's own server, a server that takes no tenants or whose tool schema
+was never migrated, a target that already has the schema, a move already open, a grace period
+not over or out of range, a flag the chosen action does not use, nothing to finish or abort);
+3 an unknown tenant or server.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 import click
 
 from provisioner import kinds
-from provisioner.cli.options import settings_of
+from provisioner.cli.options import WAIT_SECONDS, settings_of
 from provisioner.cli.render import StepPrinter, emit_json, fail_cleanly, render_job
 from provisioner.errors import InvalidInput
 from provisioner.fleet import move as moving
@@ -36,9 +37,10 @@ from provisioner.servers.directory import CONTROL
 @click.option("--finish", is_flag=True, help="Drop the old copy on the source (after --grace).")
 @click.option(
     "--grace",
-    type=click.FloatRange(0),
-    default=moving.DEFAULT_GRACE_SECONDS,
-    help="With --finish: seconds since the switch before the old copy may be dropped.",
+    type=WAIT_SECONDS,
+    default=None,
+    help="With --finish: seconds since the switch before the old copy may be dropped "
+    f"(0 to a week; default {moving.DEFAULT_GRACE_SECONDS}).",
 )
 @click.option("--abort", is_flag=True, help="Stop a move that has not switched; drop its copy.")
 @click.option(
@@ -57,7 +59,7 @@ def move(
     tenant_id: str,
     to: str | None,
     finish: bool,
-    grace: float,
+    grace: float | None,
     abort: bool,
     method: str | None,
     queue_only: bool,
@@ -71,7 +73,6 @@ def move(
 
     Exit 0 done, 1 failed or running elsewhere, 2 bad input, 3 unknown tenant or server.
     """
-    settings = settings_of(ctx)
     chosen = [
         name
         for name, on in (("--to", to is not None), ("--finish", finish), ("--abort", abort))
@@ -79,9 +80,29 @@ def move(
     ]
     if len(chosen) != 1:
         raise InvalidInput("move takes exactly one of --to SERVER, --finish, --abort")
+    ignored = [
+        flag
+        for flag, given in (
+            ("--grace", grace is not None and not finish),
+            ("--method", method is not None and to is None),
+            ("--queue", queue_only and to is None),
+        )
+        if given
+    ]
+    if ignored:
+        raise InvalidInput(
+            f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to move "
+            f"{chosen[0]} (--grace: with --finish "
+            "only; --method, --queue: with --to only)"
+        )
+    settings = settings_of(ctx)
     if finish or abort:
         ended = (
-            moving.finish(settings, tenant_id, grace_seconds=grace)
+            moving.finish(
+                settings,
+                tenant_id,
+                grace_seconds=moving.DEFAULT_GRACE_SECONDS if grace is None else grace,
+            )
             if finish
             else moving.abort(settings, tenant_id)
         )

@@ -3,6 +3,7 @@ worker's ``--component`` / ``--job-types`` options (``worker`` and ``health`` ta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -43,6 +44,23 @@ class Seconds(click.FloatRange):
 
 
 SECONDS = Seconds()
+
+
+class WaitSeconds(click.FloatRange):
+    """A duration flag that may be 0 (no wait): 0 to :data:`MAX_SECONDS`, NaN refused."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0, max=MAX_SECONDS)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
+
+
+#: 0 (no wait) to a week: ``move --finish --grace``.
+WAIT_SECONDS = WaitSeconds()
 #: Counts that reach SQL: a number PostgreSQL cannot hold is a bad flag (exit 2), not a
 #: ``bigint out of range`` from the server. ``LIMIT`` takes a bigint; the rollout's canary and
 #: brake are INTEGER columns.

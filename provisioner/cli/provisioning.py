@@ -99,7 +99,10 @@ EMBEDDED_WORKER_HINT = (
 @click.argument("tenant_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON object.")
 @click.option(
-    "--server", default=None, help="Place a new tenant on this tenant server (`servers list`)."
+    "--server",
+    default=None,
+    help="Place a new tenant on this tenant server (`servers list`); control: the control "
+    "database, while the directory has no server in use.",
 )
 @click.pass_context
 @fail_cleanly
@@ -108,7 +111,7 @@ def enqueue(ctx: click.Context, tenant_id: str, as_json: bool, server: str | Non
     the least loaded active tenant server, or on --server."""
     service.TenantId(tenant_id)
     if server is not None:
-        servers.server_name(server)
+        servers.placement_name(server)
     embedded = ctx.obj.embedded
     result = service.enqueue(settings_of(ctx), tenant_id, server)
     if as_json:

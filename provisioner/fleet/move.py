@@ -17,11 +17,13 @@ abort it (the ``move_tenant`` kind's steps: :mod:`provisioner.kinds.move`).
   dropped, the application roles granted again on the source.
 
 Bad input raises before anything changes: InvalidInput (exit 2) for a bad name, the same
-server, a target that takes no tenants, an open move; UnknownTenant or UnknownServer (3).
+server, a target that takes no tenants or whose tool schema is behind this build (never
+``provisioner migrate``d), an open move; UnknownTenant or UnknownServer (3).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,7 +40,8 @@ from provisioner.kinds.move import MOVE_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.servers import moves
 from provisioner.servers.directory import CONTROL, ServerStatus, get, server_name
-from provisioner.settings import Settings
+from provisioner.servers.sessions import tool_schema_behind
+from provisioner.settings import MAX_SECONDS, Settings
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 from provisioner.tenant.state import LIVE, ONBOARDED
@@ -138,8 +141,9 @@ def _check_target(
     conn: Conn, tenant: TenantId, source: str | None, target: str | None, owner_url: str
 ) -> None:
     """InvalidInput unless ``target`` can take the tenant now: not its own server, active,
-    reachable as the owner, without the tenant's schema. Its room is taken in the transaction
-    that records the move (:func:`provisioner.servers.moves.take_room`)."""
+    reachable as the owner, without the tenant's schema, its tool schema at this build's
+    version (:func:`provisioner.servers.sessions.tool_schema_behind`). Its room is taken in the
+    transaction that records the move (:func:`provisioner.servers.moves.take_room`)."""
     if source == target:
         raise InvalidInput(f"tenant {tenant} already lives on {target or CONTROL}")
     if target is not None:
@@ -156,6 +160,10 @@ def _check_target(
                 f"{end.server} already has a schema {tenant.schema}: the move will not "
                 "overwrite what it did not create"
             )
+        # What a worker refuses to start with: every later job of the tenant would fail there.
+        behind = None if target is None else tool_schema_behind(there)
+    if behind is not None:
+        raise InvalidInput(f"tenant server {target}: {behind}")
 
 
 def _check_logical(
@@ -226,8 +234,14 @@ def _reread(engine: Engine, current: moves.Move) -> moves.Move:
 
 def finish(settings: Settings, tenant_id: str, *, grace_seconds: float) -> moves.Move:
     """Drop the old copy of a switched move on its source, once ``grace_seconds`` have passed
-    since the switch; the move is then finished. Safe to run again after a crash."""
+    since the switch; the move is then finished. Safe to run again after a crash.
+    InvalidInput (before anything is read) for a grace that is not 0 to a week."""
     tenant = TenantId(tenant_id)
+    if not (math.isfinite(grace_seconds) and 0 <= grace_seconds <= MAX_SECONDS):
+        raise InvalidInput(
+            f"the grace period must be 0 to {MAX_SECONDS:g} seconds (a week), got "
+            f"{str(grace_seconds)[:40]}"
+        )
     with db.connect(settings.owner_url, autocommit=True) as conn, db.translated():
         require_control_at_head(conn)
         current = moves.get_move(conn, tenant)

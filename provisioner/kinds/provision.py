@@ -18,13 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
-from provisioner import pool, queue
+from provisioner import pool, queue, servers
 from provisioner.db import Transaction
+from provisioner.errors import InvalidInput
 from provisioner.kinds import step
 from provisioner.kinds.registry import JobKind, Scope, keyed_by_tenant
 from provisioner.kinds.step import RunMemo, Step
 from provisioner.models import Job, TenantId
+from provisioner.servers.directory import CONTROL_PLACEMENT
 from provisioner.templates import migrations, seeds
 from provisioner.templates.upgrade import UPGRADE_TO
 from provisioner.tenant import row as tenants
@@ -234,16 +237,47 @@ def ensure_provision_job(
 ) -> queue.Enqueued:
     """The tenant's control row and its one provisioning job, created if missing (in the
     caller's transaction, woken on its commit); a new tenant is placed on ``server``, or on the
-    least loaded tenant server (:func:`queue.ensure_tenant_job`)."""
-    return queue.ensure_tenant_job(
+    least loaded tenant server (:func:`queue.ensure_tenant_job`). ``server`` ``control`` (the
+    control database) is taken while placement puts the tenant there anyway: it lives there, or
+    it is new and the directory has no server but retired ones; else InvalidInput, nothing written
+    (:func:`provisioner.servers.control_placement_problem`)."""
+    on_control = server == servers.CONTROL
+    if on_control:
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(CONTROL_PLACEMENT, {"tenant_id": tenant.value}, prepare=False)
+            _refuse_control(tenant, cur.fetchone())
+    enqueued = queue.ensure_tenant_job(
         conn,
         tenant,
         PROVISION_JOB_TYPE,
         provision_key(tenant),
         retry_terminal=retry_terminal,
         started_by=started_by,
-        server=server,
+        server=None if on_control else server,
     )
+    if on_control and enqueued.created:
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(CONTROL_PLACEMENT, {"tenant_id": tenant.value}, prepare=False)
+            _refuse_placed_elsewhere(tenant, cur.fetchone())
+    return enqueued
+
+
+def _refuse_control(tenant: TenantId, found: dict[str, Any] | None) -> None:
+    assert found is not None, "the statement returns one row"
+    problem = servers.control_placement_problem(tenant, found)
+    if problem is not None:
+        raise InvalidInput(problem)
+
+
+def _refuse_placed_elsewhere(tenant: TenantId, found: dict[str, Any] | None) -> None:
+    """A server added between the check and the insert got the tenant: refused, so that the
+    caller's rollback (the CLI's, an application's on the error) leaves nothing behind."""
+    assert found is not None, "the statement returns one row"
+    if found["server"] is not None:
+        raise InvalidInput(
+            f"tenant {tenant} was placed on {found['server']}, not on {servers.CONTROL}: a "
+            "tenant server was added meanwhile (roll back; nothing is queued once you do)"
+        )
 
 
 async def ensure_provision_job_async(
@@ -256,12 +290,22 @@ async def ensure_provision_job_async(
 ) -> queue.Enqueued:
     """:func:`ensure_provision_job` for a psycopg ``AsyncConnection``: the same statements, in
     the same round trips, awaited."""
-    return await queue.ensure_tenant_job_async(
+    on_control = server == servers.CONTROL
+    if on_control:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(CONTROL_PLACEMENT, {"tenant_id": tenant.value}, prepare=False)
+            _refuse_control(tenant, await cur.fetchone())
+    enqueued = await queue.ensure_tenant_job_async(
         conn,
         tenant,
         PROVISION_JOB_TYPE,
         provision_key(tenant),
         retry_terminal=retry_terminal,
         started_by=started_by,
-        server=server,
+        server=None if on_control else server,
     )
+    if on_control and enqueued.created:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(CONTROL_PLACEMENT, {"tenant_id": tenant.value}, prepare=False)
+            _refuse_placed_elsewhere(tenant, await cur.fetchone())
+    return enqueued

@@ -10,8 +10,11 @@ answers where a tenant lives (:func:`locate`).
 
 A server's connection reference holds no secret: a libpq service name (``shard1``, stored as
 ``service=shard1``) or a conninfo without a password (``host=db2 port=5432 dbname=app``, or a
-``postgresql://`` URL without one). Passwords come from ``.pgpass``, ``PGPASSWORD`` or the
-service file of whoever connects, as for every other address of the tool.
+``postgresql://`` URL without one; no ``password``, ``sslpassword`` or ``oauth_client_secret``:
+:data:`SECRET_KEYS`). Passwords come from ``.pgpass``, ``PGPASSWORD`` or the service file of
+whoever connects, as for every other address of the tool. Nor does it hold a control character
+(a newline, a tab, ...), written or %-encoded in a URL: the reference is printed one line a
+server (``servers list``, ``locate``) and written into ``pgbouncer.ini``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ SERVER_NAME_RULE = (
 )
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 _SERVICE_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+#: A control character (C0 or DEL): refused anywhere in a reference, as written or as parsed.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+#: The libpq connection parameters that carry a secret: refused in a reference, which the
+#: application role reads (``control.tenant_location``). ``passfile``, ``sslkey`` and the like
+#: name a file, which holds the secret where the directory's readers cannot see it.
+SECRET_KEYS = frozenset({"password", "sslpassword", "oauth_client_secret"})
 
 
 class ServerStatus(enum.StrEnum):
@@ -190,11 +200,55 @@ def server_name(raw: str) -> str:
     return raw
 
 
+def placement_name(raw: str) -> str:
+    """A server a new tenant may be placed on by name: a valid server name, or :data:`CONTROL`
+    (the control database: :func:`control_placement_problem` says when it may be named)."""
+    return CONTROL if raw == CONTROL else server_name(raw)
+
+
+# For a placement on the control database by name: where the tenant lives if it is registered
+# (no row: it is not), and whether the directory has a server not retired (while it does, the
+# placement trigger puts a new tenant on a tenant server, never on the control database).
+# Readable by the application role (its columns of the directory, and the tenant's row).
+CONTROL_PLACEMENT = """
+SELECT EXISTS (SELECT FROM control.tenants WHERE tenant_id = %(tenant_id)s) AS registered,
+       (SELECT server FROM control.tenants WHERE tenant_id = %(tenant_id)s) AS server,
+       EXISTS (SELECT FROM control.tenant_servers WHERE status <> 'retired') AS servers
+"""
+
+
+def control_placement_problem(tenant: TenantId, found: dict[str, Any]) -> str | None:
+    """Why ``tenant`` cannot be placed on the control database by name (None: it can), from
+    :data:`CONTROL_PLACEMENT`'s row: it lives on a tenant server (a tenant is placed once), or
+    it is new and the directory has servers (placement chooses among them; ``provisioner move
+    TENANT --to control`` brings it back once it is provisioned)."""
+    if found["registered"]:
+        if found["server"] is None:
+            return None
+        return (
+            f"tenant {tenant} lives on {found['server']}, not on {CONTROL}: a tenant is placed "
+            "once (nothing was queued)"
+        )
+    if not found["servers"]:
+        return None
+    return (
+        f"a new tenant cannot be placed on {CONTROL} while the directory has tenant servers "
+        f"(placement chooses among them): enqueue {tenant} without a server, then "
+        f"`provisioner move {tenant} --to {CONTROL}` once it is provisioned (nothing was queued)"
+    )
+
+
 def connection_reference(raw: str) -> str:
     """The reference as stored: a bare word is a libpq service (``service=WORD``); a conninfo
-    or URL is kept as written once libpq parses it. Refused (InvalidInput): one that does not
-    parse, or that holds a password (never shown back)."""
+    or URL is kept as written once libpq parses it. Refused (InvalidInput, the value never
+    shown back): one that does not parse, that holds a secret (:data:`SECRET_KEYS`, or a
+    password in a URL), or a control character, as written or once parsed (``%0A`` in a URL)."""
     text = raw.strip()
+    if _CONTROL_RE.search(text):
+        raise InvalidInput(
+            "the connection reference holds a control character (a newline, a tab, ...): a "
+            "reference is one line"
+        )
     if _SERVICE_RE.fullmatch(text) and "=" not in text:
         return f"service={text}"
     try:
@@ -204,15 +258,27 @@ def connection_reference(raw: str) -> str:
             "the connection reference is neither a libpq service name nor a conninfo libpq "
             "parses (host=... port=... dbname=..., or a postgresql:// URL)"
         ) from None
-    if "password" in params:
+    secrets = sorted(SECRET_KEYS.intersection(params))
+    if secrets:
         raise InvalidInput(
-            "the connection reference holds a password: keep it out of the directory "
-            "(use ~/.pgpass, PGPASSWORD or a service file; the directory is readable by the "
-            "application role)"
+            f"the connection reference holds a secret ({', '.join(secrets)}): keep it out of "
+            "the directory (use ~/.pgpass, PGPASSWORD or a service file; the directory is "
+            "readable by the application role)"
         )
     if not params:
         raise InvalidInput("the connection reference is empty")
+    controlled = sorted(key for key, value in params.items() if _CONTROL_RE.search(str(value)))
+    if controlled:
+        raise InvalidInput(
+            f"the connection reference's {', '.join(controlled)} holds a control character "
+            "(a newline, a tab, ...) once decoded: a reference is one line"
+        )
     return libpq_address(text)
+
+
+def control_character(value: str) -> bool:
+    """Whether ``value`` holds a control character (C0 or DEL), which no reference may."""
+    return _CONTROL_RE.search(value) is not None
 
 
 def _positive(value: int | None, what: str, *, zero: bool) -> None:

@@ -6,13 +6,21 @@ Each entry carries the server's host, port and database from its connection refe
 user and no password (PgBouncer's ``auth_file`` or ``auth_query`` holds those). A reference
 by libpq service cannot be written here (PgBouncer reads no service file): it is listed as a
 comment to fill in by hand.
+
+A value is written as PgBouncer's connection-string parser reads it (``cstr_get_value`` in its
+``src/loader.c``; libpq's rules differ): a value without a space or a single quote as it is, any
+other in single quotes with each single quote doubled (``dbname='it''s a db'``); a backslash
+means nothing there and is written as it is. A value PgBouncer cannot hold (empty, or a control
+character, which no reference added since may hold:
+:func:`provisioner.servers.directory.connection_reference`) is not written: the entry becomes a
+comment to fill in by hand, so that no value can end its line or start another entry.
 """
 
 from __future__ import annotations
 
 from psycopg.conninfo import conninfo_to_dict
 
-from provisioner.servers.directory import CONTROL, Directory
+from provisioner.servers.directory import CONTROL, Directory, control_character
 
 #: The connection parameters PgBouncer's database entries understand, in the order written.
 _KEPT = ("host", "port", "dbname")
@@ -33,6 +41,22 @@ def databases_section(found: Directory, control_conninfo: str | None = None) -> 
 def _entry(name: str, conninfo: str) -> str:
     params = conninfo_to_dict(conninfo)
     if "service" in params and "host" not in params:
-        return f"; {name}: libpq service {params['service']} (PgBouncer reads no service file)"
-    kept = " ".join(f"{key}={params[key]}" for key in _KEPT if key in params)
-    return f"{name} = {kept}"
+        service = _value(str(params["service"]))
+        return f"; {name}: libpq service {service} (PgBouncer reads no service file)"
+    kept = {key: str(params[key]) for key in _KEPT if key in params}
+    unwritable = [key for key, value in kept.items() if not value or control_character(value)]
+    if unwritable:
+        return (
+            f"; {name}: its {', '.join(unwritable)} cannot be written for PgBouncer (empty, or "
+            "a control character): write this entry by hand"
+        )
+    return f"{name} = " + " ".join(f"{key}={_value(value)}" for key, value in kept.items())
+
+
+def _value(value: str) -> str:
+    """``value`` as PgBouncer's connection-string parser reads it back (see the module)."""
+    if control_character(value):
+        return "(a control character)"  # never written where it could end the line
+    if value and " " not in value and "'" not in value:
+        return value
+    return "'" + value.replace("'", "''") + "'"

@@ -54,7 +54,7 @@ class ServerSessions:
             )
             try:
                 with found.transaction() as tx:
-                    behind = _behind(tx.pg)
+                    behind = tool_schema_behind(tx.pg)
             except BaseException:
                 found.close()
                 raise
@@ -128,13 +128,14 @@ def problem_of(server: TenantServer, owner_url: str) -> str | None:
             closing(db.connect(owner_address(server, owner_url), autocommit=True)) as conn,
             db.translated(),
         ):
-            return _behind(conn)
+            return tool_schema_behind(conn)
     except ProvisionerError as exc:
         return str(exc)
 
 
-def _behind(conn: psycopg.Connection[Any]) -> str | None:
-    """Why the server's tool schema cannot serve this build (None: it can)."""
+def tool_schema_behind(conn: psycopg.Connection[Any]) -> str | None:
+    """Why the server's tool schema cannot serve this build (None: it can): what a worker's
+    start, an engine's first use of a server and ``move --to`` refuse."""
     have = journal.version(conn)
     if have is None or have < journal.VERSION:
         return (

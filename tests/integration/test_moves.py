@@ -200,7 +200,7 @@ def test_a_tenant_moves_back_to_the_control_database(
     queued = move_cli(settings, tenant_server, "back", "--to", "control", "--queue")
     assert queued.returncode == 0, queued.stderr
     assert service.locate(settings, "back").server == "east"
-    # a worker refuses to start while an active server lacks the tool's schema
+    # (the tool's schema is on east already: `move --to` refuses a server without it)
     migrated = run_cli(settings, "migrate", env=tenant_server.env)
     assert migrated.returncode == 0, migrated.stderr
     drained = run_cli(
@@ -245,6 +245,15 @@ def test_bad_input_is_one_line_with_its_exit_code_and_changes_nothing(
         (("stay",), 2, "exactly one of"),
         (("stay", "--finish"), 2, "no switched move"),
         (("stay", "--abort"), 2, "no move under way"),
+        # a grace PostgreSQL's interval cannot hold, and flags the action would ignore
+        (("stay", "--finish", "--grace", "nan"), 2, "'nan' is not a finite number of seconds"),
+        (("stay", "--finish", "--grace", "inf"), 2, "Invalid value for '--grace'"),
+        (("stay", "--finish", "--grace", "1e15"), 2, "Invalid value for '--grace'"),
+        (("stay", "--finish", "--grace", "-1"), 2, "Invalid value for '--grace'"),
+        (("stay", "--to", "east", "--grace", "5"), 2, "--grace does not apply to move --to"),
+        (("stay", "--abort", "--grace", "0"), 2, "--grace does not apply to move --abort"),
+        (("stay", "--finish", "--method", "dump"), 2, "--method does not apply to move --finish"),
+        (("stay", "--abort", "--queue"), 2, "--queue does not apply to move --abort"),
     ]
     for args, code, text in cases:
         out = move_cli(settings, tenant_server, *args)
@@ -263,6 +272,38 @@ def test_bad_input_is_one_line_with_its_exit_code_and_changes_nothing(
     assert jobs == (0,) and placed == (0,)
     assert service.locate(settings, "stay").server == "control"
     assert app_write(database.app_url, "stay") == "ok"
+
+
+def test_a_target_whose_tool_schema_was_never_migrated_is_refused_up_front(
+    settings: Settings, database: Database, tenant_server: TenantServer
+) -> None:
+    """As a worker refuses to start with it: every later job of the tenant would fail there."""
+    provision_with_rows(settings, database, "early", 10)
+    add_east(database, tenant_server)
+    with tenant_server.owner() as conn:
+        conn.execute("DROP SCHEMA provisioner_server CASCADE")  # never `provisioner migrate`d
+    out = move_cli(settings, tenant_server, "early", "--to", "east")
+    assert (out.returncode, out.stderr.splitlines()) == (
+        2,
+        [
+            "error: tenant server east: its tool schema is at version 0, this build needs 2: "
+            "run `provisioner migrate`"
+        ],
+    )
+    assert moves_row(database, "early") is None
+    with database.owner() as conn:
+        jobs = conn.execute(
+            "SELECT count(*) FROM control.platform_jobs WHERE job_type = 'move_tenant'"
+        ).fetchone()
+    assert jobs == (0,)
+    with tenant_server.owner() as conn:
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'tenant_early'")
+        assert found.fetchone() is None
+    assert service.locate(settings, "early").server == "control"
+    assert run_cli(settings, "migrate", env=tenant_server.env).returncode == 0
+    done = move_cli(settings, tenant_server, "early", "--to", "east")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert service.locate(settings, "early").server == "east"
 
 
 def test_abort_gives_the_source_back_and_drops_the_copy(

@@ -15,16 +15,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import uuid
 
 import psycopg
 import pytest
 import sqlalchemy as sa
+from psycopg import sql
 from sqlalchemy.orm import Session
 
 import provisioner
-from provisioner import db
+from provisioner import db, servers
 from provisioner.templates.migrations import TENANT_TREE_ENV
 from provisioner.testing import Tenant
 from tests.conftest import ROOT, Database
@@ -318,3 +321,33 @@ def test_a_tenant_sqlalchemy_engine_through_pgbouncer_keeps_its_search_path(
     assert _server_settings(pgbouncer, database, "search_path", role="app_rw") == {
         '"$user", public'
     }
+
+
+def test_the_directorys_entries_reach_a_database_named_with_a_space_and_a_quote(
+    pgbouncer: Bouncer, database: Database, provisioner_server
+) -> None:
+    """``servers pgbouncer``'s quoting as a real PgBouncer reads it: the entry of a server whose
+    database name holds a space, a single quote and a backslash reaches that database."""
+    odd = f"it's a b\\c {uuid.uuid4().hex[:6]}"
+    admin = provisioner_server.admin_url
+    port = int(psycopg.conninfo.conninfo_to_dict(admin).get("port") or 5432)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(odd)))
+    try:
+        reference = psycopg.conninfo.make_conninfo("", host="127.0.0.1", port=port, dbname=odd)
+        with database.owner() as conn:
+            servers.add(conn, "odd", reference)
+            section = servers.databases_section(servers.directory(conn))
+        bouncer = start_bouncer(port, secret=pgbouncer.secret, databases=section)
+        try:
+            with psycopg.connect(bouncer.url("provisioner_owner", "odd")) as conn:
+                found = conn.execute("SELECT current_database()", prepare=False).fetchone()
+            assert found == (odd,), section
+        finally:
+            bouncer.stop()
+            shutil.rmtree(bouncer.folder, ignore_errors=True)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(odd))
+            )

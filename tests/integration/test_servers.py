@@ -127,8 +127,19 @@ def test_servers_commands_add_list_drain_retire_with_json_and_exit_codes(
     [
         (("add", "East", A), "invalid server name 'East'"),
         (("add", "control", A), "invalid server name 'control'"),
-        (("add", "east", "host=h password=hunter2 dbname=x"), "holds a password"),
-        (("add", "east", "postgresql://u:hunter2@h/x"), "holds a password"),
+        (("add", "east", "host=h password=hunter2 dbname=x"), "holds a secret (password)"),
+        (("add", "east", "postgresql://u:hunter2@h/x"), "holds a secret (password)"),
+        (("add", "east", "host=h sslpassword=hunter2"), "holds a secret (sslpassword)"),
+        (("add", "east", "postgresql://h/x?sslpassword=hunter2"), "holds a secret (sslpassword)"),
+        (("add", "east", "host=h oauth_client_secret=hunter2"), "(oauth_client_secret)"),
+        # a line of its own in pgbouncer.ini, `servers list` and `locate` (never shown back)
+        (
+            ("add", "east", "host=127.0.0.1 dbname='x\nhunter2 = host=attacker.example'"),
+            "holds a control character",
+        ),
+        (("add", "east", "host=h\tdbname=hunter2"), "holds a control character"),
+        (("add", "east", "host=h dbname=x\x7fhunter2"), "holds a control character"),
+        (("add", "east", "postgresql://h/x%0Ahunter2"), "dbname holds a control character"),
         (("add", "east", "host='unterminated"), "neither a libpq service name nor a conninfo"),
         (("add", "east", A, "--weight", "0"), "Invalid value for '--weight'"),
         (("drain", "Bad Name"), "invalid server name"),
@@ -141,6 +152,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(
     assert out.returncode == 2, out
     assert message in out.stderr and "hunter2" not in out.stderr + out.stdout
     assert len([line for line in out.stderr.splitlines() if line.startswith("error")]) <= 1
+    if args[0] == "add" and not args[-1].isdigit():  # the library's refusals: one line
+        assert len(out.stderr.splitlines()) == 1, out.stderr
     with database.owner() as conn:
         assert conn.execute("SELECT count(*) FROM control.tenant_servers").fetchone() == (0,)
 
@@ -366,15 +379,27 @@ def test_pgbouncer_databases_from_the_directory(settings: Settings, database: Da
     add(database, "east", A)
     add(database, "west", "shard_west")
     add(database, "old", B)
+    # A value with a space, a quote and a backslash: single-quoted, the quote doubled, as
+    # PgBouncer's connection-string parser reads it (tests/integration/test_pgbouncer.py).
+    add(database, "spaced", r"host=127.0.0.1 port=3 dbname='it\'s a b\\c'")
     with database.owner() as conn:
         servers.set_status(conn, "old", servers.ServerStatus.RETIRED)
+        # A reference written before control characters were refused (or past the library):
+        # never a line of its own in pgbouncer.ini.
+        conn.execute(
+            "INSERT INTO control.tenant_servers (name, conninfo) VALUES ('s7', %s)",
+            ("host=127.0.0.1 dbname='x\nevil = host=attacker.example'",),
+        )
     out = run_cli(settings, "servers", "pgbouncer")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "[databases]" and lines[1].startswith("control = host=")
-    assert "password" not in out.stdout
+    assert "password" not in out.stdout and "attacker" not in out.stdout
     assert lines[2:] == [
         "east = host=127.0.0.1 port=1 dbname=tenants_a",
+        "; s7: its dbname cannot be written for PgBouncer (empty, or a control character): "
+        "write this entry by hand",
+        "spaced = host=127.0.0.1 port=3 dbname='it''s a b\\c'",
         "; west: libpq service shard_west (PgBouncer reads no service file)",
     ]
 
@@ -520,3 +545,50 @@ def test_tenants_list_by_server(settings: Settings, database: Database) -> None:
     assert (listed("east"), listed("west"), listed("control")) == (["acme"], ["beta"], ["home"])
     bad = run_cli(settings, "tenants", "list", "--server", "No Such")
     assert bad.returncode == 2 and "invalid server name" in bad.stderr
+
+
+def test_control_is_a_placement_while_placement_puts_the_tenant_there(
+    settings: Settings, database: Database
+) -> None:
+    """``enqueue --server control`` (and the library's ``server="control"``, as the application
+    role): taken while the tenant lives on the control database, or is new and the directory
+    has no server but retired ones; else one line, exit 2, nothing written."""
+    out = run_cli(settings, "enqueue", "home", "--server", "control", "--json")
+    assert out.returncode == 0, out.stderr
+    enqueue(database, "lib", server="control")
+    add(database, "gone", B)
+    with database.owner() as conn:
+        servers.set_status(conn, "gone", servers.ServerStatus.RETIRED)
+    enqueue(database, "late", server="control")  # a retired server places nobody
+    assert placed(database) == {None: 3}
+    add(database, "east", A)
+    again = run_cli(settings, "enqueue", "home", "--server", "control", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["job_id"] == json.loads(out.stdout)["job_id"]
+    refused = run_cli(settings, "enqueue", "qq1", "--server", "control")
+    assert (refused.returncode, refused.stderr.splitlines()) == (
+        2,
+        [
+            "error: a new tenant cannot be placed on control while the directory has tenant "
+            "servers (placement chooses among them): enqueue qq1 without a server, then "
+            "`provisioner move qq1 --to control` once it is provisioned (nothing was queued)"
+        ],
+    )
+    with pytest.raises(provisioner.InvalidInput, match="cannot be placed on control"):
+        enqueue(database, "qq2", server="control")
+
+    async def enqueue_async() -> None:
+        async with await psycopg.AsyncConnection.connect(database.app_url) as conn:
+            with pytest.raises(provisioner.InvalidInput, match="cannot be placed on control"):
+                await provisioner.enqueue_async(conn, "qq3", server="control")
+
+    asyncio.run(enqueue_async())
+    assert [rows_of(database, t) for t in ("qq1", "qq2", "qq3")] == [(0, 0)] * 3
+    enqueue(database, "acme", server="east")
+    elsewhere = run_cli(settings, "enqueue", "acme", "--server", "control")
+    assert (elsewhere.returncode, elsewhere.stderr.strip()) == (
+        2,
+        "error: tenant acme lives on east, not on control: a tenant is placed once (nothing "
+        "was queued)",
+    )
+    assert placed(database) == {None: 3, "east": 1}

@@ -21,7 +21,15 @@ Two holes, each a row ``app_rw`` may write that the owner side then read on trus
   allows, and keeps it off the reserved words and the tool's and PostgreSQL's schema prefixes,
   as :meth:`provisioner.naming.TenantNaming.problem` does.
 
-Everything else is the two revisions' text. The downgrade restores both definitions.
+And the directory's CHECK refuses again what the library refuses in a server's reference since
+this release: a secret under another key than ``password`` (``sslpassword``,
+``oauth_client_secret``) and a control character, typed or percent-encoded (a newline in a
+reference became an entry of its own in the PgBouncer configuration exported from it). The
+owner alone writes the directory; the CHECK holds its direct writes to the same rule. It is
+added ``NOT VALID``: a row stored before stays readable, every new or changed row is checked.
+
+Everything else is the earlier revisions' text. The downgrade restores both definitions and
+drops the CHECK.
 
 Revision ID: 20261207_h37guard
 Revises: 20261206_h35beats
@@ -114,7 +122,18 @@ def _id_rule() -> str:
     )
 
 
+#: The directory's second CHECK on a reference (see the module).
+PLAIN_REFERENCE = (
+    r"conninfo !~* '(^|[\s?&])(ssl)?password\s*=' AND conninfo !~* 'oauth_client_secret'"
+    r" AND conninfo !~ '[\x01-\x1f\x7f]' AND conninfo !~* '%(0[0-9a-f]|1[0-9a-f]|7f)'"
+)
+
+
 def upgrade() -> None:
+    op.execute(
+        "ALTER TABLE control.tenant_servers ADD CONSTRAINT tenant_servers_plain_reference "
+        f"CHECK ({PLAIN_REFERENCE}) NOT VALID"
+    )
     room = _revision("20261204_h32room")
     beats = _revision("20261206_h35beats")
     preference = _live_spare_preference(beats.UNSAID_ALIVE_SECONDS)
@@ -130,3 +149,4 @@ def downgrade() -> None:
     room = _revision("20261204_h32room")
     beats = _revision("20261206_h35beats")
     op.execute(room.WITH_MOVES.replace("{spare_first}", beats.LIVE_SPARE_PREFERENCE))
+    op.execute("ALTER TABLE control.tenant_servers DROP CONSTRAINT tenant_servers_plain_reference")

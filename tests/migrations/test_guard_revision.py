@@ -5,6 +5,8 @@ tested in tests/integration/test_server_pool.py and tests/integration/test_schem
 
 from __future__ import annotations
 
+import psycopg
+import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
@@ -49,3 +51,29 @@ def test_the_downgrade_restores_the_placement_and_the_policy_before_it(
     assert _policy(bare_database) == open_policy
     assert _migrate(bare_database, "upgrade", REVISION) == guarded
     assert _policy(bare_database) == guarded_policy
+
+
+def test_the_directory_refuses_a_secret_or_a_control_character_in_a_reference(
+    database: Database,
+) -> None:
+    """The revision's CHECK on control.tenant_servers, for the owner's direct writes: a secret
+    under another key than ``password`` and a control character, typed or percent-encoded."""
+    refused = (
+        "host=db sslpassword=s3cret",
+        "postgresql://db/app?sslpassword=s3cret",
+        "host=db oauth_client_secret=s3cret",
+        "host=db dbname='a\nb = host=elsewhere'",
+        "postgresql://db/a%0Ab",
+        "host=db\tdbname=x\x7f",
+    )
+    with database.owner() as conn:
+        for reference in refused:
+            with pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
+                conn.execute(
+                    "INSERT INTO control.tenant_servers (name, conninfo) VALUES ('s', %s)",
+                    (reference,),
+                )
+        conn.execute(
+            "INSERT INTO control.tenant_servers (name, conninfo) "
+            "VALUES ('s', 'postgresql://db:5432/app%20x?sslmode=require')"
+        )

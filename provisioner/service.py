@@ -50,7 +50,7 @@ from provisioner.local import state as embedded
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.queue import journal
 from provisioner.roles import AppRoles
-from provisioner.templates import migrations
+from provisioner.templates import migrations, seeds
 from provisioner.tenant import app_role, checks
 from provisioner.tenant import row as tenants
 from provisioner.tenant.checks import CheckRecord
@@ -195,6 +195,10 @@ def provision(
     """
     tenant = TenantId(tenant_id)
     settings.check_object_store_path()
+    # Settings that cannot work are refused here, before the job row or the schema exists:
+    # met at a step instead, they left a tenant placed and a job retried for nothing.
+    migrations.check_tenant_tree()
+    seeds.check_declared(settings.seeds, migrations.tenant_tree())
     holder = holder or holder_id("cli")
     started_by = "provision --reuse-deleted" if reuse_deleted else "provision"
     with Engine.from_settings(settings, holder) as engine:
@@ -321,6 +325,7 @@ def upgrade(
     """Queue the provisioned tenants behind the tenant template's head as a rollout (see
     :mod:`fleet` and :mod:`rollout`); purged tenants are reported only with
     ``include_deleted``."""
+    migrations.check_tenant_tree()
     return fleet.upgrade(
         settings,
         tenant_ids,
@@ -377,6 +382,7 @@ def list_tenants(
     include_deleted: bool = False,
 ) -> list[roster.TenantEntry]:
     """The tenants, their state, revision and provisioning status (see :mod:`fleet.roster`)."""
+    migrations.check_tenant_tree()
     return roster.list_tenants(
         settings,
         states=states,
@@ -412,6 +418,7 @@ def change_lifecycle_many(
 
 def check(settings: Settings, tenant_ids: list[str] | None = None) -> drift.DriftReport:
     """Compare tenants' catalogs with the template head's shape (see :mod:`drift`)."""
+    migrations.check_tenant_tree()
     return drift.check(settings, tenant_ids)
 
 
@@ -445,6 +452,7 @@ def repair(
     """Check the tenants, and run (or queue) a ``repair_tenant`` job for each drifted one that
     has something safe to restore; ``dry_run`` plans and changes nothing (see
     :mod:`provisioner.tenant.repairs` for what is restored and what is left alone)."""
+    migrations.check_tenant_tree()
     report = drift.check(settings, tenant_ids, checked_by="repair")
     planned = drift.plans(settings, report)
     if dry_run:
@@ -482,7 +490,11 @@ def repair(
 
 
 def retry_failed(settings: Settings, kind: str | None = None) -> list[Job]:
-    """Queue every failed job (of job type ``kind``, or all) again, as the owner."""
+    """Queue every failed job (of job type ``kind``, or all) again, as the owner; a ``kind``
+    this build does not know is InvalidInput (the registry's, with the settings' kind modules).
+    """
+    if kind is not None:
+        kinds.for_settings(settings).check([kind])
     conn = db.connect(settings.owner_url, application_name="retry")
     with closing(conn), db.translated():
         jobs = queue.retry_failed(conn, kind)
@@ -573,6 +585,8 @@ def list_jobs(
         )
     if limit < 1:
         raise InvalidInput(f"--limit must be at least 1, got {limit}")
+    if kind is not None:
+        kinds.for_settings(settings).check([kind])  # an unknown one matched nothing, silently
     with app_connection(settings) as conn:
         return queue.list_jobs(conn, status=status, limit=limit, tenant=wanted, kind=kind)
 

@@ -65,6 +65,8 @@ def check_database_url(name: str, url: str) -> None:
         and not re.search(r"%(?![0-9A-Fa-f]{2})", rest)
     )
     if valid:
+        query = rest.split("#", 1)[0].partition("?")[2]
+        _check_ports(name, [_host_port(host) for host in hosts.split(",")] + _query_ports(query))
         return
     user = re.split(r"[:@]", rest, maxsplit=1)[0] if "@" in rest else ""
     who = f" (user {user})" if _SAFE_USER.fullmatch(user) else ""
@@ -87,6 +89,42 @@ def _check_key_value_conninfo(name: str, conninfo: str) -> None:
             f"{name} cannot be parsed as a postgresql:// URL or a libpq key=value string: "
             f"{URL_HELP}"
         )
+    _check_ports(name, str(conninfo_to_dict(conninfo).get("port") or "").split(","))
+
+
+#: A port as libpq reads it (``strtol``): digits, blanks around them allowed.
+_PORT = re.compile(r"\s*[0-9]{1,5}\s*")
+
+
+def _host_port(host: str) -> str:
+    """The port of one ``host[:port]`` of a URL's host list (``[v6]:port`` too); '' for none."""
+    from urllib.parse import unquote
+
+    after = host.rpartition("]")[2] if host.startswith("[") else host
+    return unquote(after.partition(":")[2])
+
+
+def _query_ports(query: str) -> list[str]:
+    """The values of a URL's ``port=`` parameters, each split at its commas."""
+    from urllib.parse import unquote
+
+    return [
+        port
+        for item in query.split("&")
+        if item.partition("=")[0] == "port"
+        for port in unquote(item.partition("=")[2]).split(",")
+    ]
+
+
+def _check_ports(name: str, ports: list[str]) -> None:
+    """Refuse a port libpq refuses (``invalid port number``) before any connection is tried:
+    a setting that can never work is exit 2 (:class:`ConfigurationError`), not the database
+    being unavailable. Empty: the default port. Only the port is named, never the URL."""
+    for port in ports:
+        if port and not (_PORT.fullmatch(port) and 1 <= int(port) <= 65535):
+            raise ConfigurationError(
+                f"{name} has an invalid port {port[:20]!r}: a port is a number from 1 to 65535"
+            )
 
 
 #: The shortest and longest a duration setting may be. Every one of them reaches PostgreSQL as
@@ -159,9 +197,15 @@ def _port(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = env.get(name)
     if raw in (None, ""):
         return default
-    if not raw.isdigit() or int(raw) > 65535:
-        raise ConfigurationError(f"{name} must be a port number (0 to 65535), got {raw!r}")
+    if not _whole_number(raw) or int(raw) > 65535:
+        raise ConfigurationError(f"{name} must be a port number (0 to 65535), got {raw[:40]!r}")
     return int(raw)
+
+
+def _whole_number(raw: str) -> bool:
+    """ASCII digits only, at most 18 of them: what ``int`` takes without a ``ValueError``.
+    (``str.isdigit`` also says yes to ``²`` and other digits ``int`` refuses.)"""
+    return 0 < len(raw) <= 18 and raw.isascii() and raw.isdigit()
 
 
 def parse_job_types(raw: str) -> tuple[str, ...]:  # also the seeds' list
@@ -431,7 +475,7 @@ NAMING_ENV = (
 def _naming(schema_pattern: str, id_pattern: str, max_length: str) -> TenantNaming:
     if not max_length:
         return TenantNaming(schema_pattern, id_pattern)
-    if not max_length.strip().isdigit():
+    if not _whole_number(max_length.strip()):
         raise ConfigurationError(
             f"PROVISIONER_TENANT_ID_MAX_LENGTH must be a whole number, got {max_length[:40]!r}"
         )

@@ -79,14 +79,34 @@ def upgrade(
     then upgrade --all). Only run_tenant_migrations runs again, in place. Exit 0 done,
     1 the canary failed (--then-all) or the watched rollout halted, was aborted or has a
     failed tenant, or a tenant server was down (the others' tenants queued, its own neither
-    read nor queued), 2 bad input or no rollout to resume/abort, 3 unknown tenant.
+    read nor queued), 2 bad input (--resume, --abort and --watch go alone: with --json, and
+    --watch with --interval) or no rollout to resume/abort, 3 unknown tenant.
     """
     levers = [
         name for name, on in (("--resume", resume), ("--abort", abort), ("--watch", watch)) if on
     ]
     if levers:
-        if len(levers) > 1 or every or tenant_ids:
-            raise InvalidInput(f"{' '.join(levers)} goes alone (no tenants, no --all)")
+        # A lever acts on the latest rollout: a flag of a new upgrade would be ignored, and a
+        # --dry-run would not keep --abort or --resume from acting.
+        ignored = [
+            flag
+            for flag, given in (
+                ("--dry-run", dry_run),
+                ("--details", details),
+                ("--canary", canary is not None),
+                ("--then-all", then_all),
+                ("--max-failures", max_failures is not None),
+                ("--include-deleted", include_deleted),
+                ("--interval", not watch and _given(ctx, "interval")),
+            )
+            if given
+        ]
+        if len(levers) > 1 or every or tenant_ids or ignored:
+            extra = f"; got {', '.join(ignored)}" if ignored else ""
+            raise InvalidInput(
+                f"{' '.join(levers)} goes alone (no tenants, no --all, no other flag but --json"
+                f"{' and --interval' if watch else ''}){extra}"
+            )
         pull_lever(settings_of(ctx), resume=resume, abort=abort, interval=interval, as_json=as_json)
         return
     if every == bool(tenant_ids):
@@ -112,6 +132,11 @@ def upgrade(
         follow_canary(settings, report.rollout_id, canary, then_all=then_all, as_json=as_json)
     if report.down:
         sys.exit(1)  # what could be read was queued; the down server's tenants were not
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """Whether the option ``name`` was given on the command line (not left to its default)."""
+    return ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
 
 
 def pull_lever(

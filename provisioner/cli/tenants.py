@@ -91,9 +91,18 @@ def batch_options(command: F) -> F:
 
 
 def read_ids(handle: TextIO | None) -> list[str]:
+    """The ids of ``--from-file``; bytes that are not text in its encoding are InvalidInput (one
+    line, exit 2), read before anything is queued."""
     if handle is None:
         return []
-    lines = (line.split("#", 1)[0].strip() for line in handle)
+    try:
+        lines = [line.split("#", 1)[0].strip() for line in handle]
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start : exc.start + 1].hex()
+        raise InvalidInput(
+            f"--from-file {str(getattr(handle, 'name', '-'))[:200]} is not {exc.encoding} text "
+            f"(it holds byte 0x{byte}): tenant ids go one a line; nothing was queued"
+        ) from None
     return [line for line in lines if line]
 
 

@@ -17,6 +17,7 @@ fails the step and is retried, never a fallback to Alembic).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,6 +69,17 @@ _LOGIN_REFUSED = (
     "does not exist",
     "pg_hba.conf",
     "permission denied for database",
+)
+# What libpq (or psycopg, reading the address) says of a connection option it refuses before
+# it tries any server: a parameter it does not know, a value it does not know
+# (``sslmode=bogus``, ``target_session_attrs``...), a port out of range, an integer option that
+# is not one, ports that do not match the hosts. Such an address can never work: a
+# ConfigurationError (exit 2), not the database being unavailable (retried, exit 1).
+_OPTION_REFUSED = re.compile(
+    r"invalid port number|invalid integer value \S+ for connection option|invalid \w+ value: "
+    r"|invalid SSL protocol version range|invalid require_auth method"
+    r"|invalid URI query parameter|invalid connection option"
+    r"|could not match \d+ (?:port numbers|host names)"
 )
 # SQLSTATE classes of a statement that fails the same way however often it runs: data
 # exceptions (22), integrity constraint violations (23), syntax errors or access rule
@@ -138,6 +150,9 @@ def translate(exc: BaseException) -> ProvisionerError:
     message = " ".join(redact(str(orig)).split()) or type(orig).__name__
     if _POOLER_REFUSED_OPTIONS in message:
         return ConfigurationError(f"{message}: {POOLER_HINT}")
+    refused = _OPTION_REFUSED.search(message)
+    if refused is not None and isinstance(orig, psycopg.Error) and orig.sqlstate is None:
+        return ConfigurationError(f"the database address cannot work: {message[refused.start() :]}")
     if isinstance(orig, psycopg.Error) and orig.sqlstate == LOCK_NOT_AVAILABLE:
         return LockNotAvailable(f"database unavailable: {message}")
     if isinstance(orig, psycopg.Error) and orig.sqlstate == NO_SERVER_ROOM:

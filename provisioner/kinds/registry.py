@@ -220,8 +220,8 @@ class KindRegistry:
         unknown = sorted(set(names) - self.names)
         if unknown:
             raise InvalidInput(
-                f"unsupported job type(s) {', '.join(unknown)}; supported: "
-                f"{', '.join(sorted(self.names))}"
+                f"unsupported job type(s) {', '.join(name[:63] for name in unknown[:10])}; "
+                f"supported: {', '.join(sorted(self.names))}"
             )
         if not names:
             raise InvalidInput("at least one job type is required")

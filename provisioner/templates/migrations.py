@@ -234,27 +234,48 @@ def _heads_of(tree: Path, digest: str) -> frozenset[str]:
 
 
 def tenant_tree_state(tree: Path | None = None) -> TreeState:
+    """The tree's digest and heads as its files are now (the configured tree by default).
+
+    A tree that cannot be read (a folder that is missing or is not an Alembic tree, a revision
+    that does not load) is a :class:`ConfigurationError`, in one line naming the folder: every
+    command and step that reads the tree meets it the same way, never as a traceback."""
     tree = tree or tenant_tree()
-    digest = tree_digest(tree)
-    _forget_tree_modules(tree, digest)
-    return TreeState(digest=digest, heads=_heads_of(tree, digest))
+    try:
+        digest = tree_digest(tree)
+        _forget_tree_modules(tree, digest)
+        heads = _heads_of(tree, digest)
+    except ConfigurationError:
+        raise  # a setting the tree's config reads (the tenant naming) says so itself
+    except Exception as exc:  # a revision file raises whatever its Python does
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ConfigurationError(
+            f"{_tree_label(tree)} is not a readable tenant Alembic tree "
+            f"(env.py, alembic.ini, versions/): {reason}"
+        ) from None
+    return TreeState(digest=digest, heads=heads)
+
+
+def _tree_label(tree: Path) -> str:
+    """How an error names ``tree``: by its setting when it is the configured one."""
+    shown = str(tree)[:200]
+    return (
+        f"{TENANT_TREE_ENV}={shown}" if tree == tenant_tree_override() else f"tenant tree {shown}"
+    )
 
 
 def check_tenant_tree() -> None:
     """Refuse, in one line, a tenant tree that cannot be read (``PROVISIONER_TENANT_TREE``
     naming a folder that is missing or is not an Alembic tree, or a revision that does not
-    load): a worker that started with it would fail every job after its retries."""
+    load) or that has no revision: a worker that started with it would fail every job after
+    its retries, and a command would build a schema it cannot migrate. The worker checks it
+    at start, and every command that reads the tree before it creates or queues anything."""
     tree = tenant_tree()
-    try:
-        heads = tenant_tree_state(tree).heads
-    except Exception as exc:  # a revision file raises whatever its Python does
-        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    state = tenant_tree_state(tree)
+    if not state.heads:
         raise ConfigurationError(
-            f"{TENANT_TREE_ENV}={str(tree)[:200]} is not a readable tenant Alembic tree "
-            f"(env.py, alembic.ini, versions/): {reason}"
-        ) from None
-    if not heads:
-        raise ConfigurationError(f"{TENANT_TREE_ENV}={str(tree)[:200]} has no revisions")
+            f"{_tree_label(tree)} has no revisions: a tenant Alembic tree holds env.py, "
+            "alembic.ini and versions/ with at least one revision"
+        )
 
 
 def tenant_heads() -> frozenset[str]:

@@ -211,6 +211,12 @@ def _conninfo_and_passfile(url: str, folder: Path) -> str:
     return make_conninfo("", **params)
 
 
+def exact_pattern(name: str) -> str:
+    """``name`` as a pg_dump pattern that matches that name alone: in double quotes, where
+    ``*``, ``?`` and ``.`` are literal and case is kept, a ``"`` written ``""``."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def dump_schema(url: str, schema: str) -> str:
     """``pg_dump --schema-only`` of ``schema``, without owners, grants or its version table."""
     with tempfile.TemporaryDirectory(prefix="provisioner-init-") as folder:
@@ -219,8 +225,8 @@ def dump_schema(url: str, schema: str) -> str:
             "--schema-only",
             "--no-owner",
             "--no-privileges",
-            f"--schema={schema}",
-            f"--exclude-table={schema}.alembic_version",
+            f"--schema={exact_pattern(schema)}",
+            f"--exclude-table={exact_pattern(schema)}.{exact_pattern('alembic_version')}",
             f"--dbname={_conninfo_and_passfile(url, Path(folder))}",
         ]
         try:

@@ -40,7 +40,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from provisioner.db import statements_of
-from provisioner.errors import SeedUnusable
+from provisioner.errors import ConfigurationError, SeedUnusable
 from provisioner.models import TenantId
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "Seed",
     "SeedRun",
     "apply",
+    "check_declared",
     "declared",
     "recorded",
     "seeded",
@@ -184,6 +185,20 @@ def declared(entries: Sequence[str], tree: Path, base: Path | None = None) -> tu
     if twice:
         raise SeedUnusable(f"seeds declared twice (names must be unique): {', '.join(twice)}")
     return tuple(seeds)
+
+
+def check_declared(entries: Sequence[str], tree: Path) -> None:
+    """Refuse declared seeds that cannot be used (a missing folder or file, a function that does
+    not import, a file that is not UTF-8 text, a name declared twice) as a
+    :class:`ConfigurationError`, one line: called before anything is built (``provision``, the
+    worker's start), so that a bad setting is not met at the fourth step, after the schema was
+    created, migrated and granted."""
+    try:
+        declared(entries, tree)
+    except SeedUnusable as exc:
+        raise ConfigurationError(
+            f"{exc} (PROVISIONER_SEEDS, or seeds in the project file)"
+        ) from None
 
 
 def recorded(

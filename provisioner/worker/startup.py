@@ -22,7 +22,7 @@ from provisioner.errors import (
 )
 from provisioner.logs import event
 from provisioner.settings import Settings, tenant_naming
-from provisioner.templates import migrations
+from provisioner.templates import migrations, seeds
 from provisioner.tenant import app_role
 
 #: The refusal of a worker whose owner URL leads to a pooler in transaction mode.
@@ -63,6 +63,7 @@ def check_configuration(settings: Settings) -> None:
             "live jobs would look abandoned"
         )
     migrations.check_tenant_tree()  # a missing or unreadable PROVISIONER_TENANT_TREE
+    seeds.check_declared(settings.seeds, migrations.tenant_tree())  # before step 4 meets them
     tenant_naming()  # a schema pattern or tenant-id rule that cannot work
     settings.check_object_store_path()
     storage.store_from_settings(settings)  # ConfigurationError for a store that cannot work

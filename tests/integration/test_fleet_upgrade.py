@@ -665,6 +665,49 @@ def test_max_failures_holds_the_rest_resume_releases_and_abort_drops(
     assert run_cli(settings, "upgrade", "--resume", "--all", env=env).returncode == 2
 
 
+#: A lever with a flag of a new upgrade: the flag was ignored, and a --dry-run did not keep
+#: --abort or --resume from acting.
+LEVER_MIXES = [
+    ("--abort", "--dry-run"),
+    ("--resume", "--dry-run"),
+    ("--resume", "--canary", "1"),
+    ("--resume", "--max-failures", "1"),
+    ("--abort", "--then-all"),
+    ("--abort", "--include-deleted"),
+    ("--abort", "--interval", "2"),
+    ("--watch", "--details"),
+    ("--watch", "--dry-run"),
+]
+
+
+def test_a_lever_refuses_the_flags_of_a_new_upgrade_and_touches_nothing(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
+) -> None:
+    tenants = ["lev_a", "lev_b"]
+    provision_fleet(settings, tenants)
+    env = use_tree(monkeypatch, make_tree(tmp_path))
+    started = run_cli(settings, "upgrade", "--all", "--canary", "1", env=env)
+    assert started.returncode == 0, started.stderr
+
+    for args in LEVER_MIXES:
+        refused = run_cli(settings, "upgrade", *args, env=env)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert f"{args[0]} goes alone" in lines[0] and args[1] in lines[0], lines[0]
+        # The rollout is as the canary left it: not aborted, not resumed, nothing dropped.
+        assert watch(settings, env)["rollout"]["state"] == "canary", args
+        assert [job_row(database, t)["status"] for t in tenants] == ["queued", "succeeded"]
+    watched = run_cli(settings, "upgrade", "--watch", "--interval", "0.5", "--json", env=env)
+    assert watched.returncode == 0, watched.stderr
+    aborted = run_cli(settings, "upgrade", "--abort", "--json", env=env)
+    assert aborted.returncode == 0 and "rollout 1 aborted" in aborted.stdout, aborted.stderr
+
+
 @pytest.mark.slow
 def test_canary_then_all_continues_once_the_canary_succeeded(
     fast: Settings,

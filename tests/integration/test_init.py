@@ -4,6 +4,7 @@ project's folder as a user would. A refused init writes nothing."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -148,6 +149,38 @@ def test_init_from_a_missing_schema_writes_nothing(
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
     assert not project.exists()
+
+
+# Schemas whose names pg_dump reads as patterns unless quoted: a wildcard, mixed case, a dot
+# (database.schema to pg_dump), a double quote.
+ODD_SCHEMAS = ["pat_one", "pat_two", "MixedCase", "dot.ted", 'q"x']
+
+
+def test_init_from_schema_takes_the_name_exactly_not_as_a_pattern(
+    tmp_path: Path, settings: Settings, database: Database
+) -> None:
+    with database.owner() as conn:
+        for i, schema in enumerate(ODD_SCHEMAS):
+            quoted = '"' + schema.replace('"', '""') + '"'
+            conn.execute(f"CREATE SCHEMA {quoted}; CREATE TABLE {quoted}.table_{i} (id int)")
+            conn.execute(f"CREATE TABLE {quoted}.alembic_version (version_num text)")
+
+    def init(name: str, folder: str) -> subprocess.CompletedProcess[str]:
+        args = ("init", str(tmp_path / folder), "--from-schema", name)
+        return cli(settings, tmp_path, *args, "--database-url", database.owner_url)
+
+    for pattern in ("pat_*", "pat_?ne", "PAT_ONE"):  # no schema has that very name
+        refused = init(pattern, "wild")
+        assert refused.returncode == 2, (pattern, refused.stdout, refused.stderr)
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert not (tmp_path / "wild").exists()
+    for i, schema in enumerate(ODD_SCHEMAS[2:], start=2):
+        folder = f"odd_{i}"
+        done = init(schema, folder)
+        assert done.returncode == 0, (schema, done.stderr)
+        revision = (tmp_path / folder / "tenant" / "versions" / "0001_initial.py").read_text()
+        tables_made = sorted(set(re.findall(r"CREATE TABLE (\w+)", revision)))
+        assert tables_made == [f"table_{i}"], (schema, revision)  # not its alembic_version
 
 
 def test_init_from_sqlalchemy_metadata_then_provision(

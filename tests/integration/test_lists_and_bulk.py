@@ -194,6 +194,56 @@ def test_jobs_list_by_tenant_and_kind_with_the_whole_error_wrapped(
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
+def one_line_exit_2(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_an_unknown_job_kind_is_refused_not_matched_by_nothing(
+    settings: Settings, database: Database
+) -> None:
+    assert run_cli(settings, "enqueue", "uk_a").returncode == 0
+    with database.owner() as conn:
+        conn.execute(
+            "UPDATE control.platform_jobs SET status = 'failed', finished_at = now() "
+            "WHERE tenant_id = 'uk_a'"
+        )
+    listed_ = one_line_exit_2(run_cli(settings, "jobs", "list", "--kind", "nosuch"))
+    assert "unsupported job type(s) nosuch" in listed_ and "provision_tenant" in listed_
+    retried = one_line_exit_2(run_cli(settings, "jobs", "retry", "--failed", "--kind", "nosuch"))
+    assert "unsupported job type(s) nosuch" in retried
+    huge = one_line_exit_2(run_cli(settings, "jobs", "list", "--kind", "k" * 5000))
+    assert len(huge) < 600, len(huge)
+    assert kind_job(database, "uk_a", "provision_tenant")["status"] == "failed"  # not requeued
+    again = run_cli(settings, "jobs", "retry", "--failed", "--kind", "provision_tenant")
+    assert again.returncode == 0 and "1 failed job(s) queued again" in again.stdout, again.stderr
+
+
+@pytest.mark.parametrize("command", ["suspend", "restore", "deprovision"])
+def test_a_file_of_ids_that_is_not_text_is_one_line_and_queues_nothing(
+    settings: Settings, database: Database, tmp_path: Path, command: str
+) -> None:
+    assert run_cli(settings, "enqueue", "nt_a").returncode == 0
+    before = job_count(database)
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes(b"nt_a\n\xff\xfe\n")
+    line = one_line_exit_2(run_cli(settings, command, "--from-file", str(ids)))
+    assert str(ids) in line and "0xff" in line and "nothing was queued" in line, line
+    piped = subprocess.run(
+        [sys.executable, "-m", "provisioner", command, "--from-file", "-"],
+        input=b"nt_a\n\xff\n",
+        capture_output=True,
+        env=settings_env(settings),
+        check=False,
+        timeout=60,
+    )
+    assert piped.returncode == 2 and b"Traceback" not in piped.stderr, piped.stderr
+    assert len(piped.stderr.strip().splitlines()) == 1, piped.stderr
+    assert job_count(database) == before
+
+
 def batch_runs(database: Database, started_by: str) -> list[Any]:
     """The runs a batch started: job, tenant, and the time its transaction began."""
     with database.owner() as conn:

@@ -200,6 +200,9 @@ BAD_NUMBERS = [
     ("PROVISIONER_DRAIN_TIMEOUT_SECONDS", "9999999999", "at most"),
     ("PROVISIONER_POOL_SIZE", "99999999999999999999", "between 0 and"),
     ("PROVISIONER_POOL_SIZE", "-1", "between 0 and"),
+    # Digits str.isdigit takes and int() refuses: a traceback before
+    ("PROVISIONER_METRICS_PORT", "\u00b2", "port number"),
+    ("PROVISIONER_CONSOLE_PORT", "\u0661\u00b2", "port number"),
 ]
 
 
@@ -213,6 +216,16 @@ def test_a_bad_number_in_the_environment_is_one_line_and_exit_2(
     result = run_cli(settings, *command, env={variable: value}, timeout=60)
     line = one_line(result)
     assert variable in line and says in line, line
+
+
+def test_a_digit_int_cannot_read_in_the_tenant_id_length_is_one_line_and_exit_2(
+    settings: Settings, database: Database
+) -> None:
+    env = {"PROVISIONER_TENANT_ID_MAX_LENGTH": "\u00b2"}
+    for command in (("enqueue", "zz1"), ("worker", "--once")):
+        line = one_line(run_cli(settings, *command, env=env, timeout=60))
+        assert "PROVISIONER_TENANT_ID_MAX_LENGTH must be a whole number" in line, line
+    assert jobs_of(database, "zz1") == []
 
 
 @pytest.mark.parametrize(
@@ -321,6 +334,86 @@ def test_the_worker_refuses_a_tenant_tree_it_cannot_read(
     result = run_cli(settings, "worker", "--once", env={"PROVISIONER_TENANT_TREE": str(folder)})
     line = one_line(result)
     assert "PROVISIONER_TENANT_TREE" in line and str(folder) in line, line
+
+
+def nothing_of(database: Database, tenant: str) -> bool:
+    """No control row, no job and no schema for ``tenant``."""
+    return (
+        tenant_state(database, tenant) is None
+        and jobs_of(database, tenant) == []
+        and not schema_exists(database, tenant)
+    )
+
+
+#: The commands that read the tenant tree, each refused before it creates or reads anything.
+TREE_COMMANDS = [
+    ("provision", "fresh"),
+    ("tenants", "list"),
+    ("upgrade", "--all", "--dry-run"),
+    ("upgrade", "acme"),
+    ("check", "--all"),
+    ("repair", "acme", "--dry-run"),
+]
+
+
+@pytest.mark.parametrize("tree", ["missing", "empty"])
+def test_commands_refuse_a_tenant_tree_they_cannot_read_before_anything_is_created(
+    settings: Settings, database: Database, tmp_path: Path, tree: str
+) -> None:
+    service.provision(settings, "acme")
+    folder = tmp_path / "tree"
+    if tree == "empty":
+        folder.mkdir()
+    env = {"PROVISIONER_TENANT_TREE": str(folder)}
+    for command in TREE_COMMANDS:
+        line = one_line(run_cli(settings, *command, env=env, timeout=60))
+        assert "PROVISIONER_TENANT_TREE" in line and str(folder) in line, (command, line)
+    assert nothing_of(database, "fresh")  # no tenant placed, no job queued, no schema
+    assert [j["job_type"] for j in jobs_of(database, "acme")] == ["provision_tenant"]
+
+
+@pytest.mark.parametrize("seeds", ["/nonexistent/seed-dir", "nosuchmod:fn", "{tmp}/bad.sql"])
+def test_seeds_that_cannot_be_used_are_refused_before_the_schema_is_built(
+    settings: Settings, database: Database, tmp_path: Path, seeds: str
+) -> None:
+    (tmp_path / "bad.sql").write_bytes(b"INSERT INTO x VALUES ('\xff');\n")  # not UTF-8
+    env = {"PROVISIONER_SEEDS": seeds.format(tmp=tmp_path)}
+    line = one_line(run_cli(settings, "provision", "sd1", env=env, timeout=60))
+    assert "PROVISIONER_SEEDS" in line, line
+    assert nothing_of(database, "sd1")  # before: created, migrated and granted, then step 4
+    worker = one_line(run_cli(settings, "worker", "--once", env=env, timeout=60))
+    assert "PROVISIONER_SEEDS" in worker, worker
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("postgresql://u:s3cret-pw@127.0.0.1:99999/db", "invalid port '99999'"),
+        ("postgresql://u:s3cret-pw@h1:5432,h2:0/db", "invalid port '0'"),
+        ("host=127.0.0.1 port=70000 user=u password=s3cret-pw", "invalid port '70000'"),
+        ("postgresql://u:s3cret-pw@127.0.0.1:5432/db?sslmode=bogus", "invalid sslmode value"),
+        ("postgresql://u:s3cret-pw@127.0.0.1:5432/db?nosuch=1", "invalid URI query parameter"),
+        (
+            "postgresql://u:s3cret-pw@127.0.0.1:5432/db?keepalives_idle=soon",
+            'invalid integer value "soon"',
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    ("variable", "command"),
+    [
+        ("APP_DATABASE_URL", ("jobs", "list")),
+        ("MIGRATIONS_DATABASE_URL", ("jobs", "retry", "--failed")),  # as the owner
+    ],
+    ids=["app", "owner"],
+)
+def test_a_database_address_that_can_never_work_is_a_setting_error_not_an_outage(
+    settings: Settings, variable: str, command: tuple[str, ...], address: str, says: str
+) -> None:
+    result = run_cli(settings, *command, env={variable: address}, timeout=60)
+    line = one_line(result)  # exit 2, not 1 ("database unavailable", retried by a worker)
+    assert says in line and "unavailable" not in line, line
+    assert "s3cret" not in result.stdout + result.stderr
 
 
 # -- item 16: a failed pipeline is left cleanly -------------------------------------------------

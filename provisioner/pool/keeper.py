@@ -54,7 +54,7 @@ from provisioner.errors import (
     TemplateUnusable,
 )
 from provisioner.logs import event
-from provisioner.pool.refill import Builder, Helpers, refill
+from provisioner.pool.refill import Builder, Helper, refill
 from provisioner.pool.server_schemas import OnServer
 from provisioner.pool.server_spares import (
     active_servers,
@@ -273,27 +273,23 @@ class PoolKeeper(threading.Thread):
             self._servers[server.name] = found
         return found
 
-    def _helpers(self, server: TenantServer | None = None) -> Helpers | None:
-        """The sessions of a refill's other builders (:func:`provisioner.pool.refill.refill`):
-        one fewer than :attr:`builders`, on control and, for ``server``'s spares, on that server
-        too; opened for the refill and closed after it (the databases' pools keep one each)."""
-        if self.builders <= 1:
-            return None
+    def _helpers(self, server: TenantServer | None = None) -> list[Helper]:
+        """The other builders of a refill (:func:`provisioner.pool.refill.refill`): one fewer
+        than :attr:`builders`, each with a session on control and, for ``server``'s spares, on
+        that server too; opened in the builder's own thread when it has a spare to build, and
+        closed after the refill (the databases' pools keep one each)."""
 
         @contextmanager
-        def opened() -> Iterator[list[Builder]]:
+        def opened() -> Iterator[Builder]:
             with ExitStack() as stack:
-                found = []
-                for _ in range(self.builders - 1):
-                    control = stack.enter_context(self._db.session())
-                    on = None
-                    if server is not None:
-                        there = stack.enter_context(self._server(server).session())
-                        on = OnServer(server.name, there)
-                    found.append(Builder(control, on))
-                yield found
+                control = stack.enter_context(self._db.session())
+                on = None
+                if server is not None:
+                    there = stack.enter_context(self._server(server).session())
+                    on = OnServer(server.name, there)
+                yield Builder(control, on)
 
-        return opened
+        return [opened] * (self.builders - 1)
 
     def _tend_control(self) -> bool:
         """The control database's spares; True when there may be more to do at once."""

@@ -127,10 +127,11 @@ RETURNING EXISTS (SELECT 1 FROM pg_namespace n
           AS ours
 """
 
-# Record a spare built (and verified) in the same transaction, with the roles it was granted for.
+# Record a spare built (and verified) in the same transaction, with the roles it was granted for
+# (composed with literals: the last batch's commit begins its transaction with it).
 ADD_SPARE = """
 INSERT INTO control.tenant_pool (schema_name, tree_digest, heads, created_by, app_roles, server)
-VALUES (%(schema)s, %(digest)s, %(heads)s, %(created_by)s, %(roles)s, %(server)s)
+VALUES ({schema}, {digest}, {heads}, {created_by}, {roles}, {server})
 """
 
 # (Spares on tenant servers, ``server`` not NULL, are :mod:`provisioner.pool.server_spares`'.)
@@ -360,6 +361,8 @@ def build_spare(
     go_on: Callable[[], bool] = lambda: False,
     references: dict[str, template_reference.Reference] | None = None,
     on: OnServer | None = None,
+    name: str | None = None,
+    next_spare: Callable[[], str | None] = lambda: None,
 ) -> str:
     """Build one spare at the head and record it; its name. The caller holds the builders'
     lock (:func:`builder_lock`) of the database the spare is built on.
@@ -376,20 +379,67 @@ def build_spare(
     ``stop()`` says so between two transactions: the schema is then dropped (by the next
     builder, if this process dies).
 
+    ``name``: the name to try first (:func:`spare_name`; else one is drawn). ``next_spare``:
+    asked once the spare is checked, just before the commit that records it, for the name of
+    the spare this session builds next (None: none, or not now); that commit then begins the
+    next spare's first transaction (:func:`first_batch`) in its own round trip, as a batch's
+    commit begins the next batch, and the next call, given that ``name``, finds it open (see
+    :func:`_record`). Not for a tenant server's spares (``on``), which record on control.
+
     ``on``: built on a tenant server. ``session`` is then control's: the reference is read and
     the name recorded there first, the schema is built on the server, and the ready row is
     recorded on control after the server's last check. A crash between two of those leaves a
     recorded name with no ready row, which the server's next builder drops there.
     """
     reference = known_reference(session, created_by, {} if references is None else references)
-    for _ in range(NAME_ATTEMPTS):
-        name = f"{SPARE_PREFIX}{secrets.token_hex(8)}"
+    for attempt in range(NAME_ATTEMPTS):
+        drawn = name if attempt == 0 and name is not None else spare_name()
         try:
-            _build(session, name, reference, created_by, app_roles, stop, go_on, on)
+            _build(session, drawn, reference, created_by, app_roles, stop, go_on, on, next_spare)
         except NameTaken:  # a schema holds the name drawn: draw another
             continue
-        return name
+        return drawn
     raise PermanentError(f"no free spare name in {NAME_ATTEMPTS} tries")
+
+
+def spare_name() -> str:
+    """A new spare's name, drawn at random (:data:`SPARE_PREFIX` and 16 hex digits)."""
+    return f"{SPARE_PREFIX}{secrets.token_hex(8)}"
+
+
+def first_batch(
+    name: str, reference: template_reference.Reference, created_by: str
+) -> sql.Composed:
+    """The first transaction's statement of a spare built on the control database: the name's
+    record, the schema's creation and the replay's first batch (a name already taken fails
+    it: nothing is left, another is drawn)."""
+    return _replay_batches(name, reference, _opening(name, created_by))[0]
+
+
+def _opening(name: str, created_by: str) -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO control.tenant_pool_schemas (schema_name, created_by) VALUES ({}, {});"
+        " CREATE SCHEMA {} AUTHORIZATION CURRENT_USER"
+    ).format(sql.Literal(name), sql.Literal(created_by), sql.Identifier(name))
+
+
+def _replay_batches(
+    name: str, reference: template_reference.Reference, opening: sql.Composable | None
+) -> list[sql.Composed]:
+    """The replay's transactions, :data:`BATCH` statements each under the spare's
+    ``search_path``; ``opening`` rides the first. The last sets the ``search_path`` back to the
+    session's, under which the fingerprint is read (as the reference's was): one round trip
+    fewer than a statement of its own."""
+    search_path = sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(name))
+    statements = reference.template.statements
+    replay = [
+        sql.SQL("{};\n{}").format(search_path, sql.SQL("\n".join(statements[at : at + BATCH])))
+        for at in range(0, len(statements), BATCH)
+    ] or [sql.Composed([search_path])]
+    replay[-1] = sql.SQL("{};\nSET LOCAL search_path TO DEFAULT").format(replay[-1])
+    if opening is not None:
+        replay[0] = sql.SQL("{};\n{}").format(opening, replay[0])
+    return replay
 
 
 def known_reference(
@@ -416,23 +466,23 @@ def _build(
     stop: Callable[[], bool],
     go_on: Callable[[], bool],
     on: OnServer | None,
+    next_spare: Callable[[], str | None] = lambda: None,
 ) -> None:
     """:func:`build_spare` under the name ``name``; :class:`NameTaken` when a schema holds it.
 
-    Per spare, one transaction of bookkeeping beyond the build's own batches: on the control
-    database the name's record and the schema's creation ride the first replay batch (a name
-    already taken fails it: nothing is left, another is drawn), the fingerprint and the list of
-    relations to grant are read in the last replay batch's transaction, before its commit (which
-    begins the first grant batch), and the last transaction checks the grants and records the
-    spare. Where there were four transactions and a dozen round trips around the batches, there
-    is one transaction and three."""
+    Per spare, beyond the build's own batches, on the control database: the name's record and
+    the schema's creation ride the first replay batch (:func:`first_batch`), which the previous
+    spare's record may have begun already; the fingerprint and the list of relations to grant
+    are read in the last replay batch's transaction, before its commit (which begins the first
+    grant batch); the last grant batch's commit begins the record's transaction with the
+    spare's row, and that transaction checks the grants before its commit makes the row (and
+    so the spare) ready (:func:`_record`). Two round trips of bookkeeping per spare (the check
+    and the record's commit, which begins the next spare), where there were five, and four
+    transactions and a dozen round trips before that."""
     target = session if on is None else on.session
     opening: sql.Composable | None = None
     if on is None:
-        opening = sql.SQL(
-            "INSERT INTO control.tenant_pool_schemas (schema_name, created_by) VALUES ({}, {});"
-            " CREATE SCHEMA {} AUTHORIZATION CURRENT_USER"
-        ).format(sql.Literal(name), sql.Literal(created_by), sql.Identifier(name))
+        opening = _opening(name, created_by)
     else:
         with session.transaction() as tx, tx.pg.cursor() as cur:
             cur.execute(
@@ -441,23 +491,16 @@ def _build(
             )
             if cur.fetchone() is None:
                 raise NameTaken(name)
+    record = _added(name, reference, created_by, app_roles, on)
     try:
         if on is not None:
             create_on_server(on, name)
-        search_path = sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(name))
-        statements = reference.template.statements
-        replay = [
-            sql.SQL("{};\n{}").format(search_path, sql.SQL("\n".join(statements[at : at + BATCH])))
-            for at in range(0, len(statements), BATCH)
-        ] or [search_path]
-        if opening is not None:
-            replay[0] = sql.SQL("{};\n{}").format(opening, replay[0])
+        replay = _replay_batches(name, reference, opening)
 
         def verified(tx: Transaction) -> list[sql.Composed]:
             # Before any grant: the reference has none. Read under the session's search_path,
-            # as the reference was (the batch's own names the spare, and the catalog's
-            # definitions then leave the spare's names unqualified).
-            tx.pg.execute("SET LOCAL search_path TO DEFAULT")
+            # as the reference was (the last batch set it back: the batch's own names the
+            # spare, and the catalog's definitions then leave the spare's names unqualified).
             problem = mismatch(reference.fingerprint, fingerprint(tx.pg, name, prepare=True))
             if problem is not None:
                 raise SpareRejected(problem)
@@ -468,33 +511,68 @@ def _build(
             return spare_grant_batches(name, app_roles, relations_granted(reference), BATCH)
 
         try:
-            _run_batches(target, replay, stop, go_on, at_end=verified)
+            _run_batches(target, replay, stop, go_on, at_end=verified, then=None if on else record)
         except DatabaseError as exc:
             if opening is not None and isinstance(
                 exc.__cause__, (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation)
             ):
                 raise NameTaken(name) from exc
             raise SpareRejected(f"replay failed: {exc}") from exc
-        if on is not None and app_roles is not None:
+        if on is None:
+            _record(session, name, reference, created_by, app_roles, record, next_spare)
+            return
+        if app_roles is not None:
             with target.transaction() as tx:
                 check_spare_grants(tx.pg, name, app_roles)
-        with session.transaction() as tx:
-            if on is None and app_roles is not None:
-                check_spare_grants(tx.pg, name, app_roles)
-            tx.pg.execute(
-                ADD_SPARE,
-                {
-                    "schema": name,
-                    "digest": reference.digest,
-                    "heads": sorted(reference.heads),
-                    "created_by": created_by,
-                    "roles": roles_key(app_roles),
-                    "server": None if on is None else on.name,
-                },
-            )
+        with session.transaction(record):
+            pass
     except BaseException as exc:
         _drop_schema_quietly(session, name, on, ours=not isinstance(exc, NameTaken))
         raise
+
+
+def _added(
+    name: str,
+    reference: template_reference.Reference,
+    created_by: str,
+    app_roles: AppRoles | None,
+    on: OnServer | None,
+) -> sql.Composed:
+    """The spare's ready row (:data:`ADD_SPARE`), its values as literals: the first statement
+    of the record's transaction, which the last batch's commit begins."""
+    return sql.SQL(ADD_SPARE).format(
+        schema=sql.Literal(name),
+        digest=sql.Literal(reference.digest),
+        heads=sql.Literal(sorted(reference.heads)),
+        created_by=sql.Literal(created_by),
+        roles=sql.Literal(roles_key(app_roles)),
+        server=sql.Literal(None if on is None else on.name),
+    )
+
+
+def _record(
+    session: db.Session,
+    name: str,
+    reference: template_reference.Reference,
+    created_by: str,
+    app_roles: AppRoles | None,
+    record: sql.Composed,
+    next_spare: Callable[[], str | None],
+) -> None:
+    """The control spare's last transaction: its row (``record``, begun by the last batch's
+    commit, or sent now), the grants' check, then the commit that makes it ready, which begins
+    the next spare's first transaction when ``next_spare()`` names one (asked after the check:
+    a spare rejected here begins nothing). A check that fails rolls the row back with it."""
+    with (
+        keeping_prepared_statements(session.driver),
+        session.transaction(record) as tx,
+        preparing_again(tx.pg),  # the grants check stays prepared (planned once per session)
+    ):
+        if app_roles is not None:
+            check_spare_grants(tx.pg, name, app_roles)
+        following = next_spare()
+        if following is not None:
+            tx.begin_next_with(first_batch(following, reference, created_by))
 
 
 def relations_granted(reference: template_reference.Reference) -> list[str]:
@@ -513,6 +591,7 @@ def _run_batches(
     stop: Callable[[], bool],
     go_on: Callable[[], bool],
     at_end: Callable[[Transaction], list[sql.Composed]] | None = None,
+    then: sql.Composable | None = None,
 ) -> None:
     """Each batch its own transaction, one simple query. While ``go_on()`` says so (the
     keeper: the worker is idle), a batch's commit begins the next batch's transaction with its
@@ -520,13 +599,16 @@ def _run_batches(
     :meth:`provisioner.db.Session.transaction`'s ``then``): one round trip per batch, where
     a ``BEGIN``, the batch and a ``COMMIT`` were three. When it does not, the commit goes
     alone and ``stop()`` runs before the next batch (it pauses while the worker has a job:
-    nothing of the build runs meanwhile). A chained batch that fails after its predecessor's
-    commit is begun again by the next transaction, which meets the error. ``at_end`` runs in
-    the last batch's transaction, before its commit, and returns batches to run after it (the
-    commit begins the first). psycopg keeps the session's prepared statements
-    (:func:`keeping_prepared_statements`)."""
+    nothing of the build runs meanwhile). The first batch is begun by the session's last commit
+    when that commit was given it (the previous spare's record: :func:`_record`), and
+    ``stop()`` is then not asked before it, as for any chained batch. A chained batch that
+    fails after its predecessor's commit is begun again by the next transaction, which meets
+    the error. ``at_end`` runs in the last batch's transaction, before its commit, and returns
+    batches to run after it (the commit begins the first); the last commit begins ``then``
+    (the spare's record: bookkeeping, not the build's progress). psycopg keeps the session's
+    prepared statements (:func:`keeping_prepared_statements`)."""
     pending = list(batches)
-    chained = False
+    chained = bool(pending) and session.driver.chained == pending[0]
     with keeping_prepared_statements(session.driver):
         at = 0
         while at < len(pending):
@@ -537,9 +619,11 @@ def _run_batches(
                     with preparing_again(tx.pg):  # the checks' catalog queries stay prepared
                         pending.extend(at_end(tx))
                     at_end = None
-                following = pending[at + 1] if at + 1 < len(pending) else None
-                chained = following is not None and go_on()
-                tx.begin_next_with(following if chained else None)
+                if at + 1 == len(pending):
+                    tx.begin_next_with(then)
+                else:
+                    chained = go_on()
+                    tx.begin_next_with(pending[at + 1] if chained else None)
             at += 1
 
 

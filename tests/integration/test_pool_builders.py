@@ -4,12 +4,20 @@ a refill builds on N sessions at once, and every one of them yields to a job."""
 from __future__ import annotations
 
 import logging
+import re
+import tempfile
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
+from psycopg import pq
 
 from provisioner import db, pool
+from provisioner.pool.refill import Builder
+from provisioner.pool.spares import spare_name
 from provisioner.settings import Settings
+from provisioner.templates.reference import Reference
 from tests.conftest import Database, build_spare
 from tests.workers import wait_until
 
@@ -162,3 +170,138 @@ def test_a_builders_checks_are_planned_once_per_session_not_per_spare(
         "grants": [runs for text, runs in rows if "lacking_defaults" in text],
     }
     assert checks == {"fingerprint": [2], "grants": [2]}, rows
+
+
+def _round_trips(conn: psycopg.Connection, work: Callable[[], object]) -> list[str]:
+    """What ``work()`` sent on ``conn``, one entry per round trip (the client's messages up to
+    the server's ReadyForQuery), read from libpq's own trace of the wire: a simple query's
+    text, or the extended protocol's message names."""
+    with tempfile.TemporaryFile() as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            work()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        text = trace.read().decode(errors="replace")
+    trips: list[str] = []
+    sent: list[str] = []
+    starts = list(re.finditer(r"^([FB])\t\d+\t(\w+)", text, re.MULTILINE))
+    for at, found in enumerate(starts):
+        end = starts[at + 1].start() if at + 1 < len(starts) else len(text)
+        side, kind = found.group(1), found.group(2)
+        if side == "F":
+            sent.append(text[found.end() : end].strip().strip('"') if kind == "Query" else kind)
+        elif kind == "ReadyForQuery":
+            trips.append(" ".join(sent))
+            sent = []
+    return trips
+
+
+def test_a_spares_record_begins_the_next_spare_and_two_round_trips_lie_between_them(
+    settings: Settings, database: Database
+) -> None:
+    """spares.py ``_record``: the last grant batch's commit begins the record's transaction
+    with the spare's row, the grants' check follows, and the record's commit begins the next
+    spare's first batch (its name asked for just before it): two round trips between one
+    spare's last DDL and the next spare's first (the row, the check), where there were five
+    (the last batch's commit, BEGIN, the check, the row, COMMIT). The fingerprint's
+    search_path rides the last replay batch. Both spares are whole and recorded, each in its
+    own last transaction."""
+    build_spare(settings)  # the template's reference computed and stored before
+    second = spare_name()
+    owner = db.Database(settings.owner_url)
+    try:
+        with owner.session() as session, pool.builder_lock(session) as locked:
+            assert locked
+
+            def two() -> list[str]:
+                asked: list[str] = []
+                references: dict[str, Reference] = {}  # a refill reads it once, before
+
+                def next_spare() -> str:
+                    asked.append(second)
+                    return second
+
+                first = pool.build_spare(
+                    session,
+                    "test",
+                    settings.app_roles,
+                    go_on=lambda: True,
+                    references=references,
+                    next_spare=next_spare,
+                )
+                assert asked == [second]
+                return [
+                    first,
+                    pool.build_spare(
+                        session,
+                        "test",
+                        settings.app_roles,
+                        go_on=lambda: True,
+                        references=references,
+                        name=second,
+                    ),
+                ]
+
+            built: list[list[str]] = []
+            trips = _round_trips(session.driver, lambda: built.append(two()))
+    finally:
+        owner.close()
+    first = built[0][0]
+    assert built[0][1] == second
+    recorded = [at for at, trip in enumerate(trips) if "INSERT INTO control.tenant_pool (" in trip]
+    begun = [
+        at for at, trip in enumerate(trips) if "INSERT INTO control.tenant_pool_schemas" in trip
+    ]
+    assert len(recorded) == 2 and len(begun) == 2
+    # The first spare's row rides its last grant batch's commit; the second spare's first
+    # batch rides the first spare's record's commit, after the check alone.
+    assert f"'{first}'" in trips[recorded[0]] and trips[recorded[0]].startswith("COMMIT; BEGIN;")
+    assert "GRANT" in trips[recorded[0] - 1], trips[recorded[0] - 1]
+    assert f"'{second}'" in trips[begun[1]] and trips[begun[1]].startswith("COMMIT; BEGIN;")
+    # Between them, the grants' check alone (prepared at its first run on the session, then
+    # bound); the second spare's record's commit begins nothing.
+    assert trips[recorded[0] + 1 : begun[1]] == ["Parse Sync", "Bind Describe Execute Sync"]
+    assert trips[recorded[1] + 1 :] == ["Bind Describe Execute Sync", "COMMIT"]
+    assert not any("search_path TO DEFAULT" in trip and "CREATE" not in trip for trip in trips)
+    with psycopg.connect(database.owner_url) as conn:
+        rows = conn.execute(
+            "SELECT p.schema_name FROM control.tenant_pool p ORDER BY p.created_at"
+        ).fetchall()
+    assert [r[0] for r in rows][-2:] == [first, second]
+    assert _unfinished(database) == []
+
+
+def test_a_refills_first_build_does_not_wait_for_the_other_builders_sessions(
+    settings: Settings, database: Database
+) -> None:
+    """refill.py ``_build_side_by_side``: each other builder opens its sessions in its own
+    thread, so the first builder's build begins at once, not after their connections (a new
+    server process each). Here the other builder's session opens only once a spare is built:
+    a refill that opened it before building would never get there."""
+    build_spare(settings)
+    built = threading.Event()
+    owner = db.Database(settings.owner_url, most_sessions=2)
+
+    @contextmanager
+    def late() -> Iterator[Builder]:
+        assert built.wait(60), "the first builder waited for this one's session"
+        with owner.session() as other:
+            yield Builder(other)
+
+    try:
+        with owner.session() as session:
+            tended = pool.refill(
+                session,
+                4,
+                "test",
+                settings.app_roles,
+                on_built=lambda name, ready: built.set(),
+                helpers=[late],
+            )
+    finally:
+        owner.close()
+    assert len(tended.built) == 3  # the one built before, and three more
+    assert len(_spans(database)) == 4 and _unfinished(database) == []

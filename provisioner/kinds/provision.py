@@ -202,9 +202,12 @@ def upgrade_scope(job: Job) -> Scope:
     alone and trusts the other recorded steps without re-checking them (a repair is
     ``provisioner provision``'s job). Re-opened another way, or after the head moved again, the
     job is re-checked as usual."""
+    # The tree's state (a stat of every file of it) is read only for a job a rollout
+    # re-opened: a sign-up's payload names no head.
     upgrading = (
-        job.payload.get(UPGRADE_TO) == migrations.head_label(migrations.tenant_heads())
+        UPGRADE_TO in job.payload
         and MIGRATION_STEP not in job.steps_completed
+        and job.payload[UPGRADE_TO] == migrations.head_label(migrations.tenant_heads())
     )
     return Scope.PENDING if upgrading else Scope.ALL
 

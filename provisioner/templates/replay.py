@@ -203,10 +203,13 @@ class TemplateCache:
 
     # -- the step -------------------------------------------------------------------------------
 
-    def migrate(self, tx: Transaction, schema: str) -> Outcome:
+    def migrate(
+        self, tx: Transaction, schema: str, tree: migrations.TreeState | None = None
+    ) -> Outcome:
         """Bring ``schema`` to the tree's head in the step's transaction, by the fast path when
-        it is verified, else by Alembic. Returns which path ran and why."""
-        tree = migrations.tenant_tree_state()
+        it is verified, else by Alembic. Returns which path ran and why. ``tree``: the tree's
+        state as the step read it already (:meth:`UpgradeCache.migrate`), else read here."""
+        tree = tree or migrations.tenant_tree_state()
         objects = tenant_schema.object_count(tx.pg, schema)
         if objects is None:
             return self._alembic(tx, schema, f"schema {schema} does not exist")

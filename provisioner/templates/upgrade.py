@@ -401,7 +401,7 @@ class UpgradeCache:
             # spare, a re-run): three round trips fewer.
             return Outcome("current", tree.heads).detail
         if not versions:
-            return templates.migrate(tx, schema).detail
+            return templates.migrate(tx, schema, tree).detail  # the state read above, once
         with translated():
             # Tenants granted by an earlier release let the application role write the version
             # table: from this upgrade on it cannot (and the replay's reference has it so).

@@ -23,6 +23,7 @@ from provisioner.worker.database import DatabaseWork
 from provisioner.worker.options import INTERRUPT_GRACE_SECONDS
 from provisioner.worker.orphans import DeadHolder, Orphan
 from provisioner.worker.processes import (
+    Batch,
     Claimed,
     EngineProcess,
     FromChild,
@@ -115,6 +116,10 @@ class Supervisor(DatabaseWork):
     def _on_message(self, child: EngineProcess, message: FromChild) -> None:
         job = child.job
         match message:
+            case Batch(messages=messages):
+                for each in messages:  # held step reports, then the message after them
+                    self._on_message(child, each)
+                return
             case Ready(holder=holder):
                 child.holder = holder
                 event(self.log, "child_started", pid=child.pid, holder=child.holder)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,6 +18,7 @@ from provisioner.models import JobStatus, TenantId
 from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
+from provisioner.templates import migrations
 from provisioner.testing import Tenant
 from tests.conftest import Database, downgrade_tenant, fingerprint, run_cli, settings_env
 from tests.unit.test_models import BAD_TENANT_IDS
@@ -227,6 +229,35 @@ def test_a_process_that_lost_its_lease_records_nothing(
         # and it cannot complete the job either
         with psycopg.connect(database.owner_url) as app, pytest.raises(LeaseLost):
             queue.complete(app, mine.lease)
+
+
+def test_a_sign_up_reads_the_tenant_trees_state_once_in_each_step_that_uses_it(
+    settings: Settings, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the tree's state stats every file of it: a sign-up does it in the take's look
+    for a spare and once in its migration step (the template replay is given the state the step
+    read), never for its resume check (its payload names no rollout's head)."""
+    with psycopg.connect(database.owner_url) as conn:
+        ensure_provision_job(conn, TenantId("acme"))
+        conn.commit()
+        claimed = queue.claim_next(conn, ["provision_tenant"], "counting")
+    assert claimed is not None
+    reads: list[str] = []
+    read = migrations.tenant_tree_state
+
+    def counted(tree: Path | None = None) -> migrations.TreeState:
+        reads.append("read")
+        return read(tree)
+
+    store = store_from_settings(settings)
+    with Engine(
+        settings.owner_url, holder="counting", app_roles=DEFAULT_APP_ROLES, store=store
+    ) as engine:
+        engine.load_tree()  # a worker child's start: the reference read or computed
+        monkeypatch.setattr(migrations, "tenant_tree_state", counted)
+        done = engine.run(claimed)
+    assert done.status is JobStatus.SUCCEEDED
+    assert len(reads) == 2
 
 
 def test_a_failing_step_schedules_a_retry_with_a_readable_error(

@@ -4,6 +4,7 @@ polling backstop, heartbeats and ``health``, log lines, and the operator's view 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 import sqlalchemy as sa
@@ -19,9 +21,12 @@ from click.testing import CliRunner
 
 from provisioner import db, service
 from provisioner.cli import main
+from provisioner.engine import Engine, StepEvent, StepOutcome, runner
 from provisioner.kinds.provision import STEPS
+from provisioner.models import Job, JobStatus
 from provisioner.settings import Settings
 from provisioner.templates import migrations
+from provisioner.worker import processes
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import (
     Workers,
@@ -161,6 +166,55 @@ def test_once_drains_the_queue_then_exits_and_says_stopped(
     health = run_cli(fast, "health", "--json")
     assert health.returncode == 1
     assert json.loads(health.stdout)["components"][0]["reason"] == "stopped cleanly"
+
+
+def test_a_childs_finished_step_reports_ride_with_its_next_message(settings: Settings) -> None:
+    """A finished step's report is held and sent with the child's next message, in the order
+    the engine gave them; a step that starts or fails, and a job's end, are sent at once."""
+    parent_end, child_end = multiprocessing.get_context("spawn").Pipe()
+    job = Job(uuid4(), "acme", "provision_tenant", JobStatus.RUNNING, 0, [], None, 1, 5)
+    events = [
+        ("create_schema", StepOutcome.STARTED),
+        ("create_schema", StepOutcome.DONE),
+        ("run_tenant_migrations", StepOutcome.STARTED),
+        ("run_tenant_migrations", StepOutcome.REPAIRED),
+        ("grant_app_rw", StepOutcome.SKIPPED),
+        ("seed_role_profiles", StepOutcome.STARTED),
+        ("seed_role_profiles", StepOutcome.FAILED),
+        ("verify_object_storage", StepOutcome.STARTED),
+        ("verify_object_storage", StepOutcome.DONE),
+    ]
+    arrived: list[bool] = []  # after each event: did the parent get a message?
+    messages: list[processes.FromChild] = []
+
+    def receive() -> bool:
+        got = parent_end.poll()
+        while parent_end.poll():
+            messages.append(parent_end.recv())
+        return got
+
+    with Engine.from_settings(settings, "worker:test") as engine:
+        child = processes._ChildLoop(child_end, engine)
+        for step, outcome in events:
+            child.progress(StepEvent(job, step, outcome, 0.25))
+            arrived.append(receive())
+        child.send(processes.JobEnded(runner.Settled(job)))
+    receive()
+
+    assert [type(m).__name__ for m in messages] == [
+        "StepReport",  # create_schema started
+        "Batch",  # ... done, run_tenant_migrations started
+        "Batch",  # ... repaired, grant_app_rw skipped, seed_role_profiles started
+        "StepReport",  # ... failed
+        "StepReport",  # verify_object_storage started
+        "Batch",  # ... done, the job's end
+    ]
+    sent = [each for m in messages for each in getattr(m, "messages", (m,))]
+    reports = [(r.step, r.outcome) for r in sent if isinstance(r, processes.StepReport)]
+    assert reports == events
+    assert isinstance(sent[-1], processes.JobEnded)
+    held = {StepOutcome.DONE, StepOutcome.REPAIRED, StepOutcome.SKIPPED}
+    assert arrived == [outcome not in held for _, outcome in events]
 
 
 def test_a_worker_at_its_defaults_runs_one_child_per_core(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from provisioner import kinds
+from provisioner import redact as redaction
 from provisioner.errors import ConfigurationError, InvalidInput
 from provisioner.kinds.provision import PROVISION_JOB_TYPE, STEPS
 from provisioner.models import JobStatus, TenantId
@@ -86,6 +87,32 @@ def test_redact_hides_url_passwords_and_connection_string_keys() -> None:
     assert "s3cr3t" not in out
     assert "abc123" not in out
     assert "postgresql://owner:***@db:5432/x" in out
+
+
+def test_redact_skips_only_texts_its_expressions_leave_alone() -> None:
+    """The quick check passes over a text only when the expressions would not change it; every
+    key, in any case, and a URL's password are still scrubbed."""
+    keys = ["AccountKey", "SharedAccessSignature", "sig", "password", "secret", "token"]
+    keys += ["aws_secret_access_key"]
+    secrets = [f"{key}=hunter2" for key in keys] + [f"{key.upper()}: 'hunter 2'" for key in keys]
+    secrets += [
+        "postgresql://owner:hunter2@db/x",
+        "PASSWORD=hunter2",
+        "pa\u017fsword=hunter2",
+    ]  # long s: folds onto "s"
+    for text in secrets:
+        assert redaction._may_hold_secret(text), text
+        assert "hunter2" not in redact(text) and "hunter 2" not in redact(text), text
+    plain = [
+        '{"ts": "2026-12-03T12:00:00.123Z", "event": "step_done", "step": "grant_app_rw"}',
+        "path=template",
+        "filesystem store at /srv/objects",
+        "",
+    ]
+    for text in plain:
+        assert not redaction._may_hold_secret(text), text
+        full = redaction._KEY_VALUE_SECRET.sub("x", redaction._URL_PASSWORD.sub("x", text))
+        assert redact(text) == full == text
 
 
 def test_settings_from_env_defaults_and_overrides() -> None:

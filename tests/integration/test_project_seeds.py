@@ -187,7 +187,8 @@ def test_a_revision_that_cannot_succeed_fails_at_once_and_names_itself(
 def test_a_missing_seed_folder_fails_at_once(tmp_path: Path, settings: Settings) -> None:
     env = project(tmp_path, own_tree(tmp_path), str(tmp_path / "no-such-folder"))
     result = run_cli(settings, "provision", "acme", env=env)
-    assert result.returncode == 1
-    job = status(settings, "acme", env)
-    assert job["status"] == "failed" and job["attempts"] == 1
-    assert "no such folder or .sql file" in job["error_detail"]
+    # Refused before anything is created (service.provision resolves the seeds first): one
+    # line, exit 2, no tenant row and no job.
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1 and "no such folder or .sql file" in result.stderr
+    assert run_cli(settings, "status", "acme", env=env).returncode == 3

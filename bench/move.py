@@ -108,6 +108,7 @@ def run(cluster: BenchCluster, results: Results) -> None:
             _provision_with_rows(control, tenant)
         with psycopg.connect(control.owner_url, autocommit=True) as conn:
             servers.add(conn, "east", _reference(cluster, east))
+        servers.migrate_servers(control.owner_url)  # a move refuses a server never migrated
         source = End("control", _reference(cluster, control))
         target = End("raw", _reference(cluster, spare))
         for tenant in tenants:
@@ -215,6 +216,7 @@ def _measure_logical(
                 f"host=127.0.0.1 port={logical.port} dbname={name} "
                 f"user={local_pg.OWNER_ROLE} passfile={logical.passfile}",
             )
+    servers.migrate_servers(control.owner_url)  # a move refuses a server never migrated
     freezes: dict[str, list[float]] = {"logical": [], "dump": []}
     steps: dict[str, list[float]] = {}
     for tenant, method in tenants:

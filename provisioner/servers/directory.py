@@ -12,7 +12,10 @@ A server's connection reference holds no secret: a libpq service name (``shard1`
 ``service=shard1``) or a conninfo without a password (``host=db2 port=5432 dbname=app``, or a
 ``postgresql://`` URL without one; no ``password``, ``sslpassword`` or ``oauth_client_secret``:
 :data:`SECRET_KEYS`). Passwords come from ``.pgpass``, ``PGPASSWORD`` or the service file of
-whoever connects, as for every other address of the tool. Nor does it hold a control character
+whoever connects, as for every other address of the tool. Nor does it set ``sslkeylogfile``
+(:data:`LEAKING_KEYS`): every session opened with the reference (the owner's worker, and the
+application, which reads it through ``control.tenant_location``) would write its TLS keys to
+that file, for whoever reads it to decrypt the traffic. Nor does it hold a control character
 (a newline, a tab, ...), written or %-encoded in a URL: the reference is printed one line a
 server (``servers list``, ``locate``) and written into ``pgbouncer.ini``.
 """
@@ -50,6 +53,11 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 #: application role reads (``control.tenant_location``). ``passfile``, ``sslkey`` and the like
 #: name a file, which holds the secret where the directory's readers cannot see it.
 SECRET_KEYS = frozenset({"password", "sslpassword", "oauth_client_secret"})
+
+#: The libpq connection parameters that make whoever connects leak its sessions: refused in a
+#: reference like a secret. ``sslkeylogfile`` (libpq 18) writes each TLS session's keys to the
+#: file it names, from which anyone who reads it decrypts the owner's worker's traffic.
+LEAKING_KEYS = frozenset({"sslkeylogfile"})
 
 
 class ServerStatus(enum.StrEnum):
@@ -242,7 +250,8 @@ def connection_reference(raw: str) -> str:
     """The reference as stored: a bare word is a libpq service (``service=WORD``); a conninfo
     or URL is kept as written once libpq parses it. Refused (InvalidInput, the value never
     shown back): one that does not parse, that holds a secret (:data:`SECRET_KEYS`, or a
-    password in a URL), or a control character, as written or once parsed (``%0A`` in a URL)."""
+    password in a URL), that sets a key that leaks the sessions (:data:`LEAKING_KEYS`), or a
+    control character, as written or once parsed (``%0A`` in a URL)."""
     text = raw.strip()
     if _CONTROL_RE.search(text):
         raise InvalidInput(
@@ -264,6 +273,12 @@ def connection_reference(raw: str) -> str:
             f"the connection reference holds a secret ({', '.join(secrets)}): keep it out of "
             "the directory (use ~/.pgpass, PGPASSWORD or a service file; the directory is "
             "readable by the application role)"
+        )
+    leaking = sorted(LEAKING_KEYS.intersection(params))
+    if leaking:
+        raise InvalidInput(
+            f"the connection reference sets {', '.join(leaking)}: libpq would write the TLS "
+            "session keys of whoever connects to that file; keep it out of the directory"
         )
     if not params:
         raise InvalidInput("the connection reference is empty")

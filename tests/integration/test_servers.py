@@ -146,6 +146,9 @@ def test_servers_commands_add_list_drain_retire_with_json_and_exit_codes(
         (("add", "east", "host=h sslpassword=hunter2"), "holds a secret (sslpassword)"),
         (("add", "east", "postgresql://h/x?sslpassword=hunter2"), "holds a secret (sslpassword)"),
         (("add", "east", "host=h oauth_client_secret=hunter2"), "(oauth_client_secret)"),
+        # libpq 18 would write the TLS keys of every session opened with it to that file
+        (("add", "east", "host=h sslkeylogfile=/tmp/hunter2"), "sets sslkeylogfile"),
+        (("add", "east", "postgresql://h/x?sslkeylogfile=/tmp/hunter2"), "sets sslkeylogfile"),
         # a line of its own in pgbouncer.ini, `servers list` and `locate` (never shown back)
         (
             ("add", "east", "host=127.0.0.1 dbname='x\nhunter2 = host=attacker.example'"),

@@ -124,9 +124,10 @@ def readiness(
     application_kinds: frozenset[str],
 ) -> HealthReport:
     """Ready when each required component beat within three intervals, advertising its types,
-    and none of its lease holders stopped beating while it holds running jobs (a replica that
-    died with jobs in hand: not ready until recovery queued them again, which the stale
-    threshold no longer delays).
+    and none of its lease holders stopped beating while it holds running jobs of the owner's
+    kinds (a replica that died with jobs in hand: not ready until recovery queued them again,
+    which the stale threshold no longer delays). A product row the application role marked
+    running under a holder's name is not counted (:data:`provisioner.queue.ORPHANED_JOBS`).
 
     A beat that advertises a kind not in ``application_kinds`` (an owner's kind) is trusted only
     when the owner role wrote it."""

@@ -112,13 +112,17 @@ DELETE FROM control.lease_holders h
 """
 
 
-# Running jobs whose holder stopped beating, per holder: what ``health`` reports while they
-# wait for recovery. Read by the application role too (it may read both tables).
+# Running jobs of the owner's kinds whose holder stopped beating, per holder: what ``health``
+# reports while they wait for recovery. A row of the application's kinds
+# (control.by_application) is not counted: the application role writes its status and
+# locked_by, and may name any holder there. Read by the application role too (it may read both
+# tables).
 ORPHANED_JOBS = f"""
 SELECT h.holder, h.component, h.instance_id, count(j.id)::int AS jobs,
        extract(epoch FROM now() - h.beat_at)::float AS silent_seconds, h.lease_seconds
   FROM control.lease_holders h
   JOIN control.platform_jobs j ON j.locked_by = h.holder AND j.status = 'running'
+                              AND NOT control.by_application(j.job_type)
  WHERE h.holder IN ({SILENT_HOLDERS.strip()})
  GROUP BY h.holder, h.component, h.instance_id, h.beat_at, h.lease_seconds
  ORDER BY h.holder
@@ -224,7 +228,8 @@ def forget_silent_holders(conn: Conn) -> None:
 
 @dataclass(frozen=True)
 class OrphanedJobs:
-    """Running jobs of a lease holder that stopped beating, waiting for recovery."""
+    """Running jobs of the owner's kinds held by a lease holder that stopped beating, waiting
+    for recovery."""
 
     holder: str
     component: str
@@ -235,7 +240,8 @@ class OrphanedJobs:
 
 
 def orphaned_jobs(conn: Conn) -> list[OrphanedJobs]:
-    """Per silent holder, how many running jobs it still holds (:data:`ORPHANED_JOBS`)."""
+    """Per silent holder, how many running jobs of the owner's kinds it still holds
+    (:data:`ORPHANED_JOBS`)."""
     return [OrphanedJobs(**row) for row in fetch_all(conn, ORPHANED_JOBS, {})]
 
 

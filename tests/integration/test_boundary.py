@@ -225,6 +225,46 @@ def test_app_rw_cannot_pass_for_the_provisioner_worker(
     assert report.ready and report.components[0].instance_id == "real"
 
 
+def test_product_rows_under_a_silent_holders_name_do_not_count_in_health(
+    settings: Settings, database: Database
+) -> None:
+    """app_rw writes a product row's status and locked_by: rows it marks running under the name
+    of an owner's holder that stopped beating are not that worker's jobs, and neither make
+    ``health`` not ready nor count among the jobs waiting for recovery."""
+    beat = {"job_types": ["provision_tenant"], "state": "running"}
+    with database.owner() as conn:
+        heartbeats.beat(conn, "provisioner-worker", "live", beat)
+        # Silent: a lease counts from the server's start at the earliest, which may be recent.
+        conn.execute(
+            "INSERT INTO control.lease_holders (holder, component, instance_id, beat_at, "
+            "lease_seconds) VALUES ('worker:dead:1', 'provisioner-worker', 'dead', "
+            "now() - interval '1 hour', 0.001)"
+        )
+    with app(database) as conn:
+        register(conn, "mallory")
+        for n in range(2):
+            conn.execute(
+                "INSERT INTO control.platform_jobs (tenant_id, job_type, idempotency_key, "
+                "status, locked_by, locked_at) VALUES ('mallory', 'send_email', %s, 'running', "
+                "'worker:dead:1', now())",
+                (f"mail:{n}",),
+            )
+    report = service.health(settings)
+    assert report.ready, report.components
+
+    # A job of the owner's kinds that the silent holder still holds is counted, alone.
+    with database.owner() as conn:
+        register(conn, "acme")
+        conn.execute(
+            "INSERT INTO control.platform_jobs (tenant_id, job_type, idempotency_key, status, "
+            "locked_by, locked_at) VALUES ('acme', 'provision_tenant', 'provision:acme', "
+            "'running', 'worker:dead:1', now())"
+        )
+    report = service.health(settings)
+    assert not report.ready
+    assert report.components[0].reason.startswith("1 running job(s) held by worker:dead:1")
+
+
 # -- squatted idempotency keys (item 2) ----------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from provisioner.cli.render import (
     run_view,
     say,
 )
-from provisioner.models import JobStatus
+from provisioner.models import Job, JobStatus
 from provisioner.settings import Settings
 
 
@@ -63,14 +63,19 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: 
     or a suspended, archived or deleted tenant."""
     service.TenantId(tenant_id)  # bad input is refused before anything starts or is created
     settings = settings_of(ctx)
-    if not as_json:
-        click.echo(f"provisioning tenant {tenant_id}")
+
+    def announce(job: Job) -> None:
+        # Once the request is accepted: a refused one prints nothing but its one-line error.
+        if not as_json:
+            click.echo(f"provisioning tenant {tenant_id}")
+
     started = time.monotonic()
     result = service.provision(
         settings,
         tenant_id,
         on_progress=StepPrinter(as_json, kinds.for_settings(settings)),
         reuse_deleted=reuse_deleted,
+        on_start=announce,
     )
     job = result.job
     if as_json:

@@ -173,6 +173,27 @@ def test_commands_refuse_wrong_states_and_unknown_tenants(
     assert state(database, "acme") == ("onboarding", None)
 
 
+def test_a_refused_provision_prints_nothing_but_its_error(
+    provisioner_settings: Settings, tenant_database: Database, tenant_factory: Callable[..., Tenant]
+) -> None:
+    """`provision` says "provisioning tenant T" once the request is accepted: refused for the
+    tenant's state (known before any work), it prints its one-line error alone."""
+    settings = provisioner_settings
+    tenant_factory("acme")
+    assert cli(settings, "suspend", "acme").returncode == 0
+    for args in (("provision", "acme"), ("provision", "acme", "--reuse-deleted")):
+        refused = cli(settings, *args)
+        one_line_error(refused, 2, "acme is suspended", "restore")
+        assert refused.stdout == "", refused.stdout
+    assert cli(settings, "restore", "acme").returncode == 0
+    again = cli(settings, "provision", "acme")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[:2] == [
+        "provisioning tenant acme",
+        "tenant acme is already provisioned; nothing to do",
+    ]
+
+
 def test_a_job_waits_while_another_job_of_its_tenant_runs(database: Database) -> None:
     tenant = TenantId("acme")
     with psycopg.connect(database.owner_url) as conn:

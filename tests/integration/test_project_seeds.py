@@ -191,4 +191,5 @@ def test_a_missing_seed_folder_fails_at_once(tmp_path: Path, settings: Settings)
     # line, exit 2, no tenant row and no job.
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.count("\n") == 1 and "no such folder or .sql file" in result.stderr
+    assert result.stdout == ""  # not even the first progress line
     assert run_cli(settings, "status", "acme", env=env).returncode == 3

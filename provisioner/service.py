@@ -262,6 +262,7 @@ def change_lifecycle(
     holder: str | None = None,
     started_by: str | None = None,
     busy_wait: float | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> LifecycleResult:
     """Suspend, restore, deprovision or purge one tenant (``job_type`` names the kind), here
     through its job row and the step engine, or queued for a worker (``queue_only``).
@@ -271,8 +272,14 @@ def change_lifecycle(
     UnknownTenant without a control row; WrongState when the tenant's state does not allow it;
     a tenant already there (and the catalog agreeing) is left alone. A half-done earlier
     request of the same kind is resumed.
+
+    ``on_start`` is called once every refusal known up front has passed (the control schema,
+    the application role, the tenant and its state), before the tenant is found already there
+    or its job is run: a command prints its first line there, so a refused one prints only its
+    error.
     """
     tenant = TenantId(tenant_id)
+    started = on_start or (lambda: None)
     kind = kinds.for_settings(settings)[job_type]
     rule = tenant_lifecycle.RULES[job_type]
     holder = holder or holder_id("cli")
@@ -292,6 +299,7 @@ def change_lifecycle(
         ):
             if found.state in rule.done_states and job_type != tenant_lifecycle.RESTORE_JOB_TYPE:
                 if not engine.missing_effects(tenant, job_type):
+                    started()
                     return LifecycleResult(tenant, job_type, job, found.state, already=True)
             else:
                 raise WrongState(
@@ -305,6 +313,7 @@ def change_lifecycle(
             ).job
             if job.status is JobStatus.SUCCEEDED:
                 job = queue.reopen(conn, job.id, wake_workers=queue_only, started_by=command)
+        started()
         if queue_only:
             return LifecycleResult(tenant, job_type, job, found.state, queued=True)
         outcome = runner.claim_and_run(

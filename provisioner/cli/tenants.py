@@ -28,8 +28,12 @@ def run_lifecycle(
     settings = settings_of(ctx)
     kind = kinds.for_settings(settings)[job_type]
     quiet = as_json or queue_only
-    if not quiet:
-        click.echo(f"{kind.command} tenant {tenant_id}")
+
+    def announce() -> None:
+        # Once the request is accepted: a refused one prints nothing but its one-line error.
+        if not quiet:
+            click.echo(f"{kind.command} tenant {tenant_id}")
+
     started = time.monotonic()
     result = service.change_lifecycle(
         settings,
@@ -37,6 +41,7 @@ def run_lifecycle(
         job_type,
         queue_only=queue_only,
         on_progress=StepPrinter(quiet, kinds.for_settings(settings)),
+        on_start=announce,
     )
     job = result.job
     ok = result.already or result.queued or (job is not None and job.status is JobStatus.SUCCEEDED)

@@ -194,6 +194,26 @@ def test_a_refused_provision_prints_nothing_but_its_error(
     ]
 
 
+
+def test_a_refused_lifecycle_command_prints_nothing_but_its_error(
+    provisioner_settings: Settings, tenant_factory: Callable[..., Tenant]
+) -> None:
+    """`suspend`, `restore`, `deprovision` say "<command> tenant T" once the request is
+    accepted: an unknown tenant, or a state the command does not apply to, prints its one-line
+    error alone."""
+    settings = provisioner_settings
+    for command in ("suspend", "restore", "deprovision"):
+        refused = cli(settings, command, "nobody")
+        assert refused.returncode != 0 and refused.stdout == "", (command, refused.stdout)
+        assert "unknown tenant nobody" in refused.stderr, refused.stderr
+    tenant_factory("acme")
+    refused = cli(settings, "restore", "acme")
+    one_line_error(refused, 2, "restore applies to")
+    assert refused.stdout == "", refused.stdout
+    done = cli(settings, "suspend", "acme")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "suspend tenant acme"
+
 def test_a_job_waits_while_another_job_of_its_tenant_runs(database: Database) -> None:
     tenant = TenantId("acme")
     with psycopg.connect(database.owner_url) as conn:

@@ -184,7 +184,7 @@ def provision(
     should_stop: StopRequested = never_stop,
     holder: str | None = None,
     reuse_deleted: bool = False,
-    on_start: Callable[[Job], None] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> ProvisionResult:
     """Provision one tenant now, in this process, through its job row and the step engine.
 
@@ -194,9 +194,9 @@ def provision(
     WrongState for a suspended, archived or deleted tenant (a deleted one is provisioned again
     from scratch with ``reuse_deleted``).
 
-    ``on_start`` is called with the job once every refusal known up front has passed (the
-    settings, the control schema, the tenant's state, its key) and before anything is waited
-    for or run: a command prints its first line there, so a refused one prints only its error.
+    ``on_start`` is called once every refusal known up front has passed (the settings, the
+    control schema, the tenant's state, its key) and before anything is waited for or run: a
+    command prints its first line there, so a refused one prints only its error.
     """
     tenant = TenantId(tenant_id)
     settings.check_object_store_path()
@@ -223,7 +223,7 @@ def provision(
         finally:
             ahead.join()
         if on_start is not None:
-            on_start(job)
+            on_start()
         if job.status is JobStatus.SUCCEEDED:
             if not engine.missing_effects(tenant, PROVISION_JOB_TYPE):
                 return ProvisionResult(job, already_provisioned=True)

@@ -24,7 +24,7 @@ from provisioner.cli.render import (
     run_view,
     say,
 )
-from provisioner.models import Job, JobStatus
+from provisioner.models import JobStatus
 from provisioner.settings import Settings
 
 
@@ -64,7 +64,7 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: 
     service.TenantId(tenant_id)  # bad input is refused before anything starts or is created
     settings = settings_of(ctx)
 
-    def announce(job: Job) -> None:
+    def announce() -> None:
         # Once the request is accepted: a refused one prints nothing but its one-line error.
         if not as_json:
             click.echo(f"provisioning tenant {tenant_id}")

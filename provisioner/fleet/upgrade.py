@@ -16,7 +16,7 @@ job runs on its server). A tenant server that is down is reported per server
 from __future__ import annotations
 
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,9 @@ from provisioner.errors import InvalidInput, UnknownTenant, WrongState
 from provisioner.fleet import rollout
 from provisioner.fleet.versions import (
     UPGRADE_SETTINGS,
+    PlacedVersions,
     ServerVersions,
+    read_placed_versions,
     read_versions,
     read_versions_by_server,
     schema_versions,
@@ -136,10 +138,14 @@ def upgrade(
     wanted = None if tenant_ids is None else [TenantId(t, naming) for t in tenant_ids]
     heads = migrations.tenant_heads()
     owner = db.connect(settings.owner_url, application_name="upgrade", autocommit=True)
-    # A fleet-wide upgrade reads every tenant schema's version while this thread reads and
-    # parses the jobs (the reads wait on the server, the parsing is Python's): the two overlap.
-    reader = ThreadPoolExecutor(1)
+    # A fleet-wide upgrade reads every tenant schema's version, on the control database and on
+    # each tenant server, while this thread reads and parses the jobs (the reads wait on the
+    # servers, the parsing is Python's): the three overlap.
+    reader = ThreadPoolExecutor(2)
     early = reader.submit(read_versions, settings.owner_url, None) if wanted is None else None
+    early_placed = (
+        reader.submit(read_placed_versions, settings.owner_url) if wanted is None else None
+    )
     with reader, closing(owner) as conn, db.translated():
         with db.transaction_with(conn, UPGRADE_SETTINGS):
             require_control_at_head(conn)
@@ -175,7 +181,7 @@ def upgrade(
         versions = {
             s: versions[s] for s in (naming.schema(str(j.tenant_id)) for j in here) if s in versions
         }
-        elsewhere = _read_elsewhere(settings.owner_url, finished, placed)
+        elsewhere = _read_elsewhere(settings.owner_url, finished, placed, early_placed)
         versions.update(elsewhere.found)
         reachable = [j for j in finished if placed.get(str(j.tenant_id)) not in elsewhere.down]
         behind = [
@@ -211,18 +217,30 @@ def upgrade(
     )
 
 
-def _read_elsewhere(owner_url: str, finished: list[Job], placed: dict[str, str]) -> ServerVersions:
+def _read_elsewhere(
+    owner_url: str,
+    finished: list[Job],
+    placed: dict[str, str],
+    early: Future[PlacedVersions] | None = None,
+) -> ServerVersions:
     """The versions of the tenants on tenant servers, each read on its server (a server down
-    is named, its tenants absent)."""
+    is named, its tenants absent): from the read begun with the call (``early``) for the
+    tenants it found where ``placed`` says they are, read now for the others."""
+    tenants = [str(job.tenant_id) for job in finished]
+    read_early, tenants = (
+        early.result().of(placed, tenants)
+        if early is not None
+        else (ServerVersions({}, {}), tenants)
+    )
     naming = tenant_naming()
     by_server: dict[str | None, list[str]] = {}
-    for job in finished:
-        server = placed.get(str(job.tenant_id))
+    for tenant in tenants:
+        server = placed.get(tenant)
         if server is not None:
-            by_server.setdefault(server, []).append(naming.schema(str(job.tenant_id)))
+            by_server.setdefault(server, []).append(naming.schema(tenant))
     if not by_server:
-        return ServerVersions({}, {})
-    return read_versions_by_server(owner_url, by_server)
+        return read_early
+    return read_early.merged(read_versions_by_server(owner_url, by_server))
 
 
 def _per_server(

@@ -167,6 +167,10 @@ class ServerVersions:
     found: dict[str, frozenset[str]]
     down: dict[str, str]
 
+    def merged(self, other: ServerVersions) -> ServerVersions:
+        """Both reads together (``other``'s versions and servers down added to these)."""
+        return ServerVersions({**self.found, **other.found}, {**self.down, **other.down})
+
 
 def read_versions_by_server(owner_url: str, schemas: dict[str | None, list[str]]) -> ServerVersions:
     """The recorded revisions of the schemas of each server (``schemas``: by server name, None
@@ -181,11 +185,66 @@ def read_versions_by_server(owner_url: str, schemas: dict[str | None, list[str]]
     owner = db.connect(owner_url, application_name="upgrade", autocommit=True)
     with closing(owner) as conn, db.translated():
         directory = servers.directory(conn)
-    plan = servers.targets(directory, owner_url, elsewhere)
+    return ServerVersions(found, {}).merged(_read_on_servers(directory, owner_url, elsewhere))
+
+
+@dataclass(frozen=True)
+class PlacedVersions:
+    """What :func:`read_placed_versions` read: the placement it read them by (tenant id ->
+    server) and, per server, the versions found or why it was down."""
+
+    placed: dict[str, str]
+    read: ServerVersions
+
+    def of(self, placed: dict[str, str], tenants: list[str]) -> tuple[ServerVersions, list[str]]:
+        """The versions of ``tenants`` whose server in ``placed`` (the caller's placement) is
+        the one they were read on, and the servers down among theirs; and the tenants placed
+        otherwise since (a move switched them meanwhile), to be read again."""
+        naming = tenant_naming()
+        found: dict[str, frozenset[str]] = {}
+        down: dict[str, str] = {}
+        moved = []
+        for tenant in tenants:
+            server = placed.get(tenant)
+            if server is None:
+                continue
+            if self.placed.get(tenant) != server:
+                moved.append(tenant)
+            elif server in self.read.down:
+                down[server] = self.read.down[server]
+            elif (schema := naming.schema(tenant)) in self.read.found:
+                found[schema] = self.read.found[schema]
+        return ServerVersions(found, down), moved
+
+
+def read_placed_versions(owner_url: str) -> PlacedVersions:
+    """Every tenant's versions on the tenant server the directory places it on, with the
+    placement read (``upgrade --all`` starts it with its call, beside its own reads of control:
+    the servers' sessions connect and read while the jobs are read and parsed)."""
+    owner = db.connect(owner_url, application_name="upgrade", autocommit=True)
+    with closing(owner) as conn, db.translated():
+        placed = servers.servers_of(conn)
+        directory = servers.directory(conn) if placed else None
+    naming = tenant_naming()
+    by_server: dict[str, list[str]] = {}
+    for tenant, server in placed.items():
+        by_server.setdefault(server, []).append(naming.schema(tenant))
+    if directory is None:
+        return PlacedVersions(placed, ServerVersions({}, {}))
+    return PlacedVersions(placed, _read_on_servers(directory, owner_url, by_server))
+
+
+def _read_on_servers(
+    directory: servers.Directory, owner_url: str, schemas: dict[str, list[str]]
+) -> ServerVersions:
+    """The versions of ``schemas`` (by tenant server name), each read on its server through
+    the fan-out; a server down is named with why."""
+    plan = servers.targets(directory, owner_url, schemas)
 
     def there(conn: psycopg.Connection[Any], target: servers.Target) -> dict[str, frozenset[str]]:
-        return _read_chunks(conn, versioned(conn, elsewhere[target.name]))
+        return _read_chunks(conn, versioned(conn, schemas[target.name]))
 
+    found: dict[str, frozenset[str]] = {}
     down = {}
     for name, outcome in servers.fan_out(plan, there, application_name="upgrade").items():
         if outcome.result is None:

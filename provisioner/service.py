@@ -62,6 +62,11 @@ from provisioner.kinds.provision import ensure_provision_job
 from provisioner.settings import Settings, tenant_naming
 
 
+def no_announcement() -> None:
+    """The default ``on_start`` of :func:`provision` and :func:`change_lifecycle`: a caller
+    that prints no first line (the API, the tests)."""
+
+
 def resolve(
     settings: Settings, *, migrate: bool = True, notify: local_pg.Notify | None = None
 ) -> Settings:
@@ -184,7 +189,7 @@ def provision(
     should_stop: StopRequested = never_stop,
     holder: str | None = None,
     reuse_deleted: bool = False,
-    on_start: Callable[[], None] | None = None,
+    on_start: Callable[[], None] = no_announcement,
 ) -> ProvisionResult:
     """Provision one tenant now, in this process, through its job row and the step engine.
 
@@ -222,8 +227,7 @@ def provision(
                 ).job
         finally:
             ahead.join()
-        if on_start is not None:
-            on_start()
+        on_start()
         if job.status is JobStatus.SUCCEEDED:
             if not engine.missing_effects(tenant, PROVISION_JOB_TYPE):
                 return ProvisionResult(job, already_provisioned=True)
@@ -262,7 +266,7 @@ def change_lifecycle(
     holder: str | None = None,
     started_by: str | None = None,
     busy_wait: float | None = None,
-    on_start: Callable[[], None] | None = None,
+    on_start: Callable[[], None] = no_announcement,
 ) -> LifecycleResult:
     """Suspend, restore, deprovision or purge one tenant (``job_type`` names the kind), here
     through its job row and the step engine, or queued for a worker (``queue_only``).
@@ -279,7 +283,6 @@ def change_lifecycle(
     error.
     """
     tenant = TenantId(tenant_id)
-    started = on_start or (lambda: None)
     kind = kinds.for_settings(settings)[job_type]
     rule = tenant_lifecycle.RULES[job_type]
     holder = holder or holder_id("cli")
@@ -299,7 +302,7 @@ def change_lifecycle(
         ):
             if found.state in rule.done_states and job_type != tenant_lifecycle.RESTORE_JOB_TYPE:
                 if not engine.missing_effects(tenant, job_type):
-                    started()
+                    on_start()
                     return LifecycleResult(tenant, job_type, job, found.state, already=True)
             else:
                 raise WrongState(
@@ -313,7 +316,7 @@ def change_lifecycle(
             ).job
             if job.status is JobStatus.SUCCEEDED:
                 job = queue.reopen(conn, job.id, wake_workers=queue_only, started_by=command)
-        started()
+        on_start()
         if queue_only:
             return LifecycleResult(tenant, job_type, job, found.state, queued=True)
         outcome = runner.claim_and_run(

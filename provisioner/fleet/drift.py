@@ -45,7 +45,7 @@ from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.kinds.repair import expected_for
 from provisioner.models import Job, JobStatus, TenantId
 from provisioner.roles import AppRoles
-from provisioner.servers.reach import owner_address
+from provisioner.servers.reach import owner_address, reference_problem
 from provisioner.settings import Settings
 from provisioner.templates import expected, migrations
 from provisioner.tenant import catalog, checks, repairs
@@ -332,7 +332,11 @@ def _open(
 ) -> tuple[psycopg.Connection[Any], str] | str:
     """An owner session on tenant server ``server`` (closed with ``stack``) and the role it
     runs as; or why it cannot be opened."""
-    address = owner_address(servers.get(control, server), owner_url)
+    found = servers.get(control, server)
+    problem = reference_problem(found)
+    if problem is not None:  # never connected with (see provisioner.servers.reach)
+        return problem
+    address = owner_address(found, owner_url)
     try:
         there = stack.enter_context(
             closing(db.connect(address, application_name="repair", autocommit=True))

@@ -15,7 +15,11 @@ invariant, for every command that goes through :func:`fan_out`:
   or that goes away during its work (:class:`~provisioner.errors.DatabaseUnavailable`, a lock
   timeout excepted), yields a :class:`Reached` with its ``problem`` (one line, redacted) and no
   result; the other servers' work goes on. Any other error (a statement refused, a bug) is
-  raised, as on one server.
+  raised, as on one server;
+* **a server whose reference must not be used is reported, never reached**: one whose stored
+  reference sets ``sslkeylogfile``
+  (:func:`provisioner.servers.reach.reference_problem`) yields a :class:`Reached` with that
+  problem, as a server that is down does, and no session is opened with it.
 
 A tenant server is reached as the owner with its directory reference
 (:func:`provisioner.servers.reach.owner_address`): the password comes from libpq's own
@@ -35,8 +39,8 @@ import psycopg
 
 from provisioner import db
 from provisioner.errors import DatabaseUnavailable, LockNotAvailable, ProvisionerError
-from provisioner.servers.directory import CONTROL, Directory, ServerStatus
-from provisioner.servers.reach import owner_address
+from provisioner.servers.directory import CONTROL, Directory, ServerStatus, TenantServer
+from provisioner.servers.reach import owner_address, reference_problem
 
 Conn = psycopg.Connection[Any]
 T = TypeVar("T")
@@ -49,11 +53,13 @@ SERVERS_AT_ONCE = 4
 @dataclass(frozen=True)
 class Target:
     """A server to reach: its name (:data:`CONTROL` for the control database), the owner's
-    address there (no password in it), and its directory status (None: the control database)."""
+    address there (no password in it), and its directory status (None: the control database).
+    ``problem``: why it must not be reached (its ``address`` is then empty, never connected)."""
 
     name: str
     address: str
     status: ServerStatus | None = None
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,17 @@ def targets(
         if wanted is None and server.status is ServerStatus.RETIRED:
             continue
         if wanted is None or server.name in wanted:
-            out.append(Target(server.name, owner_address(server, owner_url), server.status))
+            out.append(_target(server, owner_url))
     return out
+
+
+def _target(server: TenantServer, owner_url: str) -> Target:
+    """``server`` as a target; one whose reference must not be used carries its problem and no
+    address, so that the fleet command reports it and goes on with the others."""
+    problem = reference_problem(server)
+    if problem is not None:
+        return Target(server.name, "", server.status, problem)
+    return Target(server.name, owner_address(server, owner_url), server.status)
 
 
 def fan_out(
@@ -103,6 +118,8 @@ def fan_out(
     database's work (no second session there); it must be in autocommit and idle."""
 
     def one(target: Target) -> Reached[T]:
+        if target.problem is not None:
+            return Reached(target.name, None, target.problem)
         if target.name == CONTROL and control is not None:
             return _run(target, control, work)
         try:

@@ -6,6 +6,14 @@ owner: the role the reference names, else the owner URL's role; the password com
 libpq's own sources (``~/.pgpass``/``PGPASSFILE``, ``PGPASSWORD``, a service file), never
 from the directory. A superuser is refused: the owner must be an ordinary role, as on the
 control database (``provisioner worker`` refuses the same).
+
+A stored reference that sets a key which leaks the sessions (``sslkeylogfile``:
+:data:`~provisioner.servers.directory.LEAKING_KEYS`) is never used to connect, whichever
+command asks: ``servers add`` refuses one, but a row stored before that check, or written into
+the table by hand (no CHECK covers it), may still hold one. :func:`owner_address`, through
+which every owner session on a tenant server is addressed, raises
+:class:`~provisioner.errors.ConfigurationError` for it; the readers that report each server
+(:func:`reach`, the fan-out) report it as that server's :func:`reference_problem` instead.
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ from typing import Any
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from provisioner import db
-from provisioner.errors import ProvisionerError
-from provisioner.servers.directory import ServerStatus, TenantServer
+from provisioner.errors import ConfigurationError, ProvisionerError
+from provisioner.servers.directory import LEAKING_KEYS, ServerStatus, TenantServer
 
 # The role the session runs as, and whether it is a superuser.
 WHO_AM_I = "SELECT current_user AS role, rolsuper FROM pg_roles WHERE rolname = current_user"
@@ -43,8 +51,28 @@ class Reach:
         }
 
 
+def reference_problem(server: TenantServer) -> str | None:
+    """Why no session may be opened with ``server``'s stored reference (None: one may): it
+    sets a key of :data:`LEAKING_KEYS`. Names the key, never its value; says how to fix it, as
+    no command changes a stored reference."""
+    leaking = sorted(LEAKING_KEYS.intersection(conninfo_to_dict(server.conninfo)))
+    if not leaking:
+        return None
+    return (
+        f"its reference sets {', '.join(leaking)}: libpq would write the TLS session keys to "
+        "that file, so no session is opened with it; as the owner, UPDATE "
+        "control.tenant_servers SET conninfo to the reference without it (no command changes "
+        "a stored reference)"
+    )
+
+
 def owner_address(server: TenantServer, owner_url: str) -> str:
-    """The server's reference, as the role it names or the owner URL's (no password added)."""
+    """The server's reference, as the role it names or the owner URL's (no password added).
+    :class:`ConfigurationError` naming the server when it must not be used
+    (:func:`reference_problem`): every owner session on a tenant server is addressed here."""
+    problem = reference_problem(server)
+    if problem is not None:
+        raise ConfigurationError(f"tenant server {server.name}: {problem}")
     params = conninfo_to_dict(server.conninfo)
     if "user" not in params:
         owner = conninfo_to_dict(db.libpq_address(owner_url)).get("user")
@@ -54,7 +82,11 @@ def owner_address(server: TenantServer, owner_url: str) -> str:
 
 
 def reach(server: TenantServer, owner_url: str) -> Reach:
-    """Connect to ``server`` as the owner and read who it is; never raises for its failure."""
+    """Connect to ``server`` as the owner and read who it is; never raises for its failure
+    (a reference that must not be used is reported, and not connected with)."""
+    problem = reference_problem(server)
+    if problem is not None:
+        return Reach(server.name, server.status, False, None, problem)
     address = owner_address(server, owner_url)
     try:
         with db.connect(address, application_name="servers-check") as conn, db.translated():

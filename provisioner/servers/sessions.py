@@ -100,11 +100,9 @@ def migrate_all(control: psycopg.Connection[Any], owner_url: str) -> list[Migrat
     for server in servers:
         if server.status is ServerStatus.RETIRED:
             continue
+        address = owner_address(server, owner_url)  # its error names the server already
         try:
-            with (
-                closing(db.connect(owner_address(server, owner_url), autocommit=True)) as conn,
-                db.translated(),
-            ):
+            with closing(db.connect(address, autocommit=True)) as conn, db.translated():
                 result = journal.migrate(conn)
         except ProvisionerError as exc:
             raise type(exc)(f"tenant server {server.name}: {exc}") from exc
@@ -119,7 +117,8 @@ def migrate_servers(owner_url: str) -> list[Migration]:
 
 
 def problem_of(server: TenantServer, owner_url: str) -> str | None:
-    """What keeps a worker from using ``server`` (None: nothing)."""
+    """What keeps a worker from using ``server`` (None: nothing): :func:`reach`'s problem (a
+    reference that must not be used among them, never connected with), else its tool schema's."""
     found = reach(server, owner_url)
     if not found.ok:
         return found.problem

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -243,3 +244,48 @@ def test_the_fan_out_holds_one_session_per_server_and_a_few_servers_at_once(
     assert len(seen) == 6
     assert [sum(n for _, n in s) for s in seen] == [3] * 6  # three at once, never more
     assert all(n == 1 for s in seen for _, n in s)  # one session per database
+
+
+def test_a_server_whose_reference_sets_sslkeylogfile_is_reported_and_never_read(
+    settings: Settings, database: Database, fleet: dict[str, TenantServer], tmp_path: Path
+) -> None:
+    """A reference stored with ``sslkeylogfile`` (before ``servers add`` refused it, or by
+    hand: no CHECK refuses it) is never connected with: ``check --all``, ``health``, ``tenants
+    list`` and ``upgrade --all`` report that server, naming the key and not its file, while the
+    other servers are read. East is up: only its reference keeps it from being read."""
+    keys = tmp_path / "hunter2.keys"
+    with database.owner() as conn:
+        changed = conn.execute(
+            "UPDATE control.tenant_servers SET conninfo = %s WHERE name = 'east'",
+            (f"{fleet['east'].reference} sslkeylogfile={keys}",),
+        )
+        assert changed.rowcount == 1
+    problem = "its reference sets sslkeylogfile: libpq would write the TLS session keys to "
+
+    checked = run_cli(settings, "check", "--all", "--json")
+    assert checked.returncode == 1, checked.stderr
+    report = json.loads(checked.stdout)
+    assert sorted(t["tenant_id"] for t in report["tenants"]) == ["home1", "home2", "w1"]
+    east = next(s for s in report["servers"] if s["server"] == "east")
+    assert (east["reachable"], east["unchecked"]) == (False, ["e1", "e2"])
+    assert east["problem"].startswith(problem)
+
+    health = run_cli(settings, "health", "--json")
+    found = {s["name"]: s for s in json.loads(health.stdout)["servers"]}
+    assert (found["east"]["reachable"], found["west"]["reachable"]) == (False, True)
+    assert found["east"]["problem"].startswith(problem)
+
+    listed = run_cli(settings, "tenants", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {t["tenant_id"]: t for t in json.loads(listed.stdout)}
+    assert rows["e1"]["server_reachable"] is False and rows["w1"]["revision"]
+    assert f"server east: DOWN, 2 tenant(s) with no revision read ({problem}" in listed.stderr
+
+    upgraded = run_cli(settings, "upgrade", "--all", "--dry-run", "--json")
+    assert upgraded.returncode == 1, upgraded.stderr
+    per = {s["server"]: s for s in json.loads(upgraded.stdout)["servers"]}
+    assert (per["east"]["reachable"], per["west"]["reachable"]) == (False, True)
+
+    shown = "".join(o.stdout + o.stderr for o in (checked, health, listed, upgraded))
+    assert "hunter2" not in shown and str(tmp_path) not in shown
+    assert not keys.exists()

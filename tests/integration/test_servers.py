@@ -12,8 +12,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import socket
+import ssl
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -22,6 +27,9 @@ import pytest
 
 import provisioner
 from provisioner import servers
+from provisioner.errors import ConfigurationError
+from provisioner.servers import moves
+from provisioner.servers.reach import owner_address
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import wait_until
@@ -37,6 +45,7 @@ def _guard_revision() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
 
 A = "host=127.0.0.1 port=1 dbname=tenants_a"
 B = "host=127.0.0.1 port=2 dbname=tenants_b"
@@ -617,3 +626,156 @@ def test_control_is_a_placement_while_placement_puts_the_tenant_there(
         "was queued)",
     )
     assert placed(database) == {None: 3, "east": 1}
+
+
+# A reference stored with `sslkeylogfile` before `servers add` refused it (or written into the
+# directory by hand: no CHECK refuses it) is reported for its server, in one line naming the key
+# and never its value, and no session is ever opened with it.
+
+#: What each reader reports for such a server (prefixed ``tenant server NAME: `` when raised).
+KEYLOG_PROBLEM = (
+    "its reference sets sslkeylogfile: libpq would write the TLS session keys to that file, so "
+    "no session is opened with it; as the owner, UPDATE control.tenant_servers SET conninfo to "
+    "the reference without it (no command changes a stored reference)"
+)
+
+
+@dataclass
+class TlsListener:
+    """A local port that answers libpq's SSLRequest and completes a TLS handshake, then hangs
+    up: what a TLS server does first, and enough for libpq to write the session's keys to the
+    file ``sslkeylogfile`` names. ``accepted``: how many connections it was asked for."""
+
+    port: int
+    accepted: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def tls_listener(tmp_path: Path) -> Iterator[TlsListener]:
+    """A :class:`TlsListener` with a throwaway self-signed certificate (``openssl``)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    new_key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    written = ("-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=t")
+    subprocess.run(
+        ["openssl", "req", "-x509", *new_key, *written],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    sock = socket.create_server(("127.0.0.1", 0))
+    found = TlsListener(sock.getsockname()[1])
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # closed: the test is over
+                return
+            found.accepted.append("connection")
+            with conn:
+                try:
+                    conn.recv(8)  # the SSLRequest
+                    conn.sendall(b"S")
+                    context.wrap_socket(conn, server_side=True).close()
+                except (OSError, ssl.SSLError):
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield found
+    finally:
+        sock.close()
+        thread.join(10)
+
+
+def store_keylog_reference(database: Database, name: str, reference: str) -> None:
+    """``reference`` stored for server ``name`` as the owner, past the library's refusal."""
+    with pytest.raises(provisioner.InvalidInput, match="sets sslkeylogfile"):
+        servers.connection_reference(reference)
+    with database.owner() as conn:
+        conn.execute(
+            "INSERT INTO control.tenant_servers (name, conninfo) VALUES (%s, %s)",
+            (name, reference),
+        )
+
+
+def keylog_reference(port: int, keys: Path) -> str:
+    return f"host=127.0.0.1 port={port} dbname=tenants sslmode=require sslkeylogfile={keys}"
+
+
+def test_a_stored_sslkeylogfile_is_reported_by_check_worker_and_migrate_never_used(
+    settings: Settings, database: Database, tls_listener: TlsListener, tmp_path: Path
+) -> None:
+    """`servers check`, the worker's start and `migrate` report the server in one line naming
+    the key, not the file; nothing connects, so libpq writes no key. The same reference given
+    to libpq does write the session's keys there (the listener completes a TLS handshake)."""
+    keys = tmp_path / "hunter2.keys"
+    reference = keylog_reference(tls_listener.port, keys)
+    store_keylog_reference(database, "leaky", reference)
+
+    checked = run_cli(settings, "servers", "check", "--json")
+    assert (tls_listener.accepted, keys.exists()) == ([], False)  # libpq wrote no key
+    assert checked.returncode == 1, checked.stderr
+    assert json.loads(checked.stdout) == [
+        {
+            "server": "leaky",
+            "status": "active",
+            "ok": False,
+            "role": None,
+            "problem": KEYLOG_PROBLEM,
+        }
+    ]
+    text = run_cli(settings, "servers", "check")
+    assert (text.returncode, text.stdout) == (1, f"leaky: NOT OK ({KEYLOG_PROBLEM})\n")
+    worker = run_cli(settings, "worker", "--once")
+    assert (worker.returncode, worker.stderr) == (
+        2,
+        f"error: tenant server leaky: {KEYLOG_PROBLEM}\n",
+    )
+    migrated = run_cli(settings, "migrate")
+    assert migrated.returncode == 2, migrated.stderr
+    assert migrated.stderr == f"error: tenant server leaky: {KEYLOG_PROBLEM}\n"
+    shown = "".join(out.stdout + out.stderr for out in (checked, text, worker, migrated))
+    assert "hunter2" not in shown and str(tmp_path) not in shown
+    assert (tls_listener.accepted, keys.exists()) == ([], False)
+
+    # what was done before: libpq, given the reference, writes the TLS session's keys there
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(reference, connect_timeout=10).close()
+    assert tls_listener.accepted and "TRAFFIC_SECRET" in keys.read_text()
+
+
+def test_no_owner_session_is_opened_with_a_stored_sslkeylogfile(
+    settings: Settings, database: Database, tls_listener: TlsListener, tmp_path: Path
+) -> None:
+    """The owner's address of a server is made in one place (``owner_address``): a worker's
+    pool, a move's end and the fan-out each refuse the reference there, the fan-out by
+    reporting that server while the control database's work is done."""
+    keys = tmp_path / "hunter2.keys"
+    store_keylog_reference(database, "leaky", keylog_reference(tls_listener.port, keys))
+    refused = f"^tenant server leaky: {KEYLOG_PROBLEM.replace('(', '[(]').replace(')', '[)]')}$"
+    with database.owner() as control:
+        leaky = servers.get(control, "leaky")
+        with pytest.raises(ConfigurationError, match=refused):
+            owner_address(leaky, database.owner_url)
+        pools = servers.ServerSessions(
+            database.owner_url, holder="test", idle_in_transaction_timeout_ms=10_000
+        )
+        with pytest.raises(ConfigurationError, match=refused):
+            pools.database(control, "leaky")
+        pools.close()
+        with pytest.raises(ConfigurationError, match=refused):
+            moves.end(control, "leaky", database.owner_url)
+        found = servers.directory(control)
+    reached = servers.fan_out(
+        servers.targets(found, database.owner_url),
+        lambda conn, target: conn.execute("SELECT 1 AS one").fetchone(),
+        application_name="test",
+    )
+    assert {name: (r.result, r.problem) for name, r in reached.items()} == {
+        servers.CONTROL: ({"one": 1}, None),
+        "leaky": (None, KEYLOG_PROBLEM),
+    }
+    assert (tls_listener.accepted, keys.exists()) == ([], False)

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 from bench import (
@@ -35,7 +36,7 @@ from bench import (
     wake,
     workers,
 )
-from bench.cluster import bench_cluster, say
+from bench.cluster import BenchCluster, bench_cluster, say
 from bench.figures import Goal, Results, spread
 from bench.report import RESULTS_DIR, goal_ratio, header, render, write_json
 
@@ -69,7 +70,8 @@ OPT_IN = (
 TAKE_GAP = {"200": "; the take grants the spare's 200 sequences (4-4.5 ms server time alone)"}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cluster: BenchCluster | None = None) -> int:
+    """The bench; on ``cluster`` when given (started, and left running), else on its own."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--scale", action="store_true", help="run only the scale scenario")
     parser.add_argument("--scale-tenants", type=int, default=10_000)
@@ -78,12 +80,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-tenants", type=int, default=40)
     parser.add_argument("--worker-runs", type=int, default=3)
     parser.add_argument("--pool-tenants", type=int, default=15)
+    parser.add_argument("--pool-size", type=int, default=pool.POOL_SIZE)
+    parser.add_argument(
+        "--pool-large-tables", type=int, default=pool.LARGE_TABLES, help="the large template's"
+    )
     parser.add_argument("--burst-tenants", type=int, default=burst.TENANTS)
     parser.add_argument("--burst-runs", type=int, default=2)
     parser.add_argument("--pool-burst-runs", type=int, default=2)
+    parser.add_argument("--pool-burst-size", type=int, default=pool_burst.POOL_SIZE)
+    parser.add_argument(
+        "--warm-up",
+        type=int,
+        default=burst.WARM_UP_TENANTS,
+        help="raw builds discarded first in each fresh database of burst and pool-burst",
+    )
+    parser.add_argument(
+        "--pool-burst-raw-tenants",
+        type=int,
+        default=pool_burst.RAW_TENANTS,
+        help="raw serial builds before and after each round",
+    )
+    parser.add_argument(
+        "--pool-burst-during",
+        type=int,
+        default=pool_burst.DURING_REFILL,
+        help="sign-ups during a refill (and as many with no pool)",
+    )
+    parser.add_argument("--wake-notify-samples", type=int, default=wake.NOTIFY_SAMPLES)
+    parser.add_argument("--wake-poll-samples", type=int, default=wake.POLL_SAMPLES)
+    parser.add_argument(
+        "--claim-rows", type=int, default=claim.ROWS, help="finished rows at the last measure"
+    )
+    parser.add_argument("--move-rows", type=int, default=move.ROWS)
+    parser.add_argument("--move-rounds", type=int, default=move.ROUNDS)
+    parser.add_argument("--placement-rounds", type=int, default=placement.ROUNDS)
+    parser.add_argument("--placement-block", type=int, default=placement.BLOCK)
+    parser.add_argument("--server-jobs-tenants", type=int, default=server_jobs.TENANTS)
+    parser.add_argument("--storage-checks", type=int, default=storage.CHECKS)
     parser.add_argument("--fleet-tenants", type=int, default=150)
     parser.add_argument("--fleet-runs", type=int, default=2)
     parser.add_argument("--fleet-servers-runs", type=int, default=fleet_servers.RUNS)
+    parser.add_argument("--fleet-servers-tenants", type=int, default=fleet_servers.TENANTS)
     parser.add_argument(
         "--fleet-scale-tenants",
         type=int,
@@ -92,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--bulk-tenants", type=int, default=405, help="tenants the opt-in bulk scenario purges"
+    )
+    parser.add_argument(
+        "--bulk-singles", type=int, default=20, help="of them first purged one command each"
     )
     parser.add_argument("--failover-runs", type=int, default=1)
     parser.add_argument(
@@ -110,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = Results()
     started = time.monotonic()
-    with bench_cluster() as cluster:
+    with nullcontext(cluster) if cluster is not None else bench_cluster() as cluster:
         server = cluster.server_version()
         say(f"bench: {server} under {cluster.cluster.root}")
         if args.scale:
@@ -129,18 +169,35 @@ def main(argv: list[str] | None = None) -> int:
                     lambda: provisioning.run(cluster, results, args.rounds),
                 ),
                 "pool": (
-                    "enqueue -> succeeded with and without the warm pool, 9 and 200 tables",
-                    lambda: pool.run(cluster, results, args.pool_tenants),
+                    "enqueue -> succeeded with and without the warm pool, 9 and "
+                    f"{args.pool_large_tables} tables",
+                    lambda: pool.run(
+                        cluster,
+                        results,
+                        args.pool_tenants,
+                        args.pool_size,
+                        args.pool_large_tables,
+                    ),
                 ),
                 "burst": (
                     f"{args.burst_tenants} sign-ups at once: a worker at its defaults, 1 and "
                     f"{burst.cores()} children, raw SQL by 1 and {burst.cores()} sessions",
-                    lambda: burst.run(cluster, results, args.burst_tenants, args.burst_runs),
+                    lambda: burst.run(
+                        cluster, results, args.burst_tenants, args.burst_runs, args.warm_up
+                    ),
                 ),
                 "pool-burst": (
-                    f"PROVISIONER_POOL_SIZE={pool_burst.POOL_SIZE}: a burst of as many sign-ups, "
+                    f"PROVISIONER_POOL_SIZE={args.pool_burst_size}: a burst of as many sign-ups, "
                     "the keeper's refill, sign-ups during a refill",
-                    lambda: pool_burst.run(cluster, results, args.pool_burst_runs),
+                    lambda: pool_burst.run(
+                        cluster,
+                        results,
+                        args.pool_burst_runs,
+                        args.pool_burst_size,
+                        pool_burst.Sizes(
+                            args.warm_up, args.pool_burst_raw_tenants, args.pool_burst_during
+                        ),
+                    ),
                 ),
                 "worker": (
                     "drain with 1, 2 and 4 worker processes",
@@ -148,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "wake": (
                     "enqueue-to-claim latency, NOTIFY vs poll",
-                    lambda: wake.run(cluster, results),
+                    lambda: wake.run(
+                        cluster, results, args.wake_notify_samples, args.wake_poll_samples
+                    ),
                 ),
                 "claim": (
-                    "with 0, 100,000 and 1,000,000 finished rows",
-                    lambda: claim.run(cluster, results),
+                    f"with 0, {args.claim_rows // 10:,} and {args.claim_rows:,} finished rows",
+                    lambda: claim.run(cluster, results, args.claim_rows),
                 ),
                 "fixture": (
                     "the pytest plugin's tenant fixture vs provisioning vs raw SQL",
@@ -163,21 +222,28 @@ def main(argv: list[str] | None = None) -> int:
                     lambda: fleet.run(cluster, results, args.fleet_tenants, args.fleet_runs),
                 ),
                 "fleet-servers": (
-                    f"fleet upgrade of {fleet_servers.TENANTS} tenants by 1 worker: all on "
+                    f"fleet upgrade of {args.fleet_servers_tenants} tenants by 1 worker: all on "
                     "control vs half on a tenant server",
-                    lambda: fleet_servers.run(cluster, results, runs=args.fleet_servers_runs),
+                    lambda: fleet_servers.run(
+                        cluster,
+                        results,
+                        tenants=args.fleet_servers_tenants,
+                        runs=args.fleet_servers_runs,
+                    ),
                 ),
                 "bulk": (
                     f"purge {args.bulk_tenants} tenants: one command each vs one batch",
-                    lambda: bulk.run(cluster, results, args.bulk_tenants),
+                    lambda: bulk.run(cluster, results, args.bulk_tenants, args.bulk_singles),
                 ),
                 "placement": (
                     "a new tenant's enqueue: placement off, no tenant server, two servers",
-                    lambda: placement.run(cluster, results),
+                    lambda: placement.run(
+                        cluster, results, args.placement_rounds, args.placement_block
+                    ),
                 ),
                 "move": (
-                    f"a {move.ROWS:,}-row tenant moved to a tenant server: the writes' freeze",
-                    lambda: move.run_both(cluster, results),
+                    f"a {args.move_rows:,}-row tenant moved to a tenant server: the writes' freeze",
+                    lambda: move.run_both(cluster, results, args.move_rows, args.move_rounds),
                 ),
                 "failover": (
                     "a pg_auto_failover primary SIGKILLed while a worker drains 300 tenants",
@@ -190,11 +256,11 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "server-jobs": (
                     "enqueue -> succeeded through a running worker: control vs a tenant server",
-                    lambda: server_jobs.run(cluster, results),
+                    lambda: server_jobs.run(cluster, results, args.server_jobs_tenants),
                 ),
                 "storage": (
                     "the S3 readiness check: one store kept vs a new store per check (moto)",
-                    lambda: storage.run(results),
+                    lambda: storage.run(results, args.storage_checks),
                 ),
                 "fleet-scale": (
                     f"{args.fleet_scale_tenants} tenants at t004 built in bulk, who is behind, "

@@ -242,7 +242,13 @@ def raw(
 WARM_UP_TENANTS = 20
 
 
-def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> None:
+def run(
+    cluster: BenchCluster,
+    results: Results,
+    tenants: int,
+    runs: int,
+    warm_up: int = WARM_UP_TENANTS,
+) -> None:
     if not worker_process.worker_available():
         results.notes["burst"] = "not measured: this tree has no `provisioner worker --once`"
         return
@@ -262,7 +268,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int, runs: int) -> Non
         for key, args in drains.items():
             with cluster.database(f"burst_{key}{run_no}") as database:
                 service.provision(database.settings(), "shape")
-                raw(database, 1, WARM_UP_TENANTS, "warm", counted=False)
+                raw(database, 1, warm_up, "warm", counted=False)
                 before = _raw_pair(database, tenants, k, "before", breakdowns)
                 ms, breakdown = drain(database, f"{key}{run_no}", args, tenants)
                 after = _raw_pair(database, tenants, k, "after", None)

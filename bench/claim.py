@@ -20,6 +20,8 @@ from provisioner import queue
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 
 CLAIMS = 200
+#: Finished rows at the last measure (a tenth of them at the one before).
+ROWS = 1_000_000
 
 # Finished rows as the queue leaves them: mostly succeeded, some failed or cancelled, each with
 # its idempotency key (the unique index grows with them), all long past.
@@ -96,31 +98,34 @@ def _explain(url: str) -> str:
     return "\n".join(row[0] for row in rows)
 
 
-def run(cluster: BenchCluster, results: Results) -> None:
+def run(cluster: BenchCluster, results: Results, rows: int = ROWS) -> None:
+    """The claim at 0, ``rows // 10`` and ``rows`` finished rows (``claim_100k`` and ``claim_1m``
+    at the default)."""
+    first = rows // 10
     with cluster.database("claim") as database:
         statement, commit = _claims(database.owner_url)
         results.add(
             Figure("claim_0", "claim statement, 0 finished rows", "ms", statement, note="baseline")
         )
-        seconds = _fill(database.owner_url, 1, 100_000)
-        say(f"  claim: 100,000 finished rows inserted and analysed in {seconds:.1f} s")
+        seconds = _fill(database.owner_url, 1, first)
+        say(f"  claim: {first:,} finished rows inserted and analysed in {seconds:.1f} s")
         statement, commit = _claims(database.owner_url)
         results.add(
             Figure(
                 "claim_100k",
-                "claim statement, 100,000 finished rows",
+                f"claim statement, {first:,} finished rows",
                 "ms",
                 statement,
                 baseline="claim_0",
             )
         )
-        seconds = _fill(database.owner_url, 100_001, 1_000_000)
-        say(f"  claim: 1,000,000 finished rows in place after {seconds:.1f} s more")
+        seconds = _fill(database.owner_url, first + 1, rows)
+        say(f"  claim: {rows:,} finished rows in place after {seconds:.1f} s more")
         statement, commit = _claims(database.owner_url)
         results.add(
             Figure(
                 "claim_1m",
-                "claim statement, 1,000,000 finished rows",
+                f"claim statement, {rows:,} finished rows",
                 "ms",
                 statement,
                 baseline="claim_0",
@@ -129,12 +134,12 @@ def run(cluster: BenchCluster, results: Results) -> None:
         results.add(
             Figure(
                 "claim_1m_commit",
-                "  its commit (fsync), 1,000,000 finished rows",
+                f"  its commit (fsync), {rows:,} finished rows",
                 "ms",
                 commit,
                 note="commit only",
             )
         )
-        results.notes["claim plan at 1,000,000 finished rows (EXPLAIN ANALYZE)"] = _explain(
+        results.notes[f"claim plan at {rows:,} finished rows (EXPLAIN ANALYZE)"] = _explain(
             database.owner_url
         )

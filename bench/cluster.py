@@ -68,13 +68,15 @@ class BenchDatabase:
 
 
 class BenchCluster:
-    """A durable throwaway cluster with a migrated template database."""
+    """A durable throwaway cluster with a migrated template database (``durable=False``: fsync
+    off, for the smoke test of tests/integration/test_bench_smoke.py, whose figures nobody reads).
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = True) -> None:
         # The cluster's folder is chowned to the server's user when we are root, so it is a
         # top-level temporary folder of its own; object-store folders live in another.
         self.cluster = local_pg.Cluster(
-            Path(tempfile.mkdtemp(prefix="provisioner-bench-pg-")), durable=True
+            Path(tempfile.mkdtemp(prefix="provisioner-bench-pg-")), durable=durable
         )
         self.work = Path(tempfile.mkdtemp(prefix="provisioner-bench-"))
         self._count = 0
@@ -143,8 +145,8 @@ class BenchCluster:
 
 
 @contextmanager
-def bench_cluster() -> Iterator[BenchCluster]:
-    cluster = BenchCluster()
+def bench_cluster(*, durable: bool = True) -> Iterator[BenchCluster]:
+    cluster = BenchCluster(durable=durable)
     try:
         cluster.start()
         yield cluster

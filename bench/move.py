@@ -93,7 +93,7 @@ def _marker(marks: dict[str, float]) -> Callable[[StepEvent], None]:
     return mark
 
 
-def run(cluster: BenchCluster, results: Results) -> None:
+def run(cluster: BenchCluster, results: Results, rows: int = ROWS, rounds: int = ROUNDS) -> None:
     freeze: list[float] = []
     raw: list[float] = []
     steps: dict[str, list[float]] = {}
@@ -103,9 +103,9 @@ def run(cluster: BenchCluster, results: Results) -> None:
         cluster.database("move_raw") as spare,
     ):
         settings = control.settings()
-        tenants = [f"m{n}" for n in range(ROUNDS)]
+        tenants = [f"m{n}" for n in range(rounds)]
         for tenant in tenants:
-            _provision_with_rows(control, tenant)
+            _provision_with_rows(control, tenant, rows)
         with psycopg.connect(control.owner_url, autocommit=True) as conn:
             servers.add(conn, "east", _reference(cluster, east))
         servers.migrate_servers(control.owner_url)  # a move refuses a server never migrated
@@ -132,7 +132,7 @@ def run(cluster: BenchCluster, results: Results) -> None:
     results.add(
         Figure(
             "move_copy_raw",
-            f"pg_dump | pg_restore of a {ROWS:,}-row tenant schema alone",
+            f"pg_dump | pg_restore of a {rows:,}-row tenant schema alone",
             "ms",
             raw,
             note="baseline",
@@ -141,7 +141,7 @@ def run(cluster: BenchCluster, results: Results) -> None:
     results.add(
         Figure(
             "move_freeze",
-            f"move of a {ROWS:,}-row tenant: writes frozen (revoke -> switch committed)",
+            f"move of a {rows:,}-row tenant: writes frozen (revoke -> switch committed)",
             "ms",
             freeze,
             baseline="move_copy_raw",
@@ -157,13 +157,17 @@ def pg16_bin() -> Path | None:
     return None
 
 
-def run_both(cluster: BenchCluster, results: Results) -> None:
+def run_both(
+    cluster: BenchCluster, results: Results, rows: int = ROWS, rounds: int = ROUNDS
+) -> None:
     """The move scenario: the dump's freeze, then logical replication's."""
-    run(cluster, results)
-    run_logical(cluster, results)
+    run(cluster, results, rows, rounds)
+    run_logical(cluster, results, rows, rounds)
 
 
-def run_logical(cluster: BenchCluster, results: Results) -> None:
+def run_logical(
+    cluster: BenchCluster, results: Results, rows: int = ROWS, rounds: int = ROUNDS
+) -> None:
     """``move_freeze_logical`` against ``move_freeze_dump16`` (see the module); nothing when
     no PostgreSQL 16 binaries are here (said in the notes)."""
     bin_dir = pg16_bin()
@@ -184,30 +188,35 @@ def run_logical(cluster: BenchCluster, results: Results) -> None:
             conn.execute(f"ALTER ROLE {local_pg.OWNER_ROLE} REPLICATION")
             conn.execute(f"GRANT pg_create_subscription TO {local_pg.OWNER_ROLE}")
         with cluster.database("move_logical") as control:
-            _measure_logical(cluster, control, logical, results)
+            _measure_logical(cluster, control, logical, results, rows, rounds)
     finally:
         logical.stop()
         shutil.rmtree(logical.root, ignore_errors=True)
 
 
-def _provision_with_rows(control: BenchDatabase, tenant: str) -> None:
-    """A tenant on the control database with :data:`ROWS` audit events, written as the app."""
+def _provision_with_rows(control: BenchDatabase, tenant: str, rows: int) -> None:
+    """A tenant on the control database with ``rows`` audit events, written as the app."""
     service.provision(control.settings(), tenant)
     with psycopg.connect(control.app_url, autocommit=True) as conn:
         conn.execute(
             f"INSERT INTO tenant_{tenant}.audit_events (action) "
             "SELECT 'seed ' || g FROM generate_series(1, %s) g",
-            (ROWS,),
+            (rows,),
         )
 
 
 def _measure_logical(
-    cluster: BenchCluster, control: BenchDatabase, logical: local_pg.Cluster, results: Results
+    cluster: BenchCluster,
+    control: BenchDatabase,
+    logical: local_pg.Cluster,
+    results: Results,
+    rows: int,
+    rounds: int,
 ) -> None:
     settings = control.settings()
-    tenants = [(f"l{m[0]}{n}", m) for n in range(ROUNDS) for m in ("logical", "dump")]
+    tenants = [(f"l{m[0]}{n}", m) for n in range(rounds) for m in ("logical", "dump")]
     for tenant, _ in tenants:  # on control: before the servers, which would take them
-        _provision_with_rows(control, tenant)
+        _provision_with_rows(control, tenant, rows)
     with psycopg.connect(control.owner_url, autocommit=True) as conn:
         for name in ("lsrc", "ldst"):
             servers.add(
@@ -237,7 +246,7 @@ def _measure_logical(
     results.add(
         Figure(
             "move_freeze_dump16",
-            f"move of a {ROWS:,}-row tenant between two PostgreSQL 16 servers by dump: frozen",
+            f"move of a {rows:,}-row tenant between two PostgreSQL 16 servers by dump: frozen",
             "ms",
             freezes["dump"],
             note="baseline",

@@ -29,10 +29,10 @@ ROUNDS = 10
 BLOCK = 50
 
 
-def _enqueue_block(database: BenchDatabase, prefix: str, start: int) -> list[float]:
+def _enqueue_block(database: BenchDatabase, prefix: str, start: int, block: int) -> list[float]:
     samples = []
     with psycopg.connect(database.app_url) as conn:
-        for n in range(start, start + BLOCK):
+        for n in range(start, start + block):
             began = time.perf_counter()
             provisioner.enqueue(conn, f"{prefix}{n}")
             conn.commit()
@@ -40,7 +40,7 @@ def _enqueue_block(database: BenchDatabase, prefix: str, start: int) -> list[flo
     return samples
 
 
-def run(cluster: BenchCluster, results: Results) -> None:
+def run(cluster: BenchCluster, results: Results, rounds: int = ROUNDS, block: int = BLOCK) -> None:
     with (
         cluster.database("place_off") as off,
         cluster.database("place_control") as control,
@@ -52,11 +52,11 @@ def run(cluster: BenchCluster, results: Results) -> None:
             servers.add(conn, "east", "host=127.0.0.1 port=1 dbname=east")
             servers.add(conn, "west", "host=127.0.0.1 port=2 dbname=west")
         samples: dict[str, list[float]] = {"off": [], "control": [], "two": []}
-        for round_ in range(ROUNDS):
-            start = round_ * BLOCK
-            samples["off"] += _enqueue_block(off, "t", start)
-            samples["control"] += _enqueue_block(control, "t", start)
-            samples["two"] += _enqueue_block(two, "t", start)
+        for round_ in range(rounds):
+            start = round_ * block
+            samples["off"] += _enqueue_block(off, "t", start, block)
+            samples["control"] += _enqueue_block(control, "t", start, block)
+            samples["two"] += _enqueue_block(two, "t", start, block)
     results.add(
         Figure(
             "placement_off",

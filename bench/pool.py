@@ -72,9 +72,10 @@ def downgrade() -> None:
 '''
 
 
-def large_package(work: Path) -> Path:
-    """A copy of the package whose tenant tree has the generated revision; its import root."""
-    root = work / "large_template_package"
+def large_package(work: Path, tables: int = LARGE_TABLES) -> Path:
+    """A copy of the package whose tenant tree has the generated revision of ``tables`` tables;
+    its import root."""
+    root = work / f"large_template_package_{tables}"
     if root.exists():
         return root
     source = Path(__file__).resolve().parent.parent
@@ -87,7 +88,7 @@ def large_package(work: Path) -> Path:
         source / "control_migrations", root / "provisioner" / "control_migrations", ignore=ignore
     )
     revision = root / "provisioner" / "tenant_template" / "versions" / "t005_bench_large.py"
-    revision.write_text(LARGE_REVISION.format(tables=LARGE_TABLES))
+    revision.write_text(LARGE_REVISION.format(tables=tables))
     return root
 
 
@@ -147,13 +148,15 @@ def _scenario(
     package: Path | None,
     tenants: int,
     steps: dict[str, str],
+    size: int,
+    large_tables: int,
 ) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = defaultdict(list)
     template = Template.capture(tree=tree)
     # Run from the copy's root: `python -m` and the spawned children put the current folder
     # first on sys.path, and the repository's own package must not win.
     extra = {"PYTHONPATH": str(package)} if package else {}
-    for pool_size in (0, POOL_SIZE):
+    for pool_size in (0, size):
         with cluster.database(f"pool{label}{pool_size}") as database:
             env = {**extra, "PROVISIONER_POOL_SIZE": str(pool_size)}
             worker = worker_process.WorkerProcess(database, env=env, cwd=package)
@@ -163,7 +166,7 @@ def _scenario(
                 _latency(app_conn, "warmup")  # the worker's children and the reference
                 with psycopg.connect(database.owner_url) as conn:
                     tables, sequences = tenant_schema.relations(conn, "tenant_warmup")
-                if package is not None and len(tables) <= LARGE_TABLES:
+                if package is not None and len(tables) <= large_tables:
                     raise RuntimeError(f"the worker built {len(tables)} tables, not the large tree")
                 for i in range(tenants):
                     if pool_size and not _wait_full(database, pool_size):
@@ -192,18 +195,31 @@ def _scenario(
     return samples
 
 
-def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
+def run(
+    cluster: BenchCluster,
+    results: Results,
+    tenants: int,
+    size: int = POOL_SIZE,
+    large_tables: int = LARGE_TABLES,
+) -> None:
+    """``tenants`` sign-ups each way, with a pool of ``size``, for the 9-table template and one
+    of ``large_tables`` generated tables (its figures' keys end in that number: ``_200``)."""
     if not worker_process.worker_available():
         results.notes["pool"] = "not measured: this tree has no `provisioner worker`"
         return
-    package = large_package(cluster.work)
+    package = large_package(cluster.work, large_tables)
     large_tree = package / "provisioner" / "tenant_template"
     steps: dict[str, str] = {}
     for label, tree, pkg, name in (
         ("9", None, None, "9-table template"),
-        ("200", large_tree, package, f"{LARGE_TABLES}-table / {2 * LARGE_TABLES}-index template"),
+        (
+            str(large_tables),
+            large_tree,
+            package,
+            f"{large_tables}-table / {2 * large_tables}-index template",
+        ),
     ):
-        samples = _scenario(cluster, label, tree, pkg, tenants, steps)
+        samples = _scenario(cluster, label, tree, pkg, tenants, steps, size, large_tables)
         results.add(
             Figure(
                 f"pool_raw_{label}",
@@ -235,7 +251,7 @@ def run(cluster: BenchCluster, results: Results, tenants: int) -> None:
         )
     results.notes["pool"] = (
         "a running `provisioner worker` (its default children), "
-        f"PROVISIONER_POOL_SIZE={POOL_SIZE} or 0; "
+        f"PROVISIONER_POOL_SIZE={size} or 0; "
         "latency is the job row's finished_at - created_at; the raw baseline is measured "
         "between the tenants provisioned without the pool only (its one-transaction DDL would "
         "reset every session's caches before the next take); each tenant is enqueued "

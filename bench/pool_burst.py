@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import psycopg
 
@@ -104,7 +105,7 @@ def _one(app: psycopg.Connection, watch: psycopg.Connection, tenant: str) -> Non
         time.sleep(POLL_SECONDS)
 
 
-def _alone(database: BenchDatabase) -> list[float]:
+def _alone(database: BenchDatabase, during: int) -> list[float]:
     """The baseline of a sign-up mid-refill that no spare served: the same sign-ups, one at a
     time, on a worker with no pool (no keeper), in the same database before the round. A
     sign-up the pool cannot serve is a whole build (``run_tenant_migrations`` most of it);
@@ -114,25 +115,25 @@ def _alone(database: BenchDatabase) -> list[float]:
     watch = psycopg.connect(database.owner_url, autocommit=True)
     try:
         _one(app, watch, "warmup_alone")
-        for i in range(DURING_REFILL):
+        for i in range(during):
             _one(app, watch, f"alone_{i}")
-        return [r[0] for r in _signups(watch, "alone_") if not r[2]][:DURING_REFILL]
+        return [r[0] for r in _signups(watch, "alone_") if not r[2]][:during]
     finally:
         watch.close()
         app.close()
         worker.close()
 
 
-def _round(cluster: BenchCluster, size: int, run_no: int) -> dict[str, list[float]]:
+def _round(cluster: BenchCluster, size: int, run_no: int, sizes: Sizes) -> dict[str, list[float]]:
     """One round, in a fresh database that also holds its raw baselines (see the module): the
     raw serial build before the round and after it, and, right after the refill (the worker
     idle, its pool full), as many raw builds as the refill built, serial and side by side."""
     out: dict[str, list[float]] = {k: [] for k in ("burst", "served", "refill", "during", "wait")}
     with cluster.database(f"poolburst{run_no}") as database:
         service.provision(database.settings(), "shape")  # the raw SQL's grants are read there
-        burst.raw(database, 1, burst.WARM_UP_TENANTS, "warm", counted=False)
-        before, _ = burst.raw(database, 1, RAW_TENANTS, "before", counted=False)
-        out["alone"] = _alone(database)
+        burst.raw(database, 1, sizes.warm_up, "warm", counted=False)
+        before, _ = burst.raw(database, 1, sizes.raw_tenants, "before", counted=False)
+        out["alone"] = _alone(database, sizes.during)
         env = {"PROVISIONER_POOL_SIZE": str(size)}
         worker = worker_process.WorkerProcess(database, env=env)
         app = psycopg.connect(database.app_url)
@@ -162,7 +163,7 @@ def _round(cluster: BenchCluster, size: int, run_no: int) -> dict[str, list[floa
             time.sleep(1.0)
             _burst(app, watch, "again_", size)
             _wait(lambda: _building(watch), "a rebuild starting", worker)
-            for i in range(DURING_REFILL):
+            for i in range(sizes.during):
                 _one(app, watch, f"during_{i}")
             rows = _signups(watch, "during_")
             out["during"] = [r[0] for r in rows]
@@ -173,7 +174,7 @@ def _round(cluster: BenchCluster, size: int, run_no: int) -> dict[str, list[floa
             watch.close()
             app.close()
             worker.close()
-        after, _ = burst.raw(database, 1, RAW_TENANTS, "after", counted=False)
+        after, _ = burst.raw(database, 1, sizes.raw_tenants, "after", counted=False)
     out["raw"] = [before, after]
     return out
 
@@ -205,7 +206,25 @@ def _builds(database: BenchDatabase, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZE) -> None:
+@dataclass(frozen=True)
+class Sizes:
+    """A round's raw builds and sign-ups (the module's constants in ``make bench``)."""
+
+    #: raw builds discarded first in the round's fresh database
+    warm_up: int = burst.WARM_UP_TENANTS
+    #: raw serial builds before and after the round
+    raw_tenants: int = RAW_TENANTS
+    #: sign-ups one at a time during the refill, and as many with no pool
+    during: int = DURING_REFILL
+
+
+def run(
+    cluster: BenchCluster,
+    results: Results,
+    runs: int,
+    size: int = POOL_SIZE,
+    sizes: Sizes = Sizes(),
+) -> None:
     if not worker_process.worker_available():
         results.notes["pool-burst"] = "not measured: this tree has no `provisioner worker`"
         return
@@ -216,7 +235,7 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
         service.provision(database.settings(), "shape")
         builds = _builds(database, 8 * runs)
     for run_no in range(runs):
-        found = _round(cluster, size, run_no)
+        found = _round(cluster, size, run_no, sizes)
         for key, values in found.items():
             samples.setdefault(key, []).extend(values)
             # the refill's own baseline is the raw build right after it; the others', the round's
@@ -347,5 +366,5 @@ def run(cluster: BenchCluster, results: Results, runs: int, size: int = POOL_SIZ
         "size": size,
         "served_from_spares": samples["served"],
         "during_refill_served_from_spares": samples["during_served"],
-        "during_refill_signups": DURING_REFILL,
+        "during_refill_signups": sizes.during,
     }

@@ -88,7 +88,12 @@ def _sample(
     return (float(row[0]) - committed) * 1000
 
 
-def run(cluster: BenchCluster, results: Results) -> None:
+def run(
+    cluster: BenchCluster,
+    results: Results,
+    notify_samples: int = NOTIFY_SAMPLES,
+    poll_samples: int = POLL_SAMPLES,
+) -> None:
     if not worker_process.worker_available():
         results.notes["wake"] = "not measured: this tree has no `provisioner worker --once`"
         return
@@ -102,11 +107,11 @@ def run(cluster: BenchCluster, results: Results) -> None:
                 # A first tenant gives the worker's child its reference schema; not a sample.
                 _sample(database, app, "wake_warmup", notify=True)
                 notify = [
-                    _sample(database, app, f"wake_n{i}", notify=True) for i in range(NOTIFY_SAMPLES)
+                    _sample(database, app, f"wake_n{i}", notify=True) for i in range(notify_samples)
                 ]
-                say(f"  wake: {NOTIFY_SAMPLES} NOTIFY samples taken")
+                say(f"  wake: {notify_samples} NOTIFY samples taken")
                 poll = [
-                    _sample(database, app, f"wake_p{i}", notify=False) for i in range(POLL_SAMPLES)
+                    _sample(database, app, f"wake_p{i}", notify=False) for i in range(poll_samples)
                 ]
         except BaseException:
             worker.close()
@@ -139,5 +144,5 @@ def run(cluster: BenchCluster, results: Results) -> None:
     results.notes["wake"] = (
         f"real `provisioner worker --concurrency 1 --poll-interval {POLL_INTERVAL}`; its log "
         f"says it woke by notify {woke_notify} times and by poll {woke_poll} times "
-        f"(expected about {NOTIFY_SAMPLES + 1} and {POLL_SAMPLES})"
+        f"(expected about {notify_samples + 1} and {poll_samples})"
     )

@@ -30,9 +30,10 @@ closed with ``assert_never`` on both ends):
                                        on to its next job without being asked
 
 **A finished step's report rides with the child's next message** (:meth:`_ChildLoop.progress`):
-a step's ``done`` (or ``skipped``, ``repaired``) is held and sent in one :class:`Batch` with the
-next report or message, which follows it without waiting on anything but, at most, the opening
-of the next step's transaction (usually begun already by the commit): the next step's
+a step's ``done`` (or ``skipped``, ``repaired``; and ``on_server``, a tenant server's commit of
+the step, which control's checkpoint follows at once) is held and sent in one :class:`Batch`
+with the next report or message, which follows it without waiting on anything but, at most, the
+opening of the next step's transaction (usually begun already by the commit): the next step's
 ``started``, a failure, the job's end. Invariant: every report reaches the parent, in the order
 the engine gave them, before the child's next ``started``, ``failed``, ``Claimed`` or
 ``JobEnded``; what the parent must know while it happens (which step runs, a failure, the job's
@@ -153,8 +154,11 @@ class Batch:
 FromChild = Ready | Claimed | StepReport | JobEnded | Batch
 
 #: The step reports a child holds until its next message (see the module): the step is over,
-#: and the next message follows without waiting.
-HELD_OUTCOMES = frozenset({StepOutcome.DONE, StepOutcome.SKIPPED, StepOutcome.REPAIRED})
+#: or, for ``on_server``, its tenant server's commit is, and control's follows at once; the next
+#: message follows without waiting.
+HELD_OUTCOMES = frozenset(
+    {StepOutcome.DONE, StepOutcome.SKIPPED, StepOutcome.REPAIRED, StepOutcome.ON_SERVER}
+)
 
 PR_SET_PDEATHSIG = 1
 

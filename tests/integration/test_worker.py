@@ -169,8 +169,9 @@ def test_once_drains_the_queue_then_exits_and_says_stopped(
 
 
 def test_a_childs_finished_step_reports_ride_with_its_next_message(settings: Settings) -> None:
-    """A finished step's report is held and sent with the child's next message, in the order
-    the engine gave them; a step that starts or fails, and a job's end, are sent at once."""
+    """A finished step's report (and a tenant server's ``on_server``) is held and sent with the
+    child's next message, in the order the engine gave them; a step that starts or fails, and a
+    job's end, are sent at once."""
     parent_end, child_end = multiprocessing.get_context("spawn").Pipe()
     job = Job(uuid4(), "acme", "provision_tenant", JobStatus.RUNNING, 0, [], None, 1, 5)
     events = [
@@ -180,6 +181,7 @@ def test_a_childs_finished_step_reports_ride_with_its_next_message(settings: Set
         ("run_tenant_migrations", StepOutcome.REPAIRED),
         ("grant_app_rw", StepOutcome.SKIPPED),
         ("seed_role_profiles", StepOutcome.STARTED),
+        ("seed_role_profiles", StepOutcome.ON_SERVER),
         ("seed_role_profiles", StepOutcome.FAILED),
         ("verify_object_storage", StepOutcome.STARTED),
         ("verify_object_storage", StepOutcome.DONE),
@@ -205,7 +207,7 @@ def test_a_childs_finished_step_reports_ride_with_its_next_message(settings: Set
         "StepReport",  # create_schema started
         "Batch",  # ... done, run_tenant_migrations started
         "Batch",  # ... repaired, grant_app_rw skipped, seed_role_profiles started
-        "StepReport",  # ... failed
+        "Batch",  # ... on its server, then failed (control's side)
         "StepReport",  # verify_object_storage started
         "Batch",  # ... done, the job's end
     ]
@@ -213,7 +215,7 @@ def test_a_childs_finished_step_reports_ride_with_its_next_message(settings: Set
     reports = [(r.step, r.outcome) for r in sent if isinstance(r, processes.StepReport)]
     assert reports == events
     assert isinstance(sent[-1], processes.JobEnded)
-    held = {StepOutcome.DONE, StepOutcome.REPAIRED, StepOutcome.SKIPPED}
+    held = {StepOutcome.DONE, StepOutcome.REPAIRED, StepOutcome.SKIPPED, StepOutcome.ON_SERVER}
     assert arrived == [outcome not in held for _, outcome in events]
 
 

@@ -39,6 +39,7 @@ import pytest
 from bench import burst
 from bench.__main__ import main
 from bench.cluster import BenchCluster
+from bench.cluster import bench_cluster as started_cluster
 
 K = burst.cores()
 LARGE_TABLES = 10
@@ -112,12 +113,8 @@ SCENARIOS: dict[str, tuple[str, str]] = {
 @pytest.fixture(scope="session")
 def bench_cluster() -> Iterator[BenchCluster]:
     """The bench's own cluster, fsync off (nothing here is timed), for this process's tests."""
-    cluster = BenchCluster(durable=False)
-    try:
-        cluster.start()
+    with started_cluster(durable=False) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.mark.slow

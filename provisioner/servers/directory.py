@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from provisioner.db.conninfo import libpq_address
@@ -358,13 +358,26 @@ def set_status(conn: Conn, name: str, status: ServerStatus) -> TenantServer:
 
 
 def locate(conn: Conn, tenant: TenantId) -> Location:
-    """Where ``tenant`` lives (UnknownTenant when it has no control row)."""
+    """Where ``tenant`` lives (UnknownTenant when it has no control row). The reference comes
+    without the keys of :data:`LEAKING_KEYS`: a row stored before ``servers add`` refused them
+    may still hold one, and the application connects with what this returns (the owner's
+    commands refuse such a server and report it: :func:`.reach.reference_problem`)."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(LOCATE, {"tenant_id": tenant.value})
         row = cur.fetchone()
     if row is None:
         raise UnknownTenant(f"unknown tenant {tenant}")
-    return Location(tenant.value, row["server"] or CONTROL, row["conninfo"])
+    return Location(tenant.value, row["server"] or CONTROL, _without_leaks(row["conninfo"]))
+
+
+def _without_leaks(conninfo: str | None) -> str | None:
+    """``conninfo`` without the keys of :data:`LEAKING_KEYS` (as it was when it has none)."""
+    if conninfo is None:
+        return None
+    params = conninfo_to_dict(conninfo)
+    if not LEAKING_KEYS.intersection(params):
+        return conninfo
+    return make_conninfo("", **{k: v for k, v in params.items() if k not in LEAKING_KEYS})
 
 
 def loads(conn: Conn) -> list[ServerLoad]:

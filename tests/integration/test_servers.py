@@ -779,3 +779,25 @@ def test_no_owner_session_is_opened_with_a_stored_sslkeylogfile(
         "leaky": (None, KEYLOG_PROBLEM),
     }
     assert (tls_listener.accepted, keys.exists()) == ([], False)
+
+
+def test_locate_gives_the_application_a_stored_reference_without_sslkeylogfile(
+    settings: Settings, database: Database, tls_listener: TlsListener, tmp_path: Path
+) -> None:
+    """The application routes with ``locate``'s reference: a stored one that sets
+    ``sslkeylogfile`` comes without it (the rest as stored), so the application's sessions
+    write no TLS keys either, while the owner's commands report the server."""
+    keys = tmp_path / "hunter2.keys"
+    store_keylog_reference(database, "leaky", keylog_reference(tls_listener.port, keys))
+    with database.owner() as conn:
+        conn.execute(
+            "INSERT INTO control.tenants (tenant_id, schema_name, server) "
+            "VALUES ('routed', 'tenant_routed', 'leaky')"
+        )
+    found = provisioner.locate("routed", settings=settings)
+    assert found.server == "leaky" and found.conninfo is not None
+    assert "sslkeylogfile" not in found.conninfo and "hunter2" not in found.conninfo
+    assert "port=" + str(tls_listener.port) in found.conninfo and "dbname=tenants" in found.conninfo
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(found.conninfo, connect_timeout=10).close()
+    assert tls_listener.accepted and not keys.exists()  # reached, and no key written

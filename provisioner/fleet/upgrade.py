@@ -35,6 +35,7 @@ from provisioner.fleet.versions import (
     read_versions,
     read_versions_by_server,
     schema_versions,
+    schemas_by_server,
 )
 from provisioner.kinds.provision import PROVISION_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
@@ -232,12 +233,9 @@ def _read_elsewhere(
         if early is not None
         else (ServerVersions({}, {}), tenants)
     )
-    naming = tenant_naming()
-    by_server: dict[str | None, list[str]] = {}
-    for tenant in tenants:
-        server = placed.get(tenant)
-        if server is not None:
-            by_server.setdefault(server, []).append(naming.schema(tenant))
+    by_server: dict[str | None, list[str]] = {
+        server: listed for server, listed in schemas_by_server(placed, tenants).items()
+    }
     if not by_server:
         return read_early
     return read_early.merged(read_versions_by_server(owner_url, by_server))

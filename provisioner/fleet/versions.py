@@ -225,13 +225,22 @@ def read_placed_versions(owner_url: str) -> PlacedVersions:
     with closing(owner) as conn, db.translated():
         placed = servers.servers_of(conn)
         directory = servers.directory(conn) if placed else None
-    naming = tenant_naming()
-    by_server: dict[str, list[str]] = {}
-    for tenant, server in placed.items():
-        by_server.setdefault(server, []).append(naming.schema(tenant))
     if directory is None:
         return PlacedVersions(placed, ServerVersions({}, {}))
+    by_server = schemas_by_server(placed, list(placed))
     return PlacedVersions(placed, _read_on_servers(directory, owner_url, by_server))
+
+
+def schemas_by_server(placed: dict[str, str], tenants: list[str]) -> dict[str, list[str]]:
+    """The schemas of those of ``tenants`` on a tenant server, by server (``placed``: tenant
+    id -> server; a tenant on the control database is left out)."""
+    naming = tenant_naming()
+    by_server: dict[str, list[str]] = {}
+    for tenant in tenants:
+        server = placed.get(tenant)
+        if server is not None:
+            by_server.setdefault(server, []).append(naming.schema(tenant))
+    return by_server
 
 
 def _read_on_servers(

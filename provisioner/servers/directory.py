@@ -60,6 +60,12 @@ SECRET_KEYS = frozenset({"password", "sslpassword", "oauth_client_secret"})
 LEAKING_KEYS = frozenset({"sslkeylogfile"})
 
 
+def leaking_keys(params: dict[str, Any]) -> list[str]:
+    """The keys of :data:`LEAKING_KEYS` a parsed reference sets, by name: what ``servers add``
+    refuses, what the owner never connects with, what ``locate`` leaves out."""
+    return sorted(LEAKING_KEYS.intersection(params))
+
+
 class ServerStatus(enum.StrEnum):
     """Whether a server takes new tenants: only ``active`` does. ``draining`` is being emptied,
     ``full`` is kept as it is, ``retired`` holds no tenant and is out of use."""
@@ -274,7 +280,7 @@ def connection_reference(raw: str) -> str:
             "the directory (use ~/.pgpass, PGPASSWORD or a service file; the directory is "
             "readable by the application role)"
         )
-    leaking = sorted(LEAKING_KEYS.intersection(params))
+    leaking = leaking_keys(params)
     if leaking:
         raise InvalidInput(
             f"the connection reference sets {', '.join(leaking)}: libpq would write the TLS "
@@ -375,9 +381,10 @@ def _without_leaks(conninfo: str | None) -> str | None:
     if conninfo is None:
         return None
     params = conninfo_to_dict(conninfo)
-    if not LEAKING_KEYS.intersection(params):
+    leaking = leaking_keys(params)
+    if not leaking:
         return conninfo
-    return make_conninfo("", **{k: v for k, v in params.items() if k not in LEAKING_KEYS})
+    return make_conninfo("", **{k: v for k, v in params.items() if k not in leaking})
 
 
 def loads(conn: Conn) -> list[ServerLoad]:

@@ -25,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from provisioner import db
 from provisioner.errors import ConfigurationError, ProvisionerError
-from provisioner.servers.directory import LEAKING_KEYS, ServerStatus, TenantServer
+from provisioner.servers.directory import ServerStatus, TenantServer, leaking_keys
 
 # The role the session runs as, and whether it is a superuser.
 WHO_AM_I = "SELECT current_user AS role, rolsuper FROM pg_roles WHERE rolname = current_user"
@@ -53,9 +53,9 @@ class Reach:
 
 def reference_problem(server: TenantServer) -> str | None:
     """Why no session may be opened with ``server``'s stored reference (None: one may): it
-    sets a key of :data:`LEAKING_KEYS`. Names the key, never its value; says how to fix it, as
-    no command changes a stored reference."""
-    leaking = sorted(LEAKING_KEYS.intersection(conninfo_to_dict(server.conninfo)))
+    sets a key of :data:`~provisioner.servers.directory.LEAKING_KEYS`. Names the key, never
+    its value; says how to fix it, as no command changes a stored reference."""
+    leaking = leaking_keys(conninfo_to_dict(server.conninfo))
     if not leaking:
         return None
     return (

@@ -18,7 +18,7 @@ import click
 
 from provisioner import kinds
 from provisioner.cli.options import WAIT_SECONDS, settings_of
-from provisioner.cli.render import StepPrinter, emit_json, fail_cleanly, render_job
+from provisioner.cli.render import StepPrinter, emit_json, ended_line, fail_cleanly, render_job
 from provisioner.errors import InvalidInput
 from provisioner.fleet import move as moving
 from provisioner.models import JobStatus
@@ -134,7 +134,7 @@ def move(
     elif result.queued and job is not None:
         click.echo(str(job.id))
     else:
-        click.echo(f"finished in {time.monotonic() - started:.2f} s; move {result.move.phase}")
+        click.echo(f"{ended_line(job, time.monotonic() - started)}; move {result.move.phase}")
         if job is not None:
             render_job(job, registry)
     sys.exit(0 if ok else 1)

@@ -16,6 +16,7 @@ from provisioner.cli.options import SECONDS, settings_of
 from provisioner.cli.render import (
     StepPrinter,
     emit_json,
+    ended_line,
     fail_cleanly,
     job_run_view,
     json_default,
@@ -88,7 +89,7 @@ def provision(ctx: click.Context, tenant_id: str, as_json: bool, reuse_deleted: 
                 f"`provisioner check {tenant_id}` does, `provisioner repair {tenant_id}` restores)"
             )
         else:
-            click.echo(f"finished in {time.monotonic() - started:.2f} s")
+            click.echo(ended_line(job, time.monotonic() - started))
         render_job(job, kinds.for_settings(settings))
     sys.exit(0 if job.status is JobStatus.SUCCEEDED else 1)
 

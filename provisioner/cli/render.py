@@ -73,6 +73,14 @@ def step_count(job: Job, registry: KindRegistry | None = None) -> str:
     return f"{len(job.steps_completed)}/{total}"
 
 
+def ended_line(job: Job | None, seconds: float) -> str:
+    """The line after a one-off run's steps: "finished" only when its job did; a job left
+    failed or queued for a retry says so (its error is in the job's block printed next)."""
+    if job is None or job.status is JobStatus.SUCCEEDED:
+        return f"finished in {seconds:.2f} s"
+    return f"stopped after {seconds:.2f} s: the job is {job.status.value}, not done (see below)"
+
+
 def render_job(job: Job, registry: KindRegistry | None = None) -> None:
     click.echo(f"tenant    {job.tenant_id}")
     click.echo(f"job       {job.id} ({job.job_type})")

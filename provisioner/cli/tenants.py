@@ -12,7 +12,15 @@ import click
 
 from provisioner import kinds, servers, service
 from provisioner.cli.options import settings_of
-from provisioner.cli.render import F, StepPrinter, emit_json, fail_cleanly, render_job, say
+from provisioner.cli.render import (
+    F,
+    StepPrinter,
+    emit_json,
+    ended_line,
+    fail_cleanly,
+    render_job,
+    say,
+)
 from provisioner.errors import InvalidInput
 from provisioner.kinds import lifecycle as tenant_lifecycle
 from provisioner.models import JobStatus
@@ -61,7 +69,7 @@ def run_lifecycle(
     elif result.already:
         click.echo(f"tenant {tenant_id} is already {result.state}; nothing to do")
     else:
-        click.echo(f"finished in {time.monotonic() - started:.2f} s; state {result.state}")
+        click.echo(f"{ended_line(job, time.monotonic() - started)}; state {result.state}")
         if job is not None:
             render_job(job, kinds.for_settings(settings))
     sys.exit(0 if ok else 1)

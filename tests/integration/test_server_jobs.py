@@ -60,6 +60,9 @@ def test_migrate_applies_the_tool_schema_and_a_worker_refuses_a_server_behind(
     early = run_cli(settings, "provision", "early")
     assert early.returncode == 1, early.stdout + early.stderr
     assert "its tool schema is at version 0, this build needs 2" in early.stdout
+    # ... and never says it finished
+    assert "stopped after" in early.stdout and "the job is queued, not done" in early.stdout
+    assert "finished in" not in early.stdout
     assert not jobs_server.schema_exists("tenant_early")
     first = run_cli(settings, "migrate")
     assert first.returncode == 0, first.stderr

@@ -16,6 +16,14 @@ from provisioner.cli.options import settings_of
 from provisioner.cli.render import emit_json, fail_cleanly
 from provisioner.db.conninfo import libpq_address
 
+#: After ``servers add``: new tenants are placed there from now on, and their jobs need the
+#: tool's schema there (a worker refuses to start while an active server lacks it).
+ADDED_NEXT = (
+    "next: `provisioner migrate` (the tool's schema on {name}: new tenants are placed there "
+    "from now on), then `provisioner servers check`; `provisioner servers drain {name}` "
+    "takes it out of placement meanwhile"
+)
+
 CAPACITY = click.IntRange(0, 1_000_000_000)
 WEIGHT = click.IntRange(1, 1_000_000)
 
@@ -48,6 +56,7 @@ def servers_add(
         emit_json(added.view())
     else:
         click.echo(f"tenant server {added.name} added ({added.conninfo}), active")
+        click.echo(ADDED_NEXT.format(name=added.name), err=True)
 
 
 @servers_group.command("list")

@@ -38,9 +38,8 @@ from provisioner.errors import InvalidInput, TenantBusy, UnknownTenant, WrongSta
 from provisioner.kinds import move_copy, move_logical
 from provisioner.kinds.move import MOVE_JOB_TYPE
 from provisioner.models import Job, JobStatus, TenantId
-from provisioner.servers import moves
+from provisioner.servers import journal, moves
 from provisioner.servers.directory import CONTROL, ServerStatus, get, server_name
-from provisioner.servers.sessions import tool_schema_behind
 from provisioner.settings import MAX_SECONDS, Settings
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
@@ -142,7 +141,7 @@ def _check_target(
 ) -> None:
     """InvalidInput unless ``target`` can take the tenant now: not its own server, active,
     reachable as the owner, without the tenant's schema, its tool schema at this build's
-    version (:func:`provisioner.servers.sessions.tool_schema_behind`). Its room is taken in the
+    version (:func:`provisioner.servers.journal.behind`). Its room is taken in the
     transaction that records the move (:func:`provisioner.servers.moves.take_room`)."""
     if source == target:
         raise InvalidInput(f"tenant {tenant} already lives on {target or CONTROL}")
@@ -161,7 +160,7 @@ def _check_target(
                 "overwrite what it did not create"
             )
         # What a worker refuses to start with: every later job of the tenant would fail there.
-        behind = None if target is None else tool_schema_behind(there)
+        behind = None if target is None else journal.behind(there)
     if behind is not None:
         raise InvalidInput(f"tenant server {target}: {behind}")
 

@@ -168,6 +168,18 @@ def version(conn: psycopg.Connection[Any]) -> int | None:
     return int(row[0]) if row else 0
 
 
+def behind(conn: psycopg.Connection[Any]) -> str | None:
+    """Why the server's tool schema cannot serve this build (None: it can): what ``servers
+    check``, a worker's start, an engine's first use of a server and ``move --to`` refuse."""
+    have = version(conn)
+    if have is None or have < VERSION:
+        return (
+            f"its tool schema is at version {have or 0}, this build needs {VERSION}: "
+            "run `provisioner migrate`"
+        )
+    return None
+
+
 def migrate(conn: psycopg.Connection[Any]) -> Migrated:
     """Apply the versions the server lacks, in one transaction (the caller's connection, not in
     a transaction), under a lock so that two migrations of one server run in turn."""

@@ -1,4 +1,5 @@
-"""Can the owner reach each active tenant server, as a role that is not a superuser?
+"""Can the owner use each active tenant server: reach it, as a role that is not a superuser,
+and find the tool's schema there at this build's version?
 
 What a worker must know before it runs jobs on tenant servers, and what ``provisioner servers
 check`` reports today. A server is reached with its reference (which names no password) as the
@@ -25,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from provisioner import db
 from provisioner.errors import ConfigurationError, ProvisionerError
+from provisioner.servers import journal
 from provisioner.servers.directory import ServerStatus, TenantServer, leaking_keys
 
 # The role the session runs as, and whether it is a superuser.
@@ -82,8 +84,10 @@ def owner_address(server: TenantServer, owner_url: str) -> str:
 
 
 def reach(server: TenantServer, owner_url: str) -> Reach:
-    """Connect to ``server`` as the owner and read who it is; never raises for its failure
-    (a reference that must not be used is reported, and not connected with)."""
+    """Connect to ``server`` as the owner and read who it is and its tool schema's version
+    (:func:`.journal.behind`: one that this build cannot use, ``provisioner migrate`` not run
+    since the server was added or the tool upgraded, is a problem); never raises for its
+    failure (a reference that must not be used is reported, and not connected with)."""
     problem = reference_problem(server)
     if problem is not None:
         return Reach(server.name, server.status, False, None, problem)
@@ -91,13 +95,13 @@ def reach(server: TenantServer, owner_url: str) -> Reach:
     try:
         with db.connect(address, application_name="servers-check") as conn, db.translated():
             row = conn.execute(WHO_AM_I).fetchone()
+            problem = journal.behind(conn)
     except ProvisionerError as exc:  # already translated and redacted, on one line
         return Reach(server.name, server.status, False, None, str(exc))
     assert row is not None, "current_user is a role"
     if row["rolsuper"]:
         problem = f"role {row['role']} is a superuser: the owner must be an ordinary role"
-        return Reach(server.name, server.status, False, row["role"], problem)
-    return Reach(server.name, server.status, True, row["role"], None)
+    return Reach(server.name, server.status, problem is None, row["role"], problem)
 
 
 def reach_active(servers: list[TenantServer], owner_url: str) -> list[Reach]:

@@ -54,7 +54,7 @@ class ServerSessions:
             )
             try:
                 with found.transaction() as tx:
-                    behind = tool_schema_behind(tx.pg)
+                    behind = journal.behind(tx.pg)
             except BaseException:
                 found.close()
                 raise
@@ -118,30 +118,8 @@ def migrate_servers(owner_url: str) -> list[Migration]:
 
 def problem_of(server: TenantServer, owner_url: str) -> str | None:
     """What keeps a worker from using ``server`` (None: nothing): :func:`reach`'s problem (a
-    reference that must not be used among them, never connected with), else its tool schema's."""
-    found = reach(server, owner_url)
-    if not found.ok:
-        return found.problem
-    try:
-        with (
-            closing(db.connect(owner_address(server, owner_url), autocommit=True)) as conn,
-            db.translated(),
-        ):
-            return tool_schema_behind(conn)
-    except ProvisionerError as exc:
-        return str(exc)
-
-
-def tool_schema_behind(conn: psycopg.Connection[Any]) -> str | None:
-    """Why the server's tool schema cannot serve this build (None: it can): what a worker's
-    start, an engine's first use of a server and ``move --to`` refuse."""
-    have = journal.version(conn)
-    if have is None or have < journal.VERSION:
-        return (
-            f"its tool schema is at version {have or 0}, this build needs {journal.VERSION}: "
-            "run `provisioner migrate`"
-        )
-    return None
+    reference that must not be used, never connected with; a superuser; a tool schema behind)."""
+    return reach(server, owner_url).problem
 
 
 def require_ready(control: psycopg.Connection[Any], owner_url: str) -> None:

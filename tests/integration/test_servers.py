@@ -28,7 +28,7 @@ import pytest
 import provisioner
 from provisioner import servers
 from provisioner.errors import ConfigurationError
-from provisioner.servers import moves
+from provisioner.servers import journal, moves
 from provisioner.servers.reach import owner_address
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli, settings_env
@@ -99,7 +99,7 @@ def test_servers_commands_add_list_drain_retire_with_json_and_exit_codes(
     settings: Settings, database: Database
 ) -> None:
     out = run_cli(settings, "servers", "add", "east", A, "--capacity", "5", "--json")
-    assert out.returncode == 0, out.stderr
+    assert (out.returncode, out.stderr) == (0, "")
     assert json.loads(out.stdout) == {
         "name": "east",
         "conninfo": A,
@@ -110,6 +110,10 @@ def test_servers_commands_add_list_drain_retire_with_json_and_exit_codes(
     }
     out = run_cli(settings, "servers", "add", "west", "shard_west", "--weight", "3")
     assert out.returncode == 0, out.stderr
+    assert out.stdout == "tenant server west added (service=shard_west), active\n"
+    # what to do next, on stderr (the JSON form says nothing more)
+    assert out.stderr.startswith("next: `provisioner migrate` (the tool's schema on west:")
+    assert "`provisioner servers drain west`" in out.stderr
     enqueue(database, "acme", server="east")
     listed = run_cli(settings, "servers", "list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -503,7 +507,8 @@ def test_servers_check_reaches_each_active_server_as_an_ordinary_owner(
     settings: Settings, database: Database, tmp_path: Path
 ) -> None:
     """The owner's password comes from libpq's own sources, never from the directory nor the
-    owner URL; a superuser and an unreachable server are reported (exit 1)."""
+    owner URL; a superuser, an unreachable server and one without the tool's schema at this
+    build's version are reported (exit 1)."""
     owner = psycopg.conninfo.conninfo_to_dict(database.owner_url)
     admin = psycopg.conninfo.conninfo_to_dict(database.admin_url)
     here = f"host={owner['host']} port={owner['port']} dbname={database.name}"
@@ -528,6 +533,17 @@ def test_servers_check_reaches_each_active_server_as_an_ordinary_owner(
         f"{owner['host']}:{owner['port']}:*:{owner['user']}:{owner.get('password', '')}\n"
         f"{admin['host']}:{admin['port']}:*:{admin['user']}:{admin.get('password', '')}\n"
     )
+    out = run_cli(settings, "servers", "check", "--json", env={"PGPASSFILE": str(passfile)})
+    assert out.returncode == 1
+    found = {r["server"]: r for r in json.loads(out.stdout)}
+    # reached as the owner, but without the tool's schema: the worker would refuse it
+    assert (found["good"]["ok"], found["good"]["role"]) == (False, owner["user"])
+    assert found["good"]["problem"] == (
+        f"its tool schema is at version 0, this build needs {journal.VERSION}: "
+        "run `provisioner migrate`"
+    )
+    with psycopg.connect(database.owner_url, autocommit=True) as conn:
+        journal.migrate(conn)
     out = run_cli(settings, "servers", "check", "--json", env={"PGPASSFILE": str(passfile)})
     assert out.returncode == 1
     found = {r["server"]: r for r in json.loads(out.stdout)}

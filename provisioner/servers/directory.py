@@ -26,6 +26,7 @@ import enum
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -46,6 +47,8 @@ SERVER_NAME_RULE = (
 )
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 _SERVICE_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+#: A reference written as a URL (libpq's two schemes).
+_URL_RE = re.compile(r"postgres(ql)?://", re.IGNORECASE)
 #: A control character (C0 or DEL): refused anywhere in a reference, as written or as parsed.
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -256,8 +259,9 @@ def connection_reference(raw: str) -> str:
     """The reference as stored: a bare word is a libpq service (``service=WORD``); a conninfo
     or URL is kept as written once libpq parses it. Refused (InvalidInput, the value never
     shown back): one that does not parse, that holds a secret (:data:`SECRET_KEYS`, or a
-    password in a URL), that sets a key that leaks the sessions (:data:`LEAKING_KEYS`), or a
-    control character, as written or once parsed (``%0A`` in a URL)."""
+    password in a URL), that sets a key that leaks the sessions (:data:`LEAKING_KEYS`), a URL
+    that percent-encodes a parameter's name, or a control character, as written or once parsed
+    (``%0A`` in a URL)."""
     text = raw.strip()
     if _CONTROL_RE.search(text):
         raise InvalidInput(
@@ -288,6 +292,11 @@ def connection_reference(raw: str) -> str:
         )
     if not params:
         raise InvalidInput("the connection reference is empty")
+    if _encoded_name(text):
+        raise InvalidInput(
+            "the connection reference's URL percent-encodes a parameter name: write each name "
+            "as it is (sslmode=..., not ssl%6Dode=...)"
+        )
     controlled = sorted(key for key, value in params.items() if _CONTROL_RE.search(str(value)))
     if controlled:
         raise InvalidInput(
@@ -295,6 +304,16 @@ def connection_reference(raw: str) -> str:
             "(a newline, a tab, ...) once decoded: a reference is one line"
         )
     return libpq_address(text)
+
+
+def _encoded_name(text: str) -> bool:
+    """Whether ``text`` is a URL whose query percent-encodes a parameter's name, which libpq
+    decodes: the directory's trigger refuses one (control revision ``20261208_h38keylog``), as no
+    reading of the stored text by name could see what it sets."""
+    if not _URL_RE.match(text):
+        return False
+    query = urlsplit(text).query
+    return any("%" in part.split("=", 1)[0] for part in query.split("&"))
 
 
 def control_character(value: str) -> bool:
@@ -367,7 +386,9 @@ def locate(conn: Conn, tenant: TenantId) -> Location:
     """Where ``tenant`` lives (UnknownTenant when it has no control row). The reference comes
     without the keys of :data:`LEAKING_KEYS`: a row stored before ``servers add`` refused them
     may still hold one, and the application connects with what this returns (the owner's
-    commands refuse such a server and report it: :func:`.reach.reference_problem`)."""
+    commands refuse such a server and report it: :func:`.reach.reference_problem`). The SQL
+    lookup leaves them out since control revision ``20261208_h38keylog``; this reading does
+    too, for a control schema not migrated yet."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(LOCATE, {"tenant_id": tenant.value})
         row = cur.fetchone()

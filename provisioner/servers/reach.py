@@ -10,9 +10,10 @@ control database (``provisioner worker`` refuses the same).
 
 A stored reference that sets a key which leaks the sessions (``sslkeylogfile``:
 :data:`~provisioner.servers.directory.LEAKING_KEYS`) is never used to connect, whichever
-command asks: ``servers add`` refuses one, but a row stored before that check, or written into
-the table by hand (no CHECK covers it), may still hold one. :func:`owner_address`, through
-which every owner session on a tenant server is addressed, raises
+command asks: ``servers add`` refuses one, and the directory's trigger a new or changed
+reference (control revision ``20261208_h38keylog``), but a row stored before either may still
+hold one. :func:`owner_address`, through which every owner session on a tenant server is
+addressed, raises
 :class:`~provisioner.errors.ConfigurationError` for it; the readers that report each server
 (:func:`reach`, the fan-out) report it as that server's :func:`reference_problem` instead.
 """

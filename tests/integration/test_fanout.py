@@ -249,17 +249,19 @@ def test_the_fan_out_holds_one_session_per_server_and_a_few_servers_at_once(
 def test_a_server_whose_reference_sets_sslkeylogfile_is_reported_and_never_read(
     settings: Settings, database: Database, fleet: dict[str, TenantServer], tmp_path: Path
 ) -> None:
-    """A reference stored with ``sslkeylogfile`` (before ``servers add`` refused it, or by
-    hand: no CHECK refuses it) is never connected with: ``check --all``, ``health``, ``tenants
-    list`` and ``upgrade --all`` report that server, naming the key and not its file, while the
-    other servers are read. East is up: only its reference keeps it from being read."""
+    """A reference stored with ``sslkeylogfile`` (before ``servers add`` and the directory's
+    trigger refused it) is never connected with: ``check --all``, ``health``, ``tenants list``
+    and ``upgrade --all`` report that server, naming the key and not its file, while the other
+    servers are read. East is up: only its reference keeps it from being read."""
     keys = tmp_path / "hunter2.keys"
-    with database.owner() as conn:
+    with database.owner() as conn, conn.transaction():
+        conn.execute("ALTER TABLE control.tenant_servers DISABLE TRIGGER tenant_servers_no_keylog")
         changed = conn.execute(
             "UPDATE control.tenant_servers SET conninfo = %s WHERE name = 'east'",
             (f"{fleet['east'].reference} sslkeylogfile={keys}",),
         )
         assert changed.rowcount == 1
+        conn.execute("ALTER TABLE control.tenant_servers ENABLE TRIGGER tenant_servers_no_keylog")
     problem = "its reference sets sslkeylogfile: libpq would write the TLS session keys to "
 
     checked = run_cli(settings, "check", "--all", "--json")

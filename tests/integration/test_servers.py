@@ -707,14 +707,22 @@ def tls_listener(tmp_path: Path) -> Iterator[TlsListener]:
 
 
 def store_keylog_reference(database: Database, name: str, reference: str) -> None:
-    """``reference`` stored for server ``name`` as the owner, past the library's refusal."""
+    """``reference`` stored for server ``name`` as a row stored before the library and the
+    directory refused it (control revision 20261208_h38keylog's trigger refuses it now)."""
     with pytest.raises(provisioner.InvalidInput, match="sets sslkeylogfile"):
         servers.connection_reference(reference)
+    insert = "INSERT INTO control.tenant_servers (name, conninfo) VALUES (%s, %s)"
     with database.owner() as conn:
-        conn.execute(
-            "INSERT INTO control.tenant_servers (name, conninfo) VALUES (%s, %s)",
-            (name, reference),
-        )
+        with pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
+            conn.execute(insert, (name, reference))
+        with conn.transaction():
+            conn.execute(
+                "ALTER TABLE control.tenant_servers DISABLE TRIGGER tenant_servers_no_keylog"
+            )
+            conn.execute(insert, (name, reference))
+            conn.execute(
+                "ALTER TABLE control.tenant_servers ENABLE TRIGGER tenant_servers_no_keylog"
+            )
 
 
 def keylog_reference(port: int, keys: Path) -> str:
@@ -800,9 +808,10 @@ def test_no_owner_session_is_opened_with_a_stored_sslkeylogfile(
 def test_locate_gives_the_application_a_stored_reference_without_sslkeylogfile(
     settings: Settings, database: Database, tls_listener: TlsListener, tmp_path: Path
 ) -> None:
-    """The application routes with ``locate``'s reference: a stored one that sets
-    ``sslkeylogfile`` comes without it (the rest as stored), so the application's sessions
-    write no TLS keys either, while the owner's commands report the server."""
+    """The application routes with ``locate``'s reference, or ``control.tenant_location``'s in
+    SQL: a stored one that sets ``sslkeylogfile`` comes without it (the rest as stored), so the
+    application's sessions write no TLS keys either, while the owner's commands report the
+    server."""
     keys = tmp_path / "hunter2.keys"
     store_keylog_reference(database, "leaky", keylog_reference(tls_listener.port, keys))
     with database.owner() as conn:
@@ -812,6 +821,9 @@ def test_locate_gives_the_application_a_stored_reference_without_sslkeylogfile(
         )
     found = provisioner.locate("routed", settings=settings)
     assert found.server == "leaky" and found.conninfo is not None
+    with psycopg.connect(database.app_url) as app:  # the lookup in SQL gives the same
+        in_sql = app.execute("SELECT * FROM control.tenant_location('routed')").fetchone()
+    assert in_sql == (found.server, found.conninfo)
     assert "sslkeylogfile" not in found.conninfo and "hunter2" not in found.conninfo
     assert "port=" + str(tls_listener.port) in found.conninfo and "dbname=tenants" in found.conninfo
     with pytest.raises(psycopg.OperationalError):

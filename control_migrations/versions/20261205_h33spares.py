@@ -24,26 +24,14 @@ Revises: 20261204_h32room
 Create Date: 2026-12-05
 """
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 from alembic import op
+
+from provisioner.control_migrations import revisions
 
 revision = "20261205_h33spares"
 down_revision = "20261204_h32room"
 branch_labels = None
 depends_on = None
-
-
-def _revision(name: str) -> ModuleType:
-    """Revision ``name``'s module (a revision's file name is no module name)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"control_revision_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 #: A spare to spare that a take would hand out: unclaimed, at the tree state and role set a
@@ -62,11 +50,11 @@ USABLE_SPARE_PREFERENCE = (
 
 
 def upgrade() -> None:
-    room = _revision("20261204_h32room")
+    room = revisions.load("20261204_h32room")
     op.execute(room.WITH_MOVES.replace("{spare_first}", USABLE_SPARE_PREFERENCE))
 
 
 def downgrade() -> None:
-    room = _revision("20261204_h32room")
-    pool = _revision("20261204_h32pool")
+    room = revisions.load("20261204_h32room")
+    pool = revisions.load("20261204_h32pool")
     op.execute(room.WITH_MOVES.replace("{spare_first}", pool.SPARE_PREFERENCE))

@@ -26,11 +26,9 @@ Revises: 20261205_h33spares
 Create Date: 2026-12-06
 """
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 from alembic import op
+
+from provisioner.control_migrations import revisions
 
 revision = "20261206_h35beats"
 down_revision = "20261205_h33spares"
@@ -40,16 +38,6 @@ depends_on = None
 #: How long a pool heartbeat that does not say its lease counts (three beats of the longest
 #: interval a worker older than this revision would normally run with).
 UNSAID_ALIVE_SECONDS = 60
-
-
-def _revision(name: str) -> ModuleType:
-    """Revision ``name``'s module (a revision's file name is no module name)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"control_revision_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 #: A spare to spare that a take would hand out (revision 20261205_h33spares's count), as
@@ -73,11 +61,11 @@ LIVE_SPARE_PREFERENCE = (
 
 
 def upgrade() -> None:
-    room = _revision("20261204_h32room")
+    room = revisions.load("20261204_h32room")
     op.execute(room.WITH_MOVES.replace("{spare_first}", LIVE_SPARE_PREFERENCE))
 
 
 def downgrade() -> None:
-    room = _revision("20261204_h32room")
-    spares = _revision("20261205_h33spares")
+    room = revisions.load("20261204_h32room")
+    spares = revisions.load("20261205_h33spares")
     op.execute(room.WITH_MOVES.replace("{spare_first}", spares.USABLE_SPARE_PREFERENCE))

@@ -36,12 +36,9 @@ Revises: 20261206_h35beats
 Create Date: 2026-12-07
 """
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 from alembic import op
 
+from provisioner.control_migrations import revisions
 from provisioner.naming import (
     DEFAULT_ID_PATTERN,
     DEFAULT_MAX_LENGTH,
@@ -57,16 +54,6 @@ depends_on = None
 
 #: The longest lease a pool heartbeat may promise (a day): a larger one counts as none.
 LONGEST_ALIVE_SECONDS = 86400
-
-
-def _revision(name: str) -> ModuleType:
-    """Revision ``name``'s module (a revision's file name is no module name)."""
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"control_revision_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _live_spare_preference(unsaid_seconds: int) -> str:
@@ -134,19 +121,19 @@ def upgrade() -> None:
         "ALTER TABLE control.tenant_servers ADD CONSTRAINT tenant_servers_plain_reference "
         f"CHECK ({PLAIN_REFERENCE}) NOT VALID"
     )
-    room = _revision("20261204_h32room")
-    beats = _revision("20261206_h35beats")
+    room = revisions.load("20261204_h32room")
+    beats = revisions.load("20261206_h35beats")
     preference = _live_spare_preference(beats.UNSAID_ALIVE_SECONDS)
     op.execute(room.WITH_MOVES.replace("{spare_first}", preference))
-    names = _revision("20261202_h24names")
+    names = revisions.load("20261202_h24names")
     named = f"schema_name = {names.NAMED_SCHEMA} AND state = 'pending'"
     names._registration(f"{named} AND {_id_rule()}")
 
 
 def downgrade() -> None:
-    names = _revision("20261202_h24names")
+    names = revisions.load("20261202_h24names")
     names._registration(f"schema_name = {names.NAMED_SCHEMA} AND state = 'pending'")
-    room = _revision("20261204_h32room")
-    beats = _revision("20261206_h35beats")
+    room = revisions.load("20261204_h32room")
+    beats = revisions.load("20261206_h35beats")
     op.execute(room.WITH_MOVES.replace("{spare_first}", beats.LIVE_SPARE_PREFERENCE))
     op.execute("ALTER TABLE control.tenant_servers DROP CONSTRAINT tenant_servers_plain_reference")

@@ -18,16 +18,24 @@ every application session. Now:
   CHECK: a ``NOT VALID`` CHECK still applies to every update of a row, and the placement's
   count of a server's tenants updates its row, so a server stored before would have refused
   every tenant placed on it. A row stored before stays as it is, and is routed without the key.
+* **Revision ``20261207_h37guard``'s CHECK moves into the same trigger**, for that reason: a
+  reference with ``sslpassword``, ``oauth_client_secret`` or a control character, stored before
+  it, made every placement on that server fail (``new row ... violates check constraint
+  "tenant_servers_plain_reference"``). Its rule is unchanged.
 
-The downgrade restores the lookup word for word and drops the trigger and the functions.
+The downgrade restores the lookup word for word and the CHECK (``NOT VALID``), and drops the
+trigger and the functions.
 
 Revision ID: 20261208_h38keylog
 Revises: 20261207_h37guard
 Create Date: 2026-12-08
 """
 
+import re
+
 from alembic import op
 
+from provisioner.control_migrations import revisions
 from provisioner.control_migrations.privileges import grant_to_app_role
 
 revision = "20261208_h38keylog"
@@ -38,11 +46,16 @@ depends_on = None
 #: A ``postgresql://`` URL whose query percent-encodes a parameter's name (a regex).
 ENCODED_NAME = r"^postgres(ql)?://[^?]*\?(.*&)?[^=&]*%"
 
-# The directory's refusal of a new or changed reference (see the module).
+# The directory's refusal of a new or changed reference (see the module): revision
+# 20261207_h37guard's rule ({plain}, on NEW.conninfo), then the key and the encoded names.
 REFUSE_KEYLOG = rf"""
 CREATE FUNCTION control.refuse_keylog_reference() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog AS $refuse$
 BEGIN
+    IF NOT ({{plain}}) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = 'a tenant server''s reference holds a secret or a control character';
+    END IF;
     IF NEW.conninfo ~* 'sslkeylogfile' OR NEW.conninfo ~* '{ENCODED_NAME}' THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = 'a tenant server''s reference sets sslkeylogfile or percent-encodes a '
@@ -160,8 +173,15 @@ LOCATION = """
         """
 
 
+def _plain_reference() -> str:
+    """Revision 20261207_h37guard's CHECK on a reference."""
+    return str(revisions.load("20261207_h37guard").PLAIN_REFERENCE)
+
+
 def upgrade() -> None:
-    op.execute(REFUSE_KEYLOG)
+    op.execute("ALTER TABLE control.tenant_servers DROP CONSTRAINT tenant_servers_plain_reference")
+    plain = re.sub(r"\bconninfo\b", "NEW.conninfo", _plain_reference())
+    op.execute(REFUSE_KEYLOG.replace("{plain}", plain))
     op.execute("REVOKE ALL ON FUNCTION control.refuse_keylog_reference() FROM PUBLIC")
     op.execute(
         "CREATE TRIGGER tenant_servers_no_keylog BEFORE INSERT OR UPDATE OF conninfo "
@@ -178,3 +198,7 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION control.routable_reference(TEXT)")
     op.execute("DROP TRIGGER tenant_servers_no_keylog ON control.tenant_servers")
     op.execute("DROP FUNCTION control.refuse_keylog_reference()")
+    op.execute(
+        "ALTER TABLE control.tenant_servers ADD CONSTRAINT tenant_servers_plain_reference "
+        f"CHECK ({_plain_reference()}) NOT VALID"
+    )

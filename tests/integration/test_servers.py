@@ -10,7 +10,6 @@ name ports nothing listens on, on purpose."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import socket
 import ssl
@@ -20,7 +19,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import psycopg
 import pytest
@@ -33,19 +31,6 @@ from provisioner.servers.reach import owner_address
 from provisioner.settings import Settings
 from tests.conftest import Database, run_cli, settings_env
 from tests.workers import wait_until
-
-
-def _guard_revision() -> ModuleType:
-    """Control revision 20261207_h37guard's module (its CHECK's text)."""
-    import provisioner.control_migrations as revisions
-
-    path = Path(revisions.__file__).parent / "versions" / "20261207_h37guard.py"
-    spec = importlib.util.spec_from_file_location("control_revision_h37guard", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 A = "host=127.0.0.1 port=1 dbname=tenants_a"
 B = "host=127.0.0.1 port=2 dbname=tenants_b"
@@ -415,19 +400,15 @@ def test_pgbouncer_databases_from_the_directory(settings: Settings, database: Da
     with database.owner() as conn:
         servers.set_status(conn, "old", servers.ServerStatus.RETIRED)
         # A reference written before control characters were refused (by the library, and by
-        # control revision 20261207_h37guard's CHECK, NOT VALID: a row stored before it stays):
-        # never a line of its own in pgbouncer.ini. The CHECK is set aside to store it so.
-        conn.execute(
-            "ALTER TABLE control.tenant_servers DROP CONSTRAINT tenant_servers_plain_reference"
-        )
+        # the directory's trigger, control revision 20261208_h38keylog: a row stored before it
+        # stays): never a line of its own in pgbouncer.ini. The trigger is set aside to store
+        # it so.
+        conn.execute("ALTER TABLE control.tenant_servers DISABLE TRIGGER tenant_servers_no_keylog")
         conn.execute(
             "INSERT INTO control.tenant_servers (name, conninfo) VALUES ('s7', %s)",
             ("host=127.0.0.1 dbname='x\nevil = host=attacker.example'",),
         )
-        conn.execute(
-            "ALTER TABLE control.tenant_servers ADD CONSTRAINT tenant_servers_plain_reference "
-            f"CHECK ({_guard_revision().PLAIN_REFERENCE}) NOT VALID"
-        )
+        conn.execute("ALTER TABLE control.tenant_servers ENABLE TRIGGER tenant_servers_no_keylog")
     out = run_cli(settings, "servers", "pgbouncer")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

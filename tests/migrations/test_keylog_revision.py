@@ -139,3 +139,39 @@ def test_the_directory_refuses_the_key_or_an_encoded_name_in_a_new_row(
             "INSERT INTO control.tenant_servers (name, conninfo) "
             "VALUES ('s', 'postgresql://db:5432/app%20x?sslmode=require')"
         )
+
+
+def test_a_server_stored_before_the_reference_rules_still_takes_tenants(
+    bare_database: Database,
+) -> None:
+    """Revision 20261207_h37guard's NOT VALID CHECK refused each update of a row stored before
+    it that breaks its rule (an ``sslpassword``), and placement counts a server's tenants on
+    its row: every tenant placed there failed. The rule is now the trigger's, on a changed
+    reference only."""
+    _migrate(bare_database, "upgrade", "20261206_h35beats")
+    with psycopg.connect(bare_database.owner_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO control.tenant_servers (name, conninfo) "
+            "VALUES ('old', 'host=db dbname=app sslpassword=s3cret')"
+        )
+    _migrate(bare_database, "upgrade", "20261207_h37guard")
+    with psycopg.connect(bare_database.app_url) as conn:
+        with pytest.raises(psycopg.errors.CheckViolation, match="plain_reference"):
+            provisioner.enqueue(conn, "early", server="old")
+        conn.rollback()
+    _migrate(bare_database, "upgrade", REVISION)
+    with psycopg.connect(bare_database.app_url) as conn:
+        provisioner.enqueue(conn, "acme", server="old")
+        conn.commit()
+    with psycopg.connect(bare_database.owner_url, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT placed FROM control.tenant_servers WHERE name = 'old'"
+        ).fetchone() == (1,)
+        for reference in ("host=db sslpassword=x", "host=db dbname='a\nb'", "host=db\tx=y"):
+            with pytest.raises(psycopg.errors.CheckViolation, match="secret or a control"):
+                conn.execute(
+                    "INSERT INTO control.tenant_servers (name, conninfo) VALUES ('new', %s)",
+                    (reference,),
+                )
+        with pytest.raises(psycopg.errors.CheckViolation, match="secret or a control"):
+            conn.execute("UPDATE control.tenant_servers SET conninfo = conninfo || ' port=5'")

@@ -18,10 +18,15 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 import provisioner
 from provisioner import servers
@@ -649,14 +654,29 @@ class TlsListener:
 
 @pytest.fixture
 def tls_listener(tmp_path: Path) -> Iterator[TlsListener]:
-    """A :class:`TlsListener` with a throwaway self-signed certificate (``openssl``)."""
+    """A :class:`TlsListener` with a throwaway self-signed certificate (P-256 key, ``CN=t``,
+    valid for a day: ``sslmode=require`` checks neither its name nor its issuer)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    new_key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    written = ("-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=t")
-    subprocess.run(
-        ["openssl", "req", "-x509", *new_key, *written],
-        check=True,
-        capture_output=True,
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "t")])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .sign(private, hashes.SHA256())
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
     )
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)

@@ -70,75 +70,157 @@ OPT_IN = (
 TAKE_GAP = {"200": "; the take grants the spare's 200 sequences (4-4.5 ms server time alone)"}
 
 
-def main(argv: list[str] | None = None, cluster: BenchCluster | None = None) -> int:
-    """The bench; on ``cluster`` when given (started, and left running), else on its own."""
+def at_least(minimum: int, why: str) -> Callable[[str], int]:
+    """An argparse ``type=``: an integer of at least ``minimum``, else argparse's usage error
+    (exit 2) saying ``why``, before anything is started."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum} ({why}), not {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its own messages
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options; each size's minimum checked as it is parsed (:func:`at_least`)."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--scale", action="store_true", help="run only the scale scenario")
-    parser.add_argument("--scale-tenants", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=21, help="repetitions of one-tenant runs")
-    parser.add_argument("--fixture-rounds", type=int, default=60)
-    parser.add_argument("--worker-tenants", type=int, default=40)
-    parser.add_argument("--worker-runs", type=int, default=3)
-    parser.add_argument("--pool-tenants", type=int, default=15)
-    parser.add_argument("--pool-size", type=int, default=pool.POOL_SIZE)
     parser.add_argument(
-        "--pool-large-tables", type=int, default=pool.LARGE_TABLES, help="the large template's"
+        "--scale-tenants",
+        type=at_least(20, "its blocks are a tenth of them, and a block needs 2 tenants"),
+        default=10_000,
     )
-    parser.add_argument("--burst-tenants", type=int, default=burst.TENANTS)
-    parser.add_argument("--burst-runs", type=int, default=2)
-    parser.add_argument("--pool-burst-runs", type=int, default=2)
-    parser.add_argument("--pool-burst-size", type=int, default=pool_burst.POOL_SIZE)
+    parser.add_argument(
+        "--rounds",
+        type=at_least(1, "one round at least"),
+        default=21,
+        help="repetitions of one-tenant runs",
+    )
+    parser.add_argument(
+        "--fixture-rounds", type=at_least(2, "quantiles need two rounds"), default=60
+    )
+    parser.add_argument(
+        "--worker-tenants", type=at_least(2, "raw SQL builds half of them per session"), default=40
+    )
+    parser.add_argument("--worker-runs", type=at_least(1, "one run at least"), default=3)
+    parser.add_argument("--pool-tenants", type=at_least(1, "one tenant at least"), default=15)
+    parser.add_argument(
+        "--pool-size", type=at_least(1, "a pool of one spare at least"), default=pool.POOL_SIZE
+    )
+    parser.add_argument(
+        "--pool-large-tables",
+        type=at_least(1, "one table at least"),
+        default=pool.LARGE_TABLES,
+        help="the large template's",
+    )
+    parser.add_argument(
+        "--burst-tenants", type=at_least(1, "one tenant at least"), default=burst.TENANTS
+    )
+    parser.add_argument("--burst-runs", type=at_least(1, "one run at least"), default=2)
+    parser.add_argument("--pool-burst-runs", type=at_least(1, "one run at least"), default=2)
+    parser.add_argument(
+        "--pool-burst-size",
+        type=at_least(1, "a pool of one spare at least"),
+        default=pool_burst.POOL_SIZE,
+    )
     parser.add_argument(
         "--warm-up",
-        type=int,
+        type=at_least(0, "0 skips the warm-up"),
         default=burst.WARM_UP_TENANTS,
         help="raw builds discarded first in each fresh database of burst and pool-burst",
     )
     parser.add_argument(
         "--pool-burst-raw-tenants",
-        type=int,
+        type=at_least(1, "the raw baseline needs one build"),
         default=pool_burst.RAW_TENANTS,
         help="raw serial builds before and after each round",
     )
     parser.add_argument(
         "--pool-burst-during",
-        type=int,
+        type=at_least(1, "one sign-up at least"),
         default=pool_burst.DURING_REFILL,
         help="sign-ups during a refill (and as many with no pool)",
     )
-    parser.add_argument("--wake-notify-samples", type=int, default=wake.NOTIFY_SAMPLES)
-    parser.add_argument("--wake-poll-samples", type=int, default=wake.POLL_SAMPLES)
     parser.add_argument(
-        "--claim-rows", type=int, default=claim.ROWS, help="finished rows at the last measure"
+        "--wake-notify-samples",
+        type=at_least(1, "one sample at least"),
+        default=wake.NOTIFY_SAMPLES,
     )
-    parser.add_argument("--move-rows", type=int, default=move.ROWS)
-    parser.add_argument("--move-rounds", type=int, default=move.ROUNDS)
-    parser.add_argument("--placement-rounds", type=int, default=placement.ROUNDS)
-    parser.add_argument("--placement-block", type=int, default=placement.BLOCK)
-    parser.add_argument("--server-jobs-tenants", type=int, default=server_jobs.TENANTS)
-    parser.add_argument("--storage-checks", type=int, default=storage.CHECKS)
-    parser.add_argument("--fleet-tenants", type=int, default=150)
-    parser.add_argument("--fleet-runs", type=int, default=2)
-    parser.add_argument("--fleet-servers-runs", type=int, default=fleet_servers.RUNS)
-    parser.add_argument("--fleet-servers-tenants", type=int, default=fleet_servers.TENANTS)
+    parser.add_argument(
+        "--wake-poll-samples", type=at_least(1, "one sample at least"), default=wake.POLL_SAMPLES
+    )
+    parser.add_argument(
+        "--claim-rows",
+        type=at_least(10, "the middle measure is at a tenth of them"),
+        default=claim.ROWS,
+        help="finished rows at the last measure",
+    )
+    parser.add_argument("--move-rows", type=at_least(1, "one row at least"), default=move.ROWS)
+    parser.add_argument(
+        "--move-rounds", type=at_least(1, "one round at least"), default=move.ROUNDS
+    )
+    parser.add_argument(
+        "--placement-rounds", type=at_least(1, "one round at least"), default=placement.ROUNDS
+    )
+    parser.add_argument(
+        "--placement-block",
+        type=at_least(1, "one enqueue per block at least"),
+        default=placement.BLOCK,
+    )
+    parser.add_argument(
+        "--server-jobs-tenants",
+        type=at_least(1, "one tenant at least"),
+        default=server_jobs.TENANTS,
+    )
+    parser.add_argument(
+        "--storage-checks", type=at_least(1, "one check at least"), default=storage.CHECKS
+    )
+    parser.add_argument("--fleet-tenants", type=at_least(1, "one tenant at least"), default=150)
+    parser.add_argument("--fleet-runs", type=at_least(1, "one run at least"), default=2)
+    parser.add_argument(
+        "--fleet-servers-runs", type=at_least(1, "one run at least"), default=fleet_servers.RUNS
+    )
+    parser.add_argument(
+        "--fleet-servers-tenants",
+        type=at_least(2, "half of them go to a tenant server"),
+        default=fleet_servers.TENANTS,
+    )
     parser.add_argument(
         "--fleet-scale-tenants",
-        type=int,
+        type=at_least(10, "the upgrade is timed by blocks of at least 10"),
         default=10_000,
         help="tenants of the opt-in fleet-scale scenario (built in bulk, then upgraded)",
     )
     parser.add_argument(
-        "--bulk-tenants", type=int, default=405, help="tenants the opt-in bulk scenario purges"
+        "--bulk-tenants",
+        type=at_least(1, "one tenant at least"),
+        default=405,
+        help="tenants the opt-in bulk scenario purges",
     )
     parser.add_argument(
-        "--bulk-singles", type=int, default=20, help="of them first purged one command each"
+        "--bulk-singles",
+        type=at_least(1, "one tenant purged on its own at least"),
+        default=20,
+        help="of them first purged one command each",
     )
-    parser.add_argument("--failover-runs", type=int, default=1)
+    parser.add_argument("--failover-runs", type=at_least(1, "one run at least"), default=1)
     parser.add_argument(
-        "--failover-concurrency", type=int, default=0, help="the failover worker's children"
+        "--failover-concurrency",
+        type=at_least(0, "0: the scenario's default"),
+        default=0,
+        help="the failover worker's children",
     )
     parser.add_argument(
-        "--failover-crash-after", type=int, default=0, help="succeeded jobs before the crash"
+        "--failover-crash-after",
+        type=at_least(0, "0: the scenario's default"),
+        default=0,
+        help="succeeded jobs before the crash",
     )
     parser.add_argument(
         "--only",
@@ -146,6 +228,12 @@ def main(argv: list[str] | None = None, cluster: BenchCluster | None = None) -> 
         help=f"comma-separated subset of {SCENARIOS + OPT_IN} ({OPT_IN} only when named)",
     )
     parser.add_argument("--output", type=Path, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None, cluster: BenchCluster | None = None) -> int:
+    """The bench; on ``cluster`` when given (started, and left running), else on its own."""
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     results = Results()

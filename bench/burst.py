@@ -193,13 +193,13 @@ def raw(
     database: BenchDatabase, sessions: int, tenants: int, tag: str, *, counted: bool = True
 ) -> tuple[float, Breakdown]:
     """(ms per tenant of the raw script run by ``sessions`` connections at once, breakdown);
-    ``tenants`` in all, split between the sessions. ``counted`` false: no breakdown (other
-    sessions of the database stay open)."""
+    ``tenants`` in all, split between the sessions (one each when fewer). ``counted`` false: no
+    breakdown (other sessions of the database stay open)."""
     template = Template.capture()
     with psycopg.connect(database.owner_url) as conn:
         tables, sequences = tenant_schema.relations(conn, "tenant_shape")
     errors: list[BaseException] = []
-    each = tenants // sessions
+    each = max(1, tenants // sessions)  # fewer tenants than sessions: one each
     ready = threading.Barrier(sessions + 1)
 
     def stream(k: int) -> None:
@@ -268,7 +268,8 @@ def run(
         for key, args in drains.items():
             with cluster.database(f"burst_{key}{run_no}") as database:
                 service.provision(database.settings(), "shape")
-                raw(database, 1, warm_up, "warm", counted=False)
+                if warm_up:
+                    raw(database, 1, warm_up, "warm", counted=False)
                 before = _raw_pair(database, tenants, k, "before", breakdowns)
                 ms, breakdown = drain(database, f"{key}{run_no}", args, tenants)
                 after = _raw_pair(database, tenants, k, "after", None)

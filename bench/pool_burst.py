@@ -131,7 +131,8 @@ def _round(cluster: BenchCluster, size: int, run_no: int, sizes: Sizes) -> dict[
     out: dict[str, list[float]] = {k: [] for k in ("burst", "served", "refill", "during", "wait")}
     with cluster.database(f"poolburst{run_no}") as database:
         service.provision(database.settings(), "shape")  # the raw SQL's grants are read there
-        burst.raw(database, 1, sizes.warm_up, "warm", counted=False)
+        if sizes.warm_up:
+            burst.raw(database, 1, sizes.warm_up, "warm", counted=False)
         before, _ = burst.raw(database, 1, sizes.raw_tenants, "before", counted=False)
         out["alone"] = _alone(database, sizes.during)
         env = {"PROVISIONER_POOL_SIZE": str(size)}

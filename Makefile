@@ -42,7 +42,7 @@ demo-stop: $(RUN_STAMP)
 # The static checks, the import contracts among them ([tool.importlinter] in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check provisioner
+	$(BIN)/ruff format --check provisioner bench tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -40,10 +40,10 @@ def _wait_idle(database: BenchDatabase) -> None:
     """Until the worker's heartbeat says it is ready (its start-up checks done)."""
     with psycopg.connect(database.owner_url, autocommit=True) as conn:
         worker_process.wait_for(
-            lambda: conn.execute(
-                "SELECT EXISTS (SELECT FROM control.runtime_heartbeats)"
-            ).fetchone()
-            == (True,),
+            lambda: (
+                conn.execute("SELECT EXISTS (SELECT FROM control.runtime_heartbeats)").fetchone()
+                == (True,)
+            ),
             120,
             0.1,
         )

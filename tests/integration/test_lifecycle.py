@@ -194,7 +194,6 @@ def test_a_refused_provision_prints_nothing_but_its_error(
     ]
 
 
-
 def test_a_refused_lifecycle_command_prints_nothing_but_its_error(
     provisioner_settings: Settings, tenant_factory: Callable[..., Tenant]
 ) -> None:
@@ -213,6 +212,7 @@ def test_a_refused_lifecycle_command_prints_nothing_but_its_error(
     done = cli(settings, "suspend", "acme")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "suspend tenant acme"
+
 
 def test_a_job_waits_while_another_job_of_its_tenant_runs(database: Database) -> None:
     tenant = TenantId("acme")

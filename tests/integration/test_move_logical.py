@@ -227,8 +227,7 @@ def test_a_slot_kept_waiting_by_a_writer_falls_back_to_the_dump_in_bounded_time(
             writer.rollback()
     assert moved.job.status is JobStatus.SUCCEEDED, moved.job.error_detail
     records = dict(details(database, "waited")[-5:])
-    assert "method dump (logical replication failed: the source refused" in (
-        records["precopy_schema"]
-    ), records
+    refused = "method dump (logical replication failed: the source refused"
+    assert refused in records["precopy_schema"], records
     assert "(SQLSTATE 57014)" in records["precopy_schema"]
     assert service.locate(settings, "waited").server == TARGET

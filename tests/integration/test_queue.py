@@ -635,9 +635,10 @@ def test_a_hand_off_claims_a_job_queued_after_its_transaction_began(database: Da
         conn.execute("SELECT 1")  # the step's transaction begins
         with app(database) as other:
             later = enqueue_tenant(other, "later")
-        assert row(database, later.id)["available_at"] > conn.execute(
-            "SELECT now() AS began"
-        ).fetchone()["began"]
+        assert (
+            row(database, later.id)["available_at"]
+            > conn.execute("SELECT now() AS began").fetchone()["began"]
+        )
         closed = queue.close_step(
             conn, run_id, "ok", job.lease, list(kinds.BUILTIN["provision_tenant"].step_names),
             100, last=True, claim_next=["provision_tenant"],

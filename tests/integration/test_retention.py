@@ -182,8 +182,7 @@ def test_prune_deletes_a_tenant_servers_dead_journal_rows_and_reports_a_server_d
         conn.execute("UPDATE control.platform_jobs SET run = 2 WHERE id = %s", (done.id,))
         # jb's job queued again with its current run: its rows are what a resume adopts
         conn.execute(
-            "UPDATE control.platform_jobs SET status = 'queued', finished_at = NULL "
-            "WHERE id = %s",
+            "UPDATE control.platform_jobs SET status = 'queued', finished_at = NULL WHERE id = %s",
             (live.id,),
         )
 

@@ -209,9 +209,7 @@ def test_s3_credentials_are_checked(
 ) -> None:
     put_objects(s3_bucket)
     before = s3_bucket.snapshot()
-    reader_key, reader_secret = _iam_user(
-        moto_server, unique_name("reader"), _read_only(s3_bucket)
-    )
+    reader_key, reader_secret = _iam_user(moto_server, unique_name("reader"), _read_only(s3_bucket))
     stranger_key, stranger_secret = _iam_user(moto_server, unique_name("stranger"), None)
     bogus_key, bogus_secret = "AKIA" + "X" * 16, "bogus/" + "y" * 34
 

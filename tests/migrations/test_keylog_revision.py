@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-import sqlalchemy as sa
-from alembic import command
 from alembic.script import ScriptDirectory
 from psycopg.conninfo import conninfo_to_dict
 
 import provisioner
-from provisioner import db, servers
+from provisioner import servers
 from provisioner.templates import migrations
 from tests.conftest import Database
+from tests.migrations.test_place_spares_revision import _migrate as migrate_and_read
 
 REVISION = "20261208_h38keylog"
 
@@ -45,14 +44,7 @@ STORED = (
 
 def _migrate(database: Database, step: str, revision: str) -> str:
     """Run ``step`` to ``revision``; the lookup's definition after it."""
-    engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.begin() as conn:
-            getattr(command, step)(migrations.control_config(connection=conn), revision)
-        with engine.connect() as conn:
-            return str(conn.execute(sa.text(LOOKUP)).scalar_one())
-    finally:
-        engine.dispose()
+    return migrate_and_read(database, step, revision, read=LOOKUP)
 
 
 def _without_key(reference: str) -> dict[str, str]:

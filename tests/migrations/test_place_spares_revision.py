@@ -18,15 +18,15 @@ REVISION = "20261205_h33spares"
 DEFINITION = "SELECT pg_get_functiondef('control.place_tenant()'::regprocedure)"
 
 
-def _migrate(database: Database, step: str, revision: str) -> str:
-    """Run ``step`` (upgrade or downgrade) to ``revision``; the placement function's definition
-    after it."""
+def _migrate(database: Database, step: str, revision: str, read: str = DEFINITION) -> str:
+    """Run ``step`` (upgrade or downgrade) to ``revision``; what ``read`` reads after it (by
+    default the placement function's definition)."""
     engine = db.engine(database.owner_url, poolclass=sa.pool.NullPool)
     try:
         with engine.begin() as conn:
             getattr(command, step)(migrations.control_config(connection=conn), revision)
         with engine.connect() as conn:
-            return str(conn.execute(sa.text(DEFINITION)).scalar_one())
+            return str(conn.execute(sa.text(read)).scalar_one())
     finally:
         engine.dispose()
 

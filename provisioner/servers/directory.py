@@ -292,7 +292,7 @@ def connection_reference(raw: str) -> str:
         )
     if not params:
         raise InvalidInput("the connection reference is empty")
-    if _encoded_name(text):
+    if _encoded_name(libpq_address(text)):
         raise InvalidInput(
             "the connection reference's URL percent-encodes a parameter name: write each name "
             "as it is (sslmode=..., not ssl%6Dode=...)"

@@ -22,7 +22,7 @@ import psycopg
 from provisioner import db
 from provisioner.errors import ProvisionerError, ServerUnready
 from provisioner.servers import journal
-from provisioner.servers.directory import ServerStatus, TenantServer, directory, get
+from provisioner.servers.directory import ServerStatus, directory, get
 from provisioner.servers.reach import owner_address, reach
 
 #: A tenant server's pool unused this long is closed at the next tidy-up (reopened on use).
@@ -116,18 +116,13 @@ def migrate_servers(owner_url: str) -> list[Migration]:
         return migrate_all(control, owner_url)
 
 
-def problem_of(server: TenantServer, owner_url: str) -> str | None:
-    """What keeps a worker from using ``server`` (None: nothing): :func:`reach`'s problem (a
-    reference that must not be used, never connected with; a superuser; a tool schema behind)."""
-    return reach(server, owner_url).problem
-
-
 def require_ready(control: psycopg.Connection[Any], owner_url: str) -> None:
     """:class:`ServerUnready`, naming the first active server with a problem and how many have
-    one, unless every active server can run jobs."""
+    one, unless every active server can run jobs: what :func:`reach` reports (a reference that
+    must not be used, never connected with; a superuser; a tool schema behind this build)."""
     with db.translated():
         servers = [s for s in directory(control).servers if s.status is ServerStatus.ACTIVE]
-    problems = [(s.name, p) for s in servers if (p := problem_of(s, owner_url)) is not None]
+    problems = [(s.name, p) for s in servers if (p := reach(s, owner_url).problem) is not None]
     if problems:
         name, problem = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -1,6 +1,7 @@
 """The warm pool: spare tenant schemas built ahead of demand, taken by a rename.
 
-* :mod:`provisioner.pool.spares`: a spare's statements, its build and its take;
+* :mod:`provisioner.pool.spares`: what a spare is, its statements, its take and its drop;
+* :mod:`provisioner.pool.build`: a spare's build, its replay in batches and its record;
 * :mod:`provisioner.pool.grants`: the application roles' grants a spare carries, and the checks
   the build and the take make of them;
 * :mod:`provisioner.pool.keeper`: the worker's keeper thread, which refills the pool while
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 from provisioner.errors import BuildStopped, SpareRejected
+from provisioner.pool.build import BATCH, build_spare
 from provisioner.pool.grants import (
     GRANTS_HELD,
     GrantsHeld,
@@ -43,7 +45,6 @@ from provisioner.pool.server_spares import (
 )
 from provisioner.pool.spares import (
     ADD_SPARE,
-    BATCH,
     CLAIM_STALE_SPARE,
     COUNT_SPARES,
     FOREIGN_SCHEMAS,
@@ -55,7 +56,6 @@ from provisioner.pool.spares import (
     WARM_TOUCHES,
     PoolCounts,
     Taken,
-    build_spare,
     counts,
     drop_schema,
     foreign_schemas,

@@ -1,6 +1,7 @@
 """A spare's grants: what each application role must hold in a spare (everything its set gives
 but USAGE on the schema and the sequences' privileges), how a spare is granted in batches, and
-the checks the build and the take make (:mod:`provisioner.pool.spares`).
+the checks the build and the take make (:mod:`provisioner.pool.build`,
+:mod:`provisioner.pool.spares`).
 
 Without USAGE a role cannot look up anything in the schema, so the grants a spare carries give
 it nothing until the take grants USAGE (and the sequences', usable by oid without USAGE) with

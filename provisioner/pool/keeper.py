@@ -19,7 +19,7 @@ running or waiting to be claimed (each builder pauses on its own); between two o
 transactions a build pauses (its schema unfinished, the builders' lock kept) and goes on, with
 the same schema, once the worker is idle again (:meth:`PoolKeeper.yield_to_jobs`). A sign-up
 that arrives during a build therefore waits behind at most one transaction of each build under
-way (:data:`~provisioner.pool.spares.BATCH` statements), never a whole build, and the work
+way (:data:`~provisioner.pool.build.BATCH` statements), never a whole build, and the work
 already done is not thrown away. A pause longer than :data:`PAUSE_LIMIT_SECONDS` (a long fleet
 upgrade) stops the build and drops its schema, so that the builders' lock does not keep an idle
 replica from building

@@ -2,10 +2,10 @@
 
 The lock, the look for unfinished builds, the count and the template's reference once, then the
 spares; within a spare, while the worker stays idle, each batch's commit begins the next batch
-in the same round trip (:func:`provisioner.pool.spares._run_batches`), and a spare's
+in the same round trip (:func:`provisioner.pool.build._run_batches`), and a spare's
 bookkeeping rides its batches (its record and schema with the first, the fingerprint with the
 last, the grants named from the reference's relations, its ready row begun by the last grant
-batch's commit: :func:`provisioner.pool.spares._build`); between two spares of one builder,
+batch's commit: :func:`provisioner.pool.build._build`); between two spares of one builder,
 while the worker stays idle, the commit that records a spare begins the next spare's first
 batch (:func:`_run`). Two round trips of bookkeeping are left per spare (the grants' check,
 and the ready row's, which the last batch's commit carries), where there were five (and a
@@ -36,16 +36,10 @@ from psycopg.rows import dict_row
 
 from provisioner import db
 from provisioner.errors import BuildStopped
+from provisioner.pool.build import build_spare, known_reference
 from provisioner.pool.server_schemas import OnServer
 from provisioner.pool.server_spares import drop_stale_on, drop_unfinished_on, server_counts
-from provisioner.pool.spares import (
-    UNFINISHED_SPARES,
-    build_spare,
-    counts,
-    drop_schema,
-    known_reference,
-    spare_name,
-)
+from provisioner.pool.spares import UNFINISHED_SPARES, counts, drop_schema, spare_name
 from provisioner.roles import AppRoles
 from provisioner.templates.reference import Reference
 
@@ -279,7 +273,7 @@ def _run(builder: Builder, spares: _Spares, build: Build, *, taken: bool = False
     wanted, it is taken and named then, and that commit begins its first transaction in the
     same round trip; ``stop()`` is not asked before it, since nothing of the next build was
     begun unless the worker was idle. A tenant server's build records on control apart and
-    begins nothing (:func:`provisioner.pool.spares.build_spare`)."""
+    begins nothing (:func:`provisioner.pool.build.build_spare`)."""
     follows: list[str] = []  # the spare whose first transaction the last commit began
 
     def next_spare() -> str | None:

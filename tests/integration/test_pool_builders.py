@@ -202,7 +202,7 @@ def _round_trips(conn: psycopg.Connection, work: Callable[[], object]) -> list[s
 def test_a_spares_record_begins_the_next_spare_and_two_round_trips_lie_between_them(
     settings: Settings, database: Database
 ) -> None:
-    """spares.py ``_record``: the last grant batch's commit begins the record's transaction
+    """build.py ``_record``: the last grant batch's commit begins the record's transaction
     with the spare's row, the grants' check follows, and the record's commit begins the next
     spare's first batch (its name asked for just before it): two round trips between one
     spare's last DDL and the next spare's first (the row, the check), where there were five

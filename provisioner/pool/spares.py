@@ -33,8 +33,9 @@ given another privilege set) is never handed out: the keeper drops it, says why
 (``pool_spare_dropped``), and builds a new one. The tenant naming is not recorded: nothing in a
 spare depends on it (the replay is schema-less, the take renames the spare to the schema the
 configured naming gives and re-points any pinned ``search_path``; pinned by
-``tests/integration/test_pool_roles.py``). When no spare is ready the step creates an empty
-schema as it always did.
+``tests/integration/test_role_set_changes.py::
+test_a_spare_built_under_one_naming_is_taken_under_another``). When no spare is ready the step
+creates an empty schema as it always did.
 
 Every schema created, renamed or granted on makes PostgreSQL drop all cached plans of every
 session of the database, so the take reads the spare's grants before its rename, with plans

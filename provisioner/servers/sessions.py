@@ -8,11 +8,21 @@ while they are used; a pool no job has used for :data:`IDLE_CLOSE_SECONDS` is cl
 engine is next told to tidy up (:meth:`ServerSessions.close_idle`, from a worker child between
 drains), so that a server drained and retired is not held by an idle session of every worker
 child until it restarts (a ``DROP DATABASE`` there refused, a connection slot taken).
+
+A worker child opens the pool of every active server before it says it is ready
+(:meth:`ServerSessions.open_active`), as it reads the tenant tree then: opening one costs a
+login (SCRAM's key derivation on both ends), SQLAlchemy's first-connect set-up and the tool
+schema's check, about 20 ms here, which the child's first job on each server paid inside a
+burst or a fleet upgrade. The servers are opened side by side (:data:`OPEN_AT_ONCE` at a
+time), so a server that does not answer delays the child by one connect timeout, not one per
+server; such a server, or one behind this build, is skipped and its first job meets the problem
+and reports it. A pool opened so and never used is closed at the tidy-up like any idle one.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +32,14 @@ import psycopg
 from provisioner import db
 from provisioner.errors import ProvisionerError, ServerUnready
 from provisioner.servers import journal
-from provisioner.servers.directory import ServerStatus, directory, get
+from provisioner.servers.directory import ServerStatus, TenantServer, directory, get
 from provisioner.servers.reach import owner_address, reach
 
 #: A tenant server's pool unused this long is closed at the next tidy-up (reopened on use).
 IDLE_CLOSE_SECONDS = 600.0
+
+#: Pools :meth:`ServerSessions.open_active` opens at once (each waits on its own server).
+OPEN_AT_ONCE = 8
 
 
 class ServerSessions:
@@ -47,22 +60,51 @@ class ServerSessions:
         if found is None:
             with db.translated():
                 server = get(control, name)
-            found = db.Database(
-                owner_address(server, self.owner_url),
-                application_name=self.holder,
-                idle_in_transaction_timeout_ms=self.idle_ms,
-            )
-            try:
-                with found.transaction() as tx:
-                    behind = journal.behind(tx.pg)
-            except BaseException:
-                found.close()
-                raise
-            if behind is not None:
-                found.close()
-                raise ServerUnready(f"tenant server {name}: {behind}")
-            self._pools[name] = found
+            found = self._pools[name] = self._open(server)
         self._used[name] = time.monotonic()
+        return found
+
+    def open_active(self, control: psycopg.Connection[Any]) -> list[str]:
+        """Open the pool of every active server not open yet, side by side, and check each as
+        :meth:`database` does (see the module); the names opened. A server that cannot be
+        reached, or is behind this build, is skipped: its first job meets the problem."""
+        with db.translated():
+            wanted = [
+                s
+                for s in directory(control).servers
+                if s.status is ServerStatus.ACTIVE and s.name not in self._pools
+            ]
+        if not wanted:
+            return []
+        with ThreadPoolExecutor(min(len(wanted), OPEN_AT_ONCE)) as opening:
+            futures = {s.name: opening.submit(self._open, s) for s in wanted}
+        opened = []
+        for name, future in futures.items():
+            try:
+                self._pools[name] = future.result()
+            except ProvisionerError:
+                continue
+            self._used[name] = time.monotonic()
+            opened.append(name)
+        return opened
+
+    def _open(self, server: TenantServer) -> db.Database:
+        """A new pool on ``server``, its session opened and its tool schema checked:
+        :class:`ServerUnready` when it is behind this build."""
+        found = db.Database(
+            owner_address(server, self.owner_url),
+            application_name=self.holder,
+            idle_in_transaction_timeout_ms=self.idle_ms,
+        )
+        try:
+            with found.transaction() as tx:
+                behind = journal.behind(tx.pg)
+        except BaseException:
+            found.close()
+            raise
+        if behind is not None:
+            found.close()
+            raise ServerUnready(f"tenant server {server.name}: {behind}")
         return found
 
     def close_idle(self, idle_seconds: float = IDLE_CLOSE_SECONDS) -> list[str]:

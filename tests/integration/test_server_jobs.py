@@ -20,7 +20,7 @@ import pytest
 from psycopg import pq
 from psycopg.rows import dict_row
 
-from provisioner import queue, service
+from provisioner import queue, servers, service
 from provisioner.engine import Engine, runner
 from provisioner.engine import sessions as engine_sessions
 from provisioner.kinds.provision import PROVISION_JOB_TYPE, STEPS
@@ -478,6 +478,42 @@ def test_an_engine_lets_go_of_a_servers_pool_no_job_used_for_a_while(
         assert isinstance(outcome, runner.Settled)
         assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
         assert sessions_on_server() == 1
+
+
+def _sessions_by(jobs_server: TenantServerDb, holder_like: str) -> list[str]:
+    """The application names of the sessions on the test's tenant server matching
+    ``holder_like`` (a LIKE pattern)."""
+    with jobs_server.admin() as admin:
+        rows = admin.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE datname = %s "
+            "AND application_name LIKE %s",
+            (jobs_server.name, holder_like),
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def test_an_engine_opens_each_active_servers_pool_ahead_and_skips_the_others(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    """servers/sessions.py: ``open_servers`` (a worker child's, before it says it is ready)
+    opens a session on every active tenant server, so the first job there pays no login; a
+    server that does not answer is skipped without an error (its first job reports it), and a
+    draining one is not opened. The pool opened so is the one the first job uses."""
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    with database.owner() as conn:
+        servers.add(conn, "down", "host=127.0.0.1 port=1 dbname=nothing")
+        servers.add(conn, "west", jobs_server.reference)
+        servers.set_status(conn, "west", servers.ServerStatus.DRAINING)
+    with Engine.from_settings(settings, "ahead-holder") as engine:
+        assert _sessions_by(jobs_server, "ahead-holder") == []
+        engine.open_servers()
+        assert _sessions_by(jobs_server, "ahead-holder") == ["ahead-holder"]
+        service.enqueue(settings, "ahead", server="east")
+        outcome = _drain_once(engine, [])
+        assert isinstance(outcome, runner.Settled)
+        assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
+        assert _sessions_by(jobs_server, "ahead-holder") == ["ahead-holder"]
 
 
 def _wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> bool:

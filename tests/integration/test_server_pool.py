@@ -273,6 +273,28 @@ def test_a_workers_keeper_fills_each_active_servers_pool_and_reports_it(
     assert worker.stop() == 0, worker.output()
 
 
+def test_each_worker_child_opens_a_session_on_each_active_server_before_any_job(
+    placed: Settings, database: Database, jobs_server: TenantServerDb, workers: Workers
+) -> None:
+    """servers/sessions.py (``open_active``): each worker child opens its pool on every active
+    tenant server as it starts, so its first job there pays no login; no job is queued here,
+    and a pool opened on first use would never show."""
+    worker = workers.start("--concurrency", "2", env={"PROVISIONER_POOL_SIZE": "0"}).idle()
+    holders = sorted(wait_until(lambda: len(worker.holders()) == 2 and worker.holders(), 30, "2"))
+
+    def on_east() -> list[str]:
+        with jobs_server.admin() as admin:
+            rows = admin.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = %s "
+                "AND application_name = ANY(%s)",
+                (jobs_server.name, holders),
+            ).fetchall()
+        return sorted(str(r[0]) for r in rows)
+
+    wait_until(lambda: on_east() == holders, 30, "a session of each child on east")
+    assert worker.stop() == 0, worker.output()
+
+
 def test_placement_prefers_no_server_for_spares_a_take_would_not_hand_out(
     placed: Settings,
     database: Database,

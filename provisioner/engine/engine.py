@@ -182,13 +182,13 @@ class Engine:
                 self.templates.reference(tx, tree)
 
     def open_servers(self) -> None:
-        """Open the pool of every active tenant server now (a login, the driver's set-up and
-        the tool schema's check each: :meth:`ServerSessions.open_active`). A worker child does
+        """Open the pool of every tenant server in service now (a login, the driver's set-up and
+        the tool schema's check each: :meth:`ServerSessions.open_ahead`). A worker child does
         it with :meth:`load_tree`, before it says it is ready, so that its first job on each
         server does not pay for it inside a burst or a fleet upgrade. Best effort: a server
         that cannot be opened is left for its first job to report."""
         with suppress(Exception):
-            self.servers.open_active(self.control)
+            self.servers.open_ahead(self.control)
 
     def connect_ahead(self) -> threading.Thread:
         """The steps' session opened in a thread, and the template's stored reference read on

@@ -9,8 +9,9 @@ engine is next told to tidy up (:meth:`ServerSessions.close_idle`, from a worker
 drains), so that a server drained and retired is not held by an idle session of every worker
 child until it restarts (a ``DROP DATABASE`` there refused, a connection slot taken).
 
-A worker child opens the pool of every active server before it says it is ready
-(:meth:`ServerSessions.open_active`), as it reads the tenant tree then: opening one costs a
+A worker child opens the pool of every server in service (active or full: a full server takes
+no new tenant but runs its tenants' jobs) before it says it is ready
+(:meth:`ServerSessions.open_ahead`), as it reads the tenant tree then: opening one costs a
 login (SCRAM's key derivation on both ends), SQLAlchemy's first-connect set-up and the tool
 schema's check, about 20 ms here, which the child's first job on each server paid inside a
 burst or a fleet upgrade. The servers are opened side by side (:data:`OPEN_AT_ONCE` at a
@@ -38,8 +39,12 @@ from provisioner.servers.reach import owner_address, reach
 #: A tenant server's pool unused this long is closed at the next tidy-up (reopened on use).
 IDLE_CLOSE_SECONDS = 600.0
 
-#: Pools :meth:`ServerSessions.open_active` opens at once (each waits on its own server).
+#: Pools :meth:`ServerSessions.open_ahead` opens at once (each waits on its own server).
 OPEN_AT_ONCE = 8
+
+#: The servers whose pools a worker child opens ahead: those whose tenants' jobs it runs and
+#: that stay (a draining server is being emptied; a retired one holds no tenant).
+IN_SERVICE = frozenset({ServerStatus.ACTIVE, ServerStatus.FULL})
 
 
 class ServerSessions:
@@ -64,15 +69,16 @@ class ServerSessions:
         self._used[name] = time.monotonic()
         return found
 
-    def open_active(self, control: psycopg.Connection[Any]) -> list[str]:
-        """Open the pool of every active server not open yet, side by side, and check each as
+    def open_ahead(self, control: psycopg.Connection[Any]) -> list[str]:
+        """Open the pool of every server in service (:data:`IN_SERVICE`) not open yet, side by
+        side, and check each as
         :meth:`database` does (see the module); the names opened. A server that cannot be
         reached, or is behind this build, is skipped: its first job meets the problem."""
         with db.translated():
             wanted = [
                 s
                 for s in directory(control).servers
-                if s.status is ServerStatus.ACTIVE and s.name not in self._pools
+                if s.status in IN_SERVICE and s.name not in self._pools
             ]
         if not wanted:
             return []

@@ -203,7 +203,7 @@ def child_main(conn: Connection, settings: Settings, parent_pid: int) -> None:
     engine = Engine.from_settings(settings, holder)
     try:
         engine.load_tree()  # Alembic imported before the child says it is ready
-        engine.open_servers()  # and a session open on each active tenant server
+        engine.open_servers()  # and a session open on each tenant server in service
         child = _ChildLoop(conn, engine)
         child.send(Ready(holder))
         child.serve()

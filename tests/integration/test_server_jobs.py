@@ -496,24 +496,26 @@ def test_an_engine_opens_each_active_servers_pool_ahead_and_skips_the_others(
     settings: Settings, database: Database, jobs_server: TenantServerDb
 ) -> None:
     """servers/sessions.py: ``open_servers`` (a worker child's, before it says it is ready)
-    opens a session on every active tenant server, so the first job there pays no login; a
-    server that does not answer is skipped without an error (its first job reports it), and a
-    draining one is not opened. The pool opened so is the one the first job uses."""
+    opens a session on every tenant server in service (active or full), so the first job there
+    pays no login; a server that does not answer is skipped without an error (its first job
+    reports it), and a draining one is not opened. The pool opened so is the one the first job uses."""
     jobs_server.add_to(database)
     assert run_cli(settings, "migrate").returncode == 0
     with database.owner() as conn:
         servers.add(conn, "down", "host=127.0.0.1 port=1 dbname=nothing")
         servers.add(conn, "west", jobs_server.reference)
         servers.set_status(conn, "west", servers.ServerStatus.DRAINING)
+        servers.add(conn, "north", jobs_server.reference)
+        servers.set_status(conn, "north", servers.ServerStatus.FULL)
     with Engine.from_settings(settings, "ahead-holder") as engine:
         assert _sessions_by(jobs_server, "ahead-holder") == []
-        engine.open_servers()
-        assert _sessions_by(jobs_server, "ahead-holder") == ["ahead-holder"]
+        engine.open_servers()  # east and north (both on the test's database), not west
+        assert _sessions_by(jobs_server, "ahead-holder") == ["ahead-holder"] * 2
         service.enqueue(settings, "ahead", server="east")
         outcome = _drain_once(engine, [])
         assert isinstance(outcome, runner.Settled)
         assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
-        assert _sessions_by(jobs_server, "ahead-holder") == ["ahead-holder"]
+        assert _sessions_by(jobs_server, "ahead-holder") == ["ahead-holder"] * 2
 
 
 def _wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> bool:

@@ -273,11 +273,11 @@ def test_a_workers_keeper_fills_each_active_servers_pool_and_reports_it(
     assert worker.stop() == 0, worker.output()
 
 
-def test_each_worker_child_opens_a_session_on_each_active_server_before_any_job(
+def test_each_worker_child_opens_a_session_on_each_server_in_service_before_any_job(
     placed: Settings, database: Database, jobs_server: TenantServerDb, workers: Workers
 ) -> None:
-    """servers/sessions.py (``open_active``): each worker child opens its pool on every active
-    tenant server as it starts, so its first job there pays no login; no job is queued here,
+    """servers/sessions.py (``open_ahead``): each worker child opens its pool on every tenant
+    server in service as it starts, so its first job there pays no login; no job is queued here,
     and a pool opened on first use would never show."""
     worker = workers.start("--concurrency", "2", env={"PROVISIONER_POOL_SIZE": "0"}).idle()
     holders = sorted(wait_until(lambda: len(worker.holders()) == 2 and worker.holders(), 30, "2"))

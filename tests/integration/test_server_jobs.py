@@ -498,7 +498,7 @@ def test_an_engine_opens_each_active_servers_pool_ahead_and_skips_the_others(
     """servers/sessions.py: ``open_servers`` (a worker child's, before it says it is ready)
     opens a session on every tenant server in service (active or full), so the first job there
     pays no login; a server that does not answer is skipped without an error (its first job
-    reports it), and a draining one is not opened. The pool opened so is the one the first job uses."""
+    reports it), and a draining one is not opened. The first job uses the pool opened so."""
     jobs_server.add_to(database)
     assert run_cli(settings, "migrate").returncode == 0
     with database.owner() as conn:

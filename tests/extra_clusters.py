@@ -327,6 +327,17 @@ class TenantServerDb:
         with database.owner() as conn:
             servers.add(conn, name, self.reference)
 
+    def sessions(self, application_names: list[str]) -> list[str]:
+        """The application names of the sessions open on this database that are among
+        ``application_names``, sorted (a worker child's pool shows under its holder id)."""
+        with self.admin() as admin:
+            rows = admin.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = %s "
+                "AND application_name = ANY(%s)",
+                (self.name, application_names),
+            ).fetchall()
+        return sorted(str(r[0]) for r in rows)
+
     def schema_exists(self, schema: str) -> bool:
         with self.owner() as conn:
             found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))

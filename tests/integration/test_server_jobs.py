@@ -455,14 +455,7 @@ def test_an_engine_lets_go_of_a_servers_pool_no_job_used_for_a_while(
     service.enqueue(settings, "kept")
 
     def sessions_on_server() -> int:
-        with jobs_server.admin() as admin:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                "AND application_name = 'pool-holder'",
-                (jobs_server.name,),
-            ).fetchone()
-        assert row is not None
-        return int(row[0])
+        return len(jobs_server.sessions(["pool-holder"]))
 
     with Engine.from_settings(settings, "pool-holder") as engine:
         outcome = _drain_once(engine, [])
@@ -478,18 +471,6 @@ def test_an_engine_lets_go_of_a_servers_pool_no_job_used_for_a_while(
         assert isinstance(outcome, runner.Settled)
         assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
         assert sessions_on_server() == 1
-
-
-def _sessions_by(jobs_server: TenantServerDb, holder_like: str) -> list[str]:
-    """The application names of the sessions on the test's tenant server matching
-    ``holder_like`` (a LIKE pattern)."""
-    with jobs_server.admin() as admin:
-        rows = admin.execute(
-            "SELECT application_name FROM pg_stat_activity WHERE datname = %s "
-            "AND application_name LIKE %s",
-            (jobs_server.name, holder_like),
-        ).fetchall()
-    return [str(r[0]) for r in rows]
 
 
 def test_an_engine_opens_each_active_servers_pool_ahead_and_skips_the_others(
@@ -508,14 +489,14 @@ def test_an_engine_opens_each_active_servers_pool_ahead_and_skips_the_others(
         servers.add(conn, "north", jobs_server.reference)
         servers.set_status(conn, "north", servers.ServerStatus.FULL)
     with Engine.from_settings(settings, "ahead-holder") as engine:
-        assert _sessions_by(jobs_server, "ahead-holder") == []
+        assert jobs_server.sessions(["ahead-holder"]) == []
         engine.open_servers()  # east and north (both on the test's database), not west
-        assert _sessions_by(jobs_server, "ahead-holder") == ["ahead-holder"] * 2
+        assert jobs_server.sessions(["ahead-holder"]) == ["ahead-holder"] * 2
         service.enqueue(settings, "ahead", server="east")
         outcome = _drain_once(engine, [])
         assert isinstance(outcome, runner.Settled)
         assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
-        assert _sessions_by(jobs_server, "ahead-holder") == ["ahead-holder"] * 2
+        assert jobs_server.sessions(["ahead-holder"]) == ["ahead-holder"] * 2
 
 
 def _wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> bool:

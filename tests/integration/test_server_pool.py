@@ -282,16 +282,9 @@ def test_each_worker_child_opens_a_session_on_each_server_in_service_before_any_
     worker = workers.start("--concurrency", "2", env={"PROVISIONER_POOL_SIZE": "0"}).idle()
     holders = sorted(wait_until(lambda: len(worker.holders()) == 2 and worker.holders(), 30, "2"))
 
-    def on_east() -> list[str]:
-        with jobs_server.admin() as admin:
-            rows = admin.execute(
-                "SELECT application_name FROM pg_stat_activity WHERE datname = %s "
-                "AND application_name = ANY(%s)",
-                (jobs_server.name, holders),
-            ).fetchall()
-        return sorted(str(r[0]) for r in rows)
-
-    wait_until(lambda: on_east() == holders, 30, "a session of each child on east")
+    wait_until(
+        lambda: jobs_server.sessions(holders) == holders, 30, "a session of each child on east"
+    )
     assert worker.stop() == 0, worker.output()
 
 

@@ -473,7 +473,7 @@ def test_an_engine_lets_go_of_a_servers_pool_no_job_used_for_a_while(
         assert sessions_on_server() == 1
 
 
-def test_an_engine_opens_each_active_servers_pool_ahead_and_skips_the_others(
+def test_an_engine_opens_the_pools_of_the_servers_in_service_ahead_and_no_other(
     settings: Settings, database: Database, jobs_server: TenantServerDb
 ) -> None:
     """servers/sessions.py: ``open_servers`` (a worker child's, before it says it is ready)

@@ -17,6 +17,7 @@ a :class:`Database`), or ``tenant_factory(id, settings=settings)`` in the test's
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -303,3 +304,12 @@ def build_spare(settings: Settings) -> str:
             return pool.build_spare(session, "test", settings.app_roles)
     finally:
         owner.close()
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[int]:
+    """A port that completes TCP handshakes (the kernel's backlog) but never answers."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield int(sock.getsockname()[1])

@@ -10,7 +10,7 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -318,15 +318,6 @@ def test_a_purged_tenant_is_out_of_check_all(
 
 
 # -- a silent or unreachable server (item 10) --------------------------------------------------
-
-
-@pytest.fixture
-def silent_listener() -> Iterator[int]:
-    """A port that completes TCP handshakes (the kernel's backlog) but never answers."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
-        yield int(sock.getsockname()[1])
 
 
 def unused_port() -> int:

@@ -474,16 +474,19 @@ def test_an_engine_lets_go_of_a_servers_pool_no_job_used_for_a_while(
 
 
 def test_an_engine_opens_the_pools_of_the_servers_in_service_ahead_and_no_other(
-    settings: Settings, database: Database, jobs_server: TenantServerDb
+    settings: Settings, database: Database, jobs_server: TenantServerDb, silent_listener: int
 ) -> None:
     """servers/sessions.py: ``open_servers`` (a worker child's, before it says it is ready)
     opens a session on every tenant server in service (active or full), so the first job there
-    pays no login; a server that does not answer is skipped without an error (its first job
-    reports it), and a draining one is not opened. The first job uses the pool opened so."""
+    pays no login; a server that refuses the connection, or one that never answers (it costs
+    the connect timeout, the servers being opened side by side), is skipped without an error
+    (its first job reports it), and a draining one is not opened. The first job uses the pool
+    opened so."""
     jobs_server.add_to(database)
     assert run_cli(settings, "migrate").returncode == 0
     with database.owner() as conn:
         servers.add(conn, "down", "host=127.0.0.1 port=1 dbname=nothing")
+        servers.add(conn, "hushed", f"host=127.0.0.1 port={silent_listener} dbname=nothing")
         servers.add(conn, "west", jobs_server.reference)
         servers.set_status(conn, "west", servers.ServerStatus.DRAINING)
         servers.add(conn, "north", jobs_server.reference)

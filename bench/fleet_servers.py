@@ -16,6 +16,11 @@ fleet-servers``): 6 runs build 12 x 60 tenants, 1.5-2 minutes on a quiet machine
 The tenant server is on the same cluster: the figure is the tool's own cost of the second
 server (two commits per step, the server's pool, the fan-out's read), not a network's.
 
+Within each two-server run, the median interval between two jobs finishing on the same side
+(control's tenants, then the server's) is each side's per-job cost measured side by side
+(``fleet_servers_job_to_job_ms``): no fixed cost (the call's reads, each side's first job)
+and none of the run-to-run spread.
+
 Each deployment's figure is divided by its own baseline (:attr:`bench.figures.Figure.pairs`):
 right after its upgrade, raw SQL sends the same shape of upgrade (a column and its index, the
 version row) to the same schemas in the same databases, one transaction per schema on one
@@ -25,6 +30,7 @@ ratio of two deployments' medians carried that spread.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections import Counter
@@ -94,6 +100,24 @@ def _paths(control: BenchDatabase) -> Counter[str]:
     return Counter(str(r[0]) for r in rows)
 
 
+def _job_to_job(control: BenchDatabase) -> dict[str, float]:
+    """The median interval between two jobs' finishes, each on the same side (control, the
+    tenant server), in ms: the per-job cost of each side measured in the same run, without the
+    upgrade's fixed costs (the call's reads, each side's first job) and the run-to-run spread."""
+    with psycopg.connect(control.owner_url) as conn:
+        rows = conn.execute(
+            "SELECT r.finished_at, t.server IS NOT NULL FROM control.job_step_runs r "
+            "JOIN control.tenants t USING (tenant_id) "
+            "WHERE r.detail LIKE '%%from=t004%%' ORDER BY r.finished_at"
+        ).fetchall()
+    gaps: dict[str, list[float]] = {"control": [], "server": []}
+    for (before, was_placed), (after, placed) in itertools.pairwise(rows):
+        if was_placed == placed:
+            side = "server" if placed else "control"
+            gaps[side].append((after - before).total_seconds() * 1000)
+    return {side: statistics.median(v) for side, v in gaps.items() if v}
+
+
 def run(
     cluster: BenchCluster,
     results: Results,
@@ -106,6 +130,7 @@ def run(
     samples: dict[str, list[float]] = {"one": [], "two": []}
     pairs: dict[str, list[float]] = {"one": [], "two": []}
     paths: Counter[str] = Counter()
+    sides: dict[str, list[float]] = {"control": [], "server": []}
     schemas = [f"tenant_u{i:04d}" for i in range(tenants)]
     with t005_tree() as tree:
         for run_no in range(runs):
@@ -118,6 +143,8 @@ def run(
                         seconds = upgrade_by_worker(control, tenants, children, tree)
                         if server is not None:
                             paths = _paths(control)
+                            for side, ms in _job_to_job(control).items():
+                                sides[side].append(ms)
                     half = tenants // 2 if server is not None else tenants
                     where = [(control, schemas[:half])]
                     if server is not None:
@@ -162,7 +189,11 @@ def run(
         "two_over_raw": [round(v, 3) for v in two],
         "two_over_one": round(statistics.median(two) / statistics.median(one), 3),
     }
+    # Within each two-server run: job to job on control against on the tenant server.
+    steady = {side: round(statistics.median(v), 2) for side, v in sides.items() if v}
+    results.extra["fleet_servers_job_to_job_ms"] = steady
     results.notes["fleet_servers"] = (
         f"migration step paths over both servers in the last two-server run: {dict(paths)}. "
-        "Per-tenant figures are seconds from the upgrade call to the last job's finish / tenants."
+        "Per-tenant figures are seconds from the upgrade call to the last job's finish / tenants. "
+        f"Job to job within the two-server runs (median ms): {steady}."
     )

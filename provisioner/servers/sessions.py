@@ -13,11 +13,12 @@ A worker child opens the pool of every server in service (active or full: a full
 no new tenant but runs its tenants' jobs) before it says it is ready
 (:meth:`ServerSessions.open_ahead`), as it reads the tenant tree then: opening one costs a
 login (SCRAM's key derivation on both ends), SQLAlchemy's first-connect set-up and the tool
-schema's check, about 20 ms here, which the child's first job on each server paid inside a
-burst or a fleet upgrade. The servers are opened side by side (:data:`OPEN_AT_ONCE` at a
-time), so a server that does not answer delays the child by one connect timeout, not one per
-server; such a server, or one behind this build, is skipped and its first job meets the problem
-and reports it. A pool opened so and never used is closed at the tidy-up like any idle one.
+schema's check, which the child's first job on each server paid inside a burst or a fleet
+upgrade (a first job there took 28.6-36.0 ms, 20.5-30.2 since: ``docs/performance.md``). The
+servers are opened side by side (:data:`OPEN_AT_ONCE` at a time), so a server that does not
+answer delays the child by one connect timeout, not one per server; such a server, or one
+behind this build, is skipped and its first job meets the problem and reports it. A pool opened
+so and never used is closed at the tidy-up like any idle one.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ class ServerSessions:
 
     def open_ahead(self, control: psycopg.Connection[Any]) -> list[str]:
         """Open the pool of every server in service (:data:`IN_SERVICE`) not open yet, side by
-        side, and check each as
-        :meth:`database` does (see the module); the names opened. A server that cannot be
-        reached, or is behind this build, is skipped: its first job meets the problem."""
+        side, and check each as :meth:`database` does (see the module); the names opened. A
+        server that fails (unreachable, behind this build) is skipped: its first job meets the
+        failure again and reports it."""
         with db.translated():
             wanted = [
                 s
@@ -86,10 +87,9 @@ class ServerSessions:
             futures = {s.name: opening.submit(self._open, s) for s in wanted}
         opened = []
         for name, future in futures.items():
-            try:
-                self._pools[name] = future.result()
-            except ProvisionerError:
-                continue
+            if future.exception() is not None:
+                continue  # its first job meets the failure again, and reports it
+            self._pools[name] = future.result()
             self._used[name] = time.monotonic()
             opened.append(name)
         return opened

@@ -141,15 +141,17 @@ def upgrade(
     owner = db.connect(settings.owner_url, application_name="upgrade", autocommit=True)
     # A fleet-wide upgrade reads every tenant schema's version, on the control database and on
     # each tenant server, while this thread reads and parses the jobs (the reads wait on the
-    # servers, the parsing is Python's): the three overlap.
+    # servers, the parsing is Python's): the three overlap. The servers' read starts once this
+    # session found the control schema at head and read the placement (none: no read, and no
+    # session of its own).
     reader = ThreadPoolExecutor(2)
     early = reader.submit(read_versions, settings.owner_url, None) if wanted is None else None
-    early_placed = (
-        reader.submit(read_placed_versions, settings.owner_url) if wanted is None else None
-    )
+    early_placed = None
     with reader, closing(owner) as conn, db.translated():
         with db.transaction_with(conn, UPGRADE_SETTINGS):
             require_control_at_head(conn)
+            if wanted is None:
+                early_placed = _start_placed_read(reader, conn, settings.owner_url)
             jobs = queue.latest_jobs(conn, PROVISION_JOB_TYPE, wanted)
             left_alone = [state.value for state in INACTIVE]
             rows = conn.execute(TENANTS_LEFT_ALONE, {"states": left_alone}).fetchall()
@@ -216,6 +218,17 @@ def upgrade(
     return UpgradeReport(
         heads, len(reachable), upgrades, unfinished, skipped, rollout_id, per_server
     )
+
+
+def _start_placed_read(
+    reader: ThreadPoolExecutor, conn: psycopg.Connection[Any], owner_url: str
+) -> Future[PlacedVersions] | None:
+    """The tenant servers' read of every placed tenant's versions, started in ``reader`` with
+    the placement read now on ``conn``; None when no tenant lives on a tenant server."""
+    placed = servers.servers_of(conn)
+    if not placed:
+        return None
+    return reader.submit(read_placed_versions, servers.directory(conn), owner_url, placed)
 
 
 def _read_elsewhere(

@@ -217,16 +217,13 @@ class PlacedVersions:
         return ServerVersions(found, down), moved
 
 
-def read_placed_versions(owner_url: str) -> PlacedVersions:
-    """Every tenant's versions on the tenant server the directory places it on, with the
-    placement read (``upgrade --all`` starts it with its call, beside its own reads of control:
-    the servers' sessions connect and read while the jobs are read and parsed)."""
-    owner = db.connect(owner_url, application_name="upgrade", autocommit=True)
-    with closing(owner) as conn, db.translated():
-        placed = servers.servers_of(conn)
-        directory = servers.directory(conn) if placed else None
-    if directory is None:
-        return PlacedVersions(placed, ServerVersions({}, {}))
+def read_placed_versions(
+    directory: servers.Directory, owner_url: str, placed: dict[str, str]
+) -> PlacedVersions:
+    """Every placed tenant's versions on the tenant server ``placed`` (tenant id -> server, as
+    the caller read it with ``directory``) names (``upgrade --all`` starts it in a thread once
+    it read the placement, beside its own reads of control: the servers' sessions connect and
+    read while the jobs are read and parsed)."""
     by_server = schemas_by_server(placed, list(placed))
     return PlacedVersions(placed, _read_on_servers(directory, owner_url, by_server))
 

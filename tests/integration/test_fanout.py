@@ -9,6 +9,7 @@ in ``pg_stat_activity`` of every cluster.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from provisioner.settings import Settings
 from tests.conftest import Database, run_cli
 from tests.extra_clusters import FleetServer as TenantServer
 from tests.extra_clusters import place, register
+from tests.integration.test_worker import downgrade_control_one_revision
 
 
 def provision_here(settings: Settings, tenant: str) -> None:
@@ -291,3 +293,30 @@ def test_a_server_whose_reference_sets_sslkeylogfile_is_reported_and_never_read(
     shown = "".join(o.stdout + o.stderr for o in (checked, health, listed, upgraded))
     assert "hunter2" not in shown and str(tmp_path) not in shown
     assert not keys.exists()
+
+
+def test_an_upgrade_refused_for_a_control_schema_behind_reaches_no_tenant_server(
+    settings: Settings, database: Database
+) -> None:
+    """fleet/upgrade.py: the tenant servers' read of ``upgrade --all`` begins once the call
+    found the control schema at head and read the placement on its own session; a call refused
+    before (here control is one revision behind) connects to no tenant server, nor waits for
+    one that never answers. Before, a thread of its own read the placement and reached the
+    servers whatever the call's fate."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hushed:
+        hushed.bind(("127.0.0.1", 0))
+        hushed.listen(8)
+        hushed.setblocking(False)
+        with database.owner() as conn:
+            servers.add(conn, "hushed", f"host=127.0.0.1 port={hushed.getsockname()[1]}")
+            conn.execute(
+                "INSERT INTO control.tenants (tenant_id, schema_name, server) "
+                "VALUES ('h1', 'tenant_h1', 'hushed')"
+            )
+        downgrade_control_one_revision(database)
+        refused = run_cli(settings, "upgrade", "--all")
+        assert refused.returncode == 2 and "not at this release's head" in refused.stderr, (
+            refused.stderr
+        )
+        with pytest.raises(BlockingIOError):
+            hushed.accept()  # nobody knocked

@@ -16,8 +16,9 @@ replication slot and the subscription share it):
   owner's own session, then the subscription on the target using it (``copy_data``: the
   initial rows come through it), waited on until every table is synchronised.
 * :func:`catch_up` (step ``copy_schema``, in the freeze): the source's WAL position taken
-  after the freeze, waited for until the slot's confirmed position passes it (the
-  subscription commits synchronously, so a confirmed position is applied); then
+  after the freeze, flushed (:func:`_freeze_position`), waited for until the slot's
+  confirmed position passes it (the subscription commits synchronously, so a confirmed
+  position is applied); then
   :func:`unsubscribe` drops the subscription (which drops the slot on the source) and the
   publication in a thread, alongside the DDL after the rows and the verification (the source
   is frozen: nothing more comes); the switch waits for it first.
@@ -128,7 +129,9 @@ SOURCE_PROBE = """
 SELECT current_setting('wal_level') AS wal_level,
        (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user) AS repl,
        (SELECT count(*) FROM pg_replication_slots)
-         < current_setting('max_replication_slots')::int AS slot_free
+         < current_setting('max_replication_slots')::int AS slot_free,
+       has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')
+         AS may_mark
 """
 
 # The schema's tables that hold rows, and what stops each from being published.
@@ -176,6 +179,8 @@ def probe(source: End, target: End, schema: str) -> Capability:
         missing.append(f"the owner has no REPLICATION attribute on {source.server}")
     if not found[2]:
         missing.append(f"{source.server} has no free replication slot")
+    if not found[3]:  # the freeze's position is marked with a message (_freeze_position)
+        missing.append(f"the owner may not run pg_logical_emit_message on {source.server}")
     missing += _table_problems(tables)
     if not password:
         missing.append(f"no password for {source.server} (the subscription must carry one)")
@@ -339,7 +344,7 @@ def catch_up(here: Conn, there: Conn, started: Started) -> float:
     milliseconds, or :class:`ReplicationFailed` (its workers' errors looked at on each turn:
     a worker that fails on a row retries it for ever, and would only meet the time limit)."""
     began = time.perf_counter()
-    lsn = _one(here, "SELECT pg_current_wal_lsn()::text")
+    lsn = _freeze_position(here)
     _wait(there, started.name, started.tables, CATCH_UP_TIMEOUT_SECONDS, "the last rows")
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_SECONDS
     while True:
@@ -354,6 +359,30 @@ def catch_up(here: Conn, there: Conn, started: Started) -> float:
             )
         _wait(there, started.name, 0, CATCH_UP_TIMEOUT_SECONDS, "the last rows")  # errors
         time.sleep(POLL_SECONDS)
+
+
+def _freeze_position(here: Conn) -> tuple[Any, ...]:
+    """A WAL position on the source past the commit of every write made before the freeze,
+    and flushed there (the WAL sender sends nothing beyond the flushed position).
+
+    An application's commit with ``synchronous_commit = off`` returns before its WAL is
+    written: ``pg_current_wal_lsn()`` (the written position) could stand before it, and the
+    catch-up end with its rows missing (the verification then failed the move). So this
+    session writes a transaction of its own and commits it waiting for the disk, whatever the
+    server's default: that flushes the WAL of every commit before it, and the flushed position
+    read after it is past them all. What it writes is a logical decoding message (no table's
+    row; not sent to a subscription, which does not ask for messages): a transaction that
+    wrote no WAL would commit without waiting."""
+    with here.transaction():
+        here.execute(FLUSHED_COMMIT)
+    return _one(here, "SELECT pg_current_wal_flush_lsn()::text")
+
+
+# A transaction's only write and its commit's durability (see :func:`_freeze_position`).
+FLUSHED_COMMIT = (
+    "SELECT set_config('synchronous_commit', 'on', true),"
+    " pg_logical_emit_message(true, 'provisioner', 'move: the freeze''s position')"
+)
 
 
 def unsubscribe(source: End, target: End, started: Started) -> Future[float]:

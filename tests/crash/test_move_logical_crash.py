@@ -44,7 +44,8 @@ def subscribed(
     assert before is not None
     kill_frozen(settings, CHILD, tenant, TARGET, "precopy_schema", "repaired", env=servers.env)
     left = servers.leftovers()
-    assert [len(left[k]) for k in ("subscriptions", "slots", "publications")] == [1, 1, 1]
+    counts = [len(left[k]) for k in ("subscriptions", "slots", "publications")]
+    assert counts == [1, 1, 1], details(database, tenant)
     return before
 
 

@@ -11,12 +11,15 @@ import subprocess
 import threading
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from provisioner import service
 from provisioner.fleet import move as fleet_move
 from provisioner.kinds import move_logical
+from provisioner.local.cluster import OWNER_ROLE
 from provisioner.models import JobStatus
+from provisioner.servers import moves
 from provisioner.settings import Settings
 from provisioner.tenant import catalog
 from tests.conftest import Database, run_cli
@@ -231,3 +234,70 @@ def test_a_slot_kept_waiting_by_a_writer_falls_back_to_the_dump_in_bounded_time(
     assert refused in records["precopy_schema"], records
     assert "(SQLSTATE 57014)" in records["precopy_schema"]
     assert service.locate(settings, "waited").server == TARGET
+
+
+def _ends(servers: LogicalServers) -> dict[str, moves.End]:
+    """The two databases as a move's ends, reached as the owner."""
+    return {
+        name: moves.End(name, f"{servers.reference(name)} user={OWNER_ROLE}", servers.password)
+        for name in (SOURCE, TARGET)
+    }
+
+
+def _schema_on_both(servers: LogicalServers, schema: str) -> None:
+    for name in (SOURCE, TARGET):
+        with servers.owner(name) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+            conn.execute(f"CREATE TABLE {schema}.t (id int PRIMARY KEY)")
+
+
+def test_the_probe_names_a_revoked_logical_decoding_message(
+    logical_servers: LogicalServers,
+) -> None:
+    """The catch-up marks the freeze's position with ``pg_logical_emit_message``: a source
+    where the owner may not run it is found by the probe (``auto`` then takes the dump)."""
+    servers = logical_servers
+    ends = _ends(servers)
+    _schema_on_both(servers, "unmarked")
+    assert move_logical.probe(ends[SOURCE], ends[TARGET], "unmarked").ok
+    admin = servers.cluster.superuser_url(servers.databases[SOURCE])
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(
+            "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC"
+        )
+    missing = move_logical.probe(ends[SOURCE], ends[TARGET], "unmarked").missing
+    assert missing == (f"the owner may not run pg_logical_emit_message on {SOURCE}",)
+
+
+def test_the_catch_up_waits_for_writes_committed_without_waiting_for_the_disk(
+    logical_servers: LogicalServers,
+) -> None:
+    """An application that commits with ``synchronous_commit = off`` is told its write
+    succeeded before the WAL is written: each such write, made just before the catch-up, is on
+    the target when the catch-up returns (the freeze's position is taken past it: its WAL
+    flushed first). Called straight, on a schema of the test's own, five times over: the
+    position of old (the written one) let most of them through missing."""
+    servers = logical_servers
+    ends = _ends(servers)
+    _schema_on_both(servers, "async_writes")
+    capability = move_logical.probe(ends[SOURCE], ends[TARGET], "async_writes")
+    assert capability.ok, capability.missing
+    name = "provisioner_move_async_writes"
+    try:
+        started = move_logical.start(
+            ends[SOURCE], ends[TARGET], "async_writes", name, capability.conninfo
+        )
+        with (
+            servers.owner(SOURCE) as writer,
+            servers.owner(SOURCE) as here,
+            servers.owner(TARGET) as there,
+        ):
+            writer.execute("SET synchronous_commit = off")  # the application's session
+            for row in range(5):
+                writer.execute("INSERT INTO async_writes.t VALUES (%s)", (row,))
+                move_logical.catch_up(here, there, started)
+                found = there.execute("SELECT count(*) FROM async_writes.t").fetchone()
+                assert found == (row + 1,), f"write {row} not on the target after the catch-up"
+    finally:
+        move_logical.cleanup(ends[SOURCE], ends[TARGET], name)
+    assert servers.leftovers() == {"subscriptions": [], "slots": [], "publications": []}

@@ -119,6 +119,14 @@ ON CONFLICT (tenant_id) DO UPDATE
  WHERE f.token <= EXCLUDED.token
 RETURNING token"""
 
+# Every transaction of a step on a tenant server commits waiting for the disk, whatever the
+# server's default (``synchronous_commit = off`` is a throughput setting some deployments
+# choose): control's checkpoint follows that commit, so a server crash must not undo a step it
+# recorded, nor a fence a successor raised
+# (``tests/crash/test_server_commit_durable.py``). Set in the transaction's first statement
+# (the fence's raise) and in its last (the journal row's), which every such transaction has.
+DURABLE_COMMIT = "set_config('synchronous_commit', 'on', true)"
+
 # The first statements of the transaction that raises the fence, sent with its BEGIN (one
 # simple query, one round trip; values as literals): the lock timeout (a frozen holder whose
 # first step's transaction still holds the fence row fails the run as contended, rather than
@@ -127,7 +135,7 @@ RETURNING token"""
 # run the journal shows done (a row of no known run: any run's). The read is a statement of its
 # own: its snapshot is taken once the raise has its row lock, so it sees a step that an older
 # holder of the run committed while the raise waited for that lock.
-FENCE_OPENING = f"""SELECT set_config('lock_timeout', {{lock_timeout}}, true);
+FENCE_OPENING = f"""SELECT set_config('lock_timeout', {{lock_timeout}}, true), {DURABLE_COMMIT};
 {RAISE_FENCE};
 SELECT step FROM provisioner_server.step_journal
  WHERE tenant_id = {{tenant}} AND job_id = {{job}} AND (run IS NULL OR run = {{run}})"""
@@ -138,7 +146,7 @@ SELECT step FROM provisioner_server.step_journal
 # row and ``fenced_out`` raises (SQLSTATE PV002): the COMMIT never runs, and the transaction,
 # the step's DDL with it, is rolled back. A step that runs again (its effect vanished from the
 # catalog) overwrites its row. Values as literals: a simple query carries no parameters.
-RECORD_STEP = f"""
+RECORD_STEP = f"""SELECT {DURABLE_COMMIT};
 WITH fence AS ({RAISE_FENCE})
 INSERT INTO provisioner_server.step_journal (tenant_id, job_id, step, token, detail, run)
 VALUES ({{tenant}}, {{job}}, {{step}},

@@ -197,11 +197,19 @@ class End:
 
     def connect(self, *, application_name: str = "provisioner-move") -> psycopg.Connection[Any]:
         """An owner session on this end (autocommit), password from :attr:`password` or
-        libpq's own sources."""
+        libpq's own sources. Its commits wait for the disk whatever the server's default: the
+        move's checkpoint in control follows each (a revoke, a grant, a drop), and a server's
+        crash must not undo what control recorded done; each such commit also makes the
+        copy's restore before it durable."""
         url = self.address
         if self.password is not None:
             url = make_conninfo(url, password=self.password)
-        return db.connect(url, application_name=application_name, autocommit=True)
+        return db.connect(
+            url,
+            application_name=application_name,
+            autocommit=True,
+            session_options={"synchronous_commit": "on"},
+        )
 
 
 def end(conn: Conn, server: str | None, owner_url: str) -> End:

@@ -251,6 +251,19 @@ def _schema_on_both(servers: LogicalServers, schema: str) -> None:
             conn.execute(f"CREATE TABLE {schema}.t (id int PRIMARY KEY)")
 
 
+def test_a_moves_sessions_commit_waiting_for_the_disk_where_the_server_does_not(
+    logical_servers: LogicalServers,
+) -> None:
+    """servers/moves.py End.connect: the move's checkpoint in control follows each of its
+    commits on a server (a revoke, a grant, a drop), so they wait for the disk on a server
+    whose default does not (the test clusters': ``synchronous_commit = off``)."""
+    servers = logical_servers
+    with servers.owner(SOURCE) as conn:
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    with _ends(servers)[SOURCE].connect() as conn:  # the package's sessions give dict rows
+        assert conn.execute("SHOW synchronous_commit").fetchone() == {"synchronous_commit": "on"}
+
+
 def test_the_probe_names_a_revoked_logical_decoding_message(
     logical_servers: LogicalServers,
 ) -> None:

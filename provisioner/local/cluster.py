@@ -431,7 +431,12 @@ def _as_root_hint(root: Path) -> str:
 
 
 def _port_free(port: int) -> bool:
+    """Whether PostgreSQL could listen on ``port``: asked as it binds, with ``SO_REUSEADDR``,
+    so that the connections a stopped or crashed server left in ``TIME_WAIT`` do not count
+    (without it, a restart moved the cluster to another port, and every reference naming the
+    old one was refused)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -55,12 +55,15 @@ def crash(cluster: local_pg.Cluster) -> None:
     """An immediate shutdown (the postmaster's SIGQUIT), waited for; then a start, which
     recovers from the WAL on disk."""
     postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    port = cluster.port
     os.kill(postmaster, signal.SIGQUIT)
     deadline = time.monotonic() + 60
     while alive(postmaster):
         assert time.monotonic() < deadline, "the postmaster outlived its immediate shutdown"
         time.sleep(0.01)
     cluster.start()
+    # on its port of before, whatever its crash left in TIME_WAIT: the directory names it
+    assert cluster.port == port
 
 
 def test_a_step_committed_on_a_tenant_server_survives_its_crash_before_the_checkpoint(
@@ -77,6 +80,7 @@ def test_a_step_committed_on_a_tenant_server_survives_its_crash_before_the_check
     assert list(async_server.journal("kept")) == ["create_schema"]
     assert async_server.schema_exists("tenant_kept")
     result = service.provision(settings, "kept")
-    assert (result.job.status, result.job.attempts) == (JobStatus.SUCCEEDED, 2)
+    outcome = (result.job.status, result.job.attempts)
+    assert outcome == (JobStatus.SUCCEEDED, 2), result.job.error_detail
     with async_server.owner() as conn:
         assert fingerprint(conn, "tenant_kept") == clean_fingerprint

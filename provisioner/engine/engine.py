@@ -45,6 +45,7 @@ from uuid import UUID
 import psycopg
 
 from provisioner import db, kinds, queue
+from provisioner.db.plans import prepare_ahead
 from provisioner.engine import remote
 from provisioner.engine.events import (
     ProgressCallback,
@@ -87,6 +88,7 @@ from provisioner.storage import ObjectStore, store_from_settings
 from provisioner.templates import migrations
 from provisioner.templates import upgrade as upgrade_replay
 from provisioner.templates.replay import TemplateCache
+from provisioner.tenant import fingerprint
 from provisioner.tenant import row as tenants
 from provisioner.tenant.state import TenantState
 
@@ -175,11 +177,16 @@ class Engine:
         reference (read, or computed and stored the first time the database meets this tree
         state). A worker child does it before it says it is ready, so that neither its first
         job nor its sibling children, waiting on the reference's lock, pay for it inside a
-        burst. A tree or reference that cannot be had is left for the job to report."""
+        burst. A tree or reference that cannot be had is left for the job to report. The
+        steps session plans the fingerprint's catalog query ahead too (as a tenant server's
+        does when its pool opens: :data:`provisioner.tenant.fingerprint.PLAN_AHEAD`)."""
         with suppress(Exception):
             tree = migrations.tenant_tree_state()
             with self.sessions.transaction() as tx:
                 self.templates.reference(tx, tree)
+        with suppress(Exception):  # after the reference: computing one has psycopg forget it
+            with self.sessions.transaction() as tx:
+                prepare_ahead(tx.pg, (fingerprint.PLAN_AHEAD,))
 
     def open_servers(self) -> None:
         """Open the pool of every tenant server in service now (a login, the driver's set-up and

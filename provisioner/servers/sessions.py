@@ -14,7 +14,8 @@ no new tenant but runs its tenants' jobs) before it says it is ready
 (:meth:`ServerSessions.open_ahead`), as it reads the tenant tree then: opening one costs a
 login (SCRAM's key derivation on both ends), SQLAlchemy's first-connect set-up and the tool
 schema's check, which the child's first job on each server paid inside a burst or a fleet
-upgrade (a first job there took 28.6-36.0 ms, 20.5-30.2 since: ``docs/performance.md``). The
+upgrade (a first job there took 28.6-36.0 ms, 20.5-30.2 since: ``docs/performance.md``), and
+the fingerprint's plan (:data:`SERVER_PLANS`), which its first five jobs there paid. The
 servers are opened side by side (:data:`OPEN_AT_ONCE` at a time), so a server that does not
 answer delays the child by one connect timeout, not one per server; such a server, or one
 behind this build, is skipped and its first job meets the problem and reports it. A pool opened
@@ -32,10 +33,12 @@ from typing import Any
 import psycopg
 
 from provisioner import db
+from provisioner.db.plans import PlanAhead, prepare_ahead
 from provisioner.errors import ProvisionerError, ServerUnready
 from provisioner.servers import journal
 from provisioner.servers.directory import ServerStatus, TenantServer, directory, get
 from provisioner.servers.reach import owner_address, reach
+from provisioner.tenant import fingerprint
 
 #: A tenant server's pool unused this long is closed at the next tidy-up (reopened on use).
 IDLE_CLOSE_SECONDS = 600.0
@@ -46,6 +49,10 @@ OPEN_AT_ONCE = 8
 #: The servers whose pools a worker child opens ahead: those whose tenants' jobs it runs and
 #: that stay (a draining server is being emptied; a retired one holds no tenant).
 IN_SERVICE = frozenset({ServerStatus.ACTIVE, ServerStatus.FULL})
+
+#: The statements every job on a tenant server runs there with bound parameters, prepared when
+#: its pool opens (the pools keep generic plans): the verified replay's fingerprint read.
+SERVER_PLANS: tuple[PlanAhead, ...] = (fingerprint.PLAN_AHEAD,)
 
 
 class ServerSessions:
@@ -95,8 +102,8 @@ class ServerSessions:
         return opened
 
     def _open(self, server: TenantServer) -> db.Database:
-        """A new pool on ``server``, its session opened and its tool schema checked:
-        :class:`ServerUnready` when it is behind this build."""
+        """A new pool on ``server``, its session opened, its tool schema checked
+        (:class:`ServerUnready` when it is behind this build) and :data:`SERVER_PLANS` made."""
         found = db.Database(
             owner_address(server, self.owner_url),
             application_name=self.holder,
@@ -105,6 +112,8 @@ class ServerSessions:
         try:
             with found.transaction() as tx:
                 behind = journal.behind(tx.pg)
+                if behind is None:
+                    prepare_ahead(tx.pg, SERVER_PLANS)
         except BaseException:
             found.close()
             raise

@@ -260,6 +260,26 @@ def test_a_sign_up_reads_the_tenant_trees_state_once_in_each_step_that_uses_it(
     assert len(reads) == 2
 
 
+def test_a_worker_childs_start_plans_the_fingerprint_on_its_steps_session(
+    settings: Settings, database: Database
+) -> None:
+    """engine/engine.py (``load_tree``, a worker child's start): the steps session has the
+    fingerprint's catalog query prepared with a generic plan before the child says it is
+    ready, so that its first jobs bind it instead of planning it (psycopg would prepare it at
+    the sixth run)."""
+    store = store_from_settings(settings)
+    with Engine(
+        settings.owner_url, holder="planning", app_roles=DEFAULT_APP_ROLES, store=store
+    ) as engine:
+        engine.load_tree()
+        with engine.sessions.transaction() as tx:
+            rows = tx.pg.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE '%%AS default_privileges%%'"
+            ).fetchall()
+    assert rows == [(1, 0)]
+
+
 def test_a_failing_step_schedules_a_retry_with_a_readable_error(
     settings: Settings, database: Database, objects_dir
 ) -> None:

@@ -502,6 +502,49 @@ def test_an_engine_opens_the_pools_of_the_servers_in_service_ahead_and_no_other(
         assert jobs_server.sessions(["ahead-holder"]) == ["ahead-holder"] * 2
 
 
+def test_a_servers_pool_opens_with_the_fingerprints_plan_made_and_its_jobs_bind_it(
+    settings: Settings,
+    database: Database,
+    jobs_server: TenantServerDb,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """servers/sessions.py (``SERVER_PLANS``): a pool opened ahead has the fingerprint's
+    catalog query prepared, with a generic plan, and a fleet upgrade's jobs on that server bind
+    it from the first (each verified replay reads the fingerprint): no custom plan, no second
+    copy prepared by psycopg after five runs. Without it each of the first five jobs there
+    planned it (~4 ms the first time, ~1 ms the next four)."""
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    for tenant in ("plan1", "plan2"):
+        assert service.provision(settings, tenant).job.status is JobStatus.SUCCEEDED
+    env = use_tree(monkeypatch, make_tree(tmp_path))
+    assert run_cli(settings, "upgrade", "--all", env=env).returncode == 0
+    with Engine.from_settings(settings, "plans-holder") as engine:
+        engine.open_servers()
+        pool = engine.servers.database(engine.control, "east")
+
+        def fingerprint_plans() -> list[tuple[int, int]]:
+            with pool.transaction() as tx:
+                rows = tx.pg.execute(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement LIKE '%%AS default_privileges%%'"
+                ).fetchall()
+            return [(int(g), int(c)) for g, c in rows]
+
+        assert fingerprint_plans() == [(1, 0)]  # made ahead, on a name no schema has
+        for _ in range(2):
+            outcome = _drain_once(engine, [])
+            assert isinstance(outcome, runner.Settled)
+            assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
+        assert fingerprint_plans() == [(3, 0)]
+    with database.owner() as conn:
+        details = conn.execute(
+            "SELECT detail FROM control.job_step_runs WHERE detail LIKE '%%from=t004%%'"
+        ).fetchall()
+    assert len(details) == 2 and all("path=replay" in d for (d,) in details), details
+
+
 def _wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
     """Poll ``condition`` until it holds or ``seconds`` pass (a closed session leaves the
     server's view a moment after the client closes it)."""

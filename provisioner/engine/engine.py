@@ -128,9 +128,13 @@ class Engine:
         self.sessions = EngineSessions(
             owner_url, holder=holder, stale_after_seconds=stale_after_seconds
         )
-        #: the owner's pools on the tenant servers, opened on first use (engine/remote.py)
+        #: the owner's pools on the tenant servers, opened on first use (engine/remote.py),
+        #: each with the fingerprint's read planned (every verified replay there binds it)
         self.servers = ServerSessions(
-            owner_url, holder=holder, idle_in_transaction_timeout_ms=self.sessions.idle_ms
+            owner_url,
+            holder=holder,
+            idle_in_transaction_timeout_ms=self.sessions.idle_ms,
+            plans=(fingerprint.PLAN_AHEAD,),
         )
         #: the next job, claimed by the last step of the previous one (``claim_next``)
         self._claimed: HandOff | None = None
@@ -184,9 +188,9 @@ class Engine:
             tree = migrations.tenant_tree_state()
             with self.sessions.transaction() as tx:
                 self.templates.reference(tx, tree)
-        with suppress(Exception):  # after the reference: computing one has psycopg forget it
-            with self.sessions.transaction() as tx:
-                prepare_ahead(tx.pg, (fingerprint.PLAN_AHEAD,))
+        # After the reference: computing one rolls back, and psycopg forgets its plans then.
+        with suppress(Exception), self.sessions.transaction() as tx:
+            prepare_ahead(tx.pg, (fingerprint.PLAN_AHEAD,))
 
     def open_servers(self) -> None:
         """Open the pool of every tenant server in service now (a login, the driver's set-up and

@@ -15,7 +15,8 @@ no new tenant but runs its tenants' jobs) before it says it is ready
 login (SCRAM's key derivation on both ends), SQLAlchemy's first-connect set-up and the tool
 schema's check, which the child's first job on each server paid inside a burst or a fleet
 upgrade (a first job there took 28.6-36.0 ms, 20.5-30.2 since: ``docs/performance.md``), and
-the fingerprint's plan (:data:`SERVER_PLANS`), which its first five jobs there paid. The
+the plans its jobs there bind (``plans``, the fingerprint's), which its first five jobs there
+paid. The
 servers are opened side by side (:data:`OPEN_AT_ONCE` at a time), so a server that does not
 answer delays the child by one connect timeout, not one per server; such a server, or one
 behind this build, is skipped and its first job meets the problem and reports it. A pool opened
@@ -25,6 +26,7 @@ so and never used is closed at the tidy-up like any idle one.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
@@ -38,7 +40,6 @@ from provisioner.errors import ProvisionerError, ServerUnready
 from provisioner.servers import journal
 from provisioner.servers.directory import ServerStatus, TenantServer, directory, get
 from provisioner.servers.reach import owner_address, reach
-from provisioner.tenant import fingerprint
 
 #: A tenant server's pool unused this long is closed at the next tidy-up (reopened on use).
 IDLE_CLOSE_SECONDS = 600.0
@@ -50,16 +51,22 @@ OPEN_AT_ONCE = 8
 #: that stay (a draining server is being emptied; a retired one holds no tenant).
 IN_SERVICE = frozenset({ServerStatus.ACTIVE, ServerStatus.FULL})
 
-#: The statements every job on a tenant server runs there with bound parameters, prepared when
-#: its pool opens (the pools keep generic plans): the verified replay's fingerprint read.
-SERVER_PLANS: tuple[PlanAhead, ...] = (fingerprint.PLAN_AHEAD,)
-
 
 class ServerSessions:
     """An engine's owner pools, one per tenant server (see the module)."""
 
-    def __init__(self, owner_url: str, *, holder: str, idle_in_transaction_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        owner_url: str,
+        *,
+        holder: str,
+        idle_in_transaction_timeout_ms: int,
+        plans: Sequence[PlanAhead] = (),
+    ) -> None:
         self.owner_url = owner_url
+        #: statements the jobs run on every server with bound parameters, prepared when its
+        #: pool opens (the pools keep generic plans): the engine's, the fingerprint's read
+        self.plans = tuple(plans)
         self.holder = holder
         self.idle_ms = idle_in_transaction_timeout_ms
         self._pools: dict[str, db.Database] = {}
@@ -103,7 +110,7 @@ class ServerSessions:
 
     def _open(self, server: TenantServer) -> db.Database:
         """A new pool on ``server``, its session opened, its tool schema checked
-        (:class:`ServerUnready` when it is behind this build) and :data:`SERVER_PLANS` made."""
+        (:class:`ServerUnready` when it is behind this build) and its ``plans`` made."""
         found = db.Database(
             owner_address(server, self.owner_url),
             application_name=self.holder,
@@ -113,7 +120,7 @@ class ServerSessions:
             with found.transaction() as tx:
                 behind = journal.behind(tx.pg)
                 if behind is None:
-                    prepare_ahead(tx.pg, SERVER_PLANS)
+                    prepare_ahead(tx.pg, self.plans)
         except BaseException:
             found.close()
             raise

@@ -509,7 +509,7 @@ def test_a_servers_pool_opens_with_the_fingerprints_plan_made_and_its_jobs_bind_
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """servers/sessions.py (``SERVER_PLANS``): a pool opened ahead has the fingerprint's
+    """servers/sessions.py (``plans``, the engine's): a pool opened ahead has the fingerprint's
     catalog query prepared, with a generic plan, and a fleet upgrade's jobs on that server bind
     it from the first (each verified replay reads the fingerprint): no custom plan, no second
     copy prepared by psycopg after five runs. Without it each of the first five jobs there

@@ -16,11 +16,10 @@ login (SCRAM's key derivation on both ends), SQLAlchemy's first-connect set-up a
 schema's check, which the child's first job on each server paid inside a burst or a fleet
 upgrade (a first job there took 28.6-36.0 ms, 20.5-30.2 since: ``docs/performance.md``), and
 the plans its jobs there bind (``plans``, the fingerprint's), which its first five jobs there
-paid. The
-servers are opened side by side (:data:`OPEN_AT_ONCE` at a time), so a server that does not
-answer delays the child by one connect timeout, not one per server; such a server, or one
-behind this build, is skipped and its first job meets the problem and reports it. A pool opened
-so and never used is closed at the tidy-up like any idle one.
+paid. The servers are opened side by side (:data:`OPEN_AT_ONCE` at a time), so a server that
+does not answer delays the child by one connect timeout, not one per server; such a server, or
+one behind this build, is skipped and its first job meets the problem and reports it. A pool
+opened so and never used is closed at the tidy-up like any idle one.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ class ServerSessions:
     ) -> None:
         self.owner_url = owner_url
         #: statements the jobs run on every server with bound parameters, prepared when its
-        #: pool opens (the pools keep generic plans): the engine's, the fingerprint's read
+        #: pool is opened ahead (the pools keep generic plans): the engine's, the fingerprint's
         self.plans = tuple(plans)
         self.holder = holder
         self.idle_ms = idle_in_transaction_timeout_ms
@@ -98,7 +97,7 @@ class ServerSessions:
         if not wanted:
             return []
         with ThreadPoolExecutor(min(len(wanted), OPEN_AT_ONCE)) as opening:
-            futures = {s.name: opening.submit(self._open, s) for s in wanted}
+            futures = {s.name: opening.submit(self._open, s, self.plans) for s in wanted}
         opened = []
         for name, future in futures.items():
             if future.exception() is not None:
@@ -108,9 +107,11 @@ class ServerSessions:
             opened.append(name)
         return opened
 
-    def _open(self, server: TenantServer) -> db.Database:
+    def _open(self, server: TenantServer, plans: Sequence[PlanAhead] = ()) -> db.Database:
         """A new pool on ``server``, its session opened, its tool schema checked
-        (:class:`ServerUnready` when it is behind this build) and its ``plans`` made."""
+        (:class:`ServerUnready` when it is behind this build) and ``plans`` made: by a worker
+        child opening it ahead, not by a one-off's first use (its one job there would pay the
+        round trip for a plan it binds once)."""
         found = db.Database(
             owner_address(server, self.owner_url),
             application_name=self.holder,
@@ -120,7 +121,7 @@ class ServerSessions:
             with found.transaction() as tx:
                 behind = journal.behind(tx.pg)
                 if behind is None:
-                    prepare_ahead(tx.pg, self.plans)
+                    prepare_ahead(tx.pg, plans)
         except BaseException:
             found.close()
             raise

@@ -8,9 +8,9 @@ and the cluster's password file), where each job's migration step commits with i
 row and fence, then its checkpoint in control (:mod:`provisioner.engine.remote`). Each is
 brought to the bench's t005 (:mod:`bench.fleet`) by ``upgrade --all`` and one running worker
 with one child; the time counts from the upgrade call (the versions read on each server, the
-rollout queued) to the last job's finish, with the worker idle before it. Runs alternate the
-order of the two deployments; each run builds both again. Opt-in (``python -m bench --only
-fleet-servers``): 6 runs build 12 x 60 tenants, 1.5-2 minutes on a quiet machine. Two runs
+rollout queued) to the last job's finish, with the worker idle before it. Runs turn the order
+of the deployments; each run builds them all again. Opt-in (``python -m bench --only
+fleet-servers``): 6 runs build 24 x 60 tenants, 3-4 minutes on a quiet machine. Two runs
 (the default before) gave 1.00x to 1.33x from one bench to the next: a median of six moves less.
 
 The tenant server is on the same cluster: the figure is the tool's own cost of the second
@@ -20,6 +20,11 @@ Within each two-server run, the median interval between two jobs finishing on th
 (control's tenants, then the server's) is each side's per-job cost measured side by side
 (``fleet_servers_job_to_job_ms``): no fixed cost (the call's reads, each side's first job)
 and none of the run-to-run spread.
+
+Two more deployments split that figure in two: every tenant on one tenant server (``east``),
+and half on each of two tenant servers (``east_west``). Every job of both commits twice, so
+``east_west`` over ``east`` is the spread's own cost (the fan-out's reads, a second server's
+pool and first jobs), and ``east`` over ``one`` the two commits' cost alone.
 
 Each deployment's figure is divided by its own baseline (:attr:`bench.figures.Figure.pairs`):
 right after its upgrade, raw SQL sends the same shape of upgrade (a column and its index, the
@@ -53,21 +58,39 @@ RAW_AFTER = RAW_UPGRADE.replace("source", "source_raw").replace(
 )
 
 
+#: Where each deployment's tenants live, in equal parts and in this order: the control database
+#: or tenant servers (databases of the bench cluster, added to the directory as their part
+#: begins; placement puts a part on the server added for it, the least loaded).
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "one": ("control",),
+    "two": ("control", "east"),
+    "east": ("east",),
+    "east_west": ("east", "west"),
+}
+
+
 def _deploy(
-    cluster: BenchCluster, label: str, tenants: int, server: BenchDatabase | None
-) -> BenchDatabase:
-    """A control database with ``tenants`` provisioned at t004; with ``server``, the second
-    half placed there (listed after the first half is provisioned on control)."""
-    control = cluster.create_database(label)
+    cluster: BenchCluster, label: str, tenants: int
+) -> tuple[BenchDatabase, list[tuple[BenchDatabase, list[str]]]]:
+    """A control database with ``tenants`` provisioned at t004 as :data:`LAYOUTS` says, and
+    each part's database with its schemas (the control database for its part)."""
+    control = cluster.create_database(f"fs_{label}")
     settings = control.settings()
-    half = tenants // 2 if server is not None else tenants
-    for i in range(tenants):
-        if i == half and server is not None:
+    parts = LAYOUTS[label]
+    size = tenants // len(parts)
+    where: list[tuple[BenchDatabase, list[str]]] = []
+    for index, place in enumerate(parts):
+        database = control
+        if place != "control":
+            database = cluster.create_database(f"fs_{place}")
             with psycopg.connect(control.owner_url, autocommit=True) as conn:
-                servers.add(conn, "east", _reference(cluster, server))
+                servers.add(conn, place, _reference(cluster, database))
             servers.migrate_servers(control.owner_url)
-        service.provision(settings, f"u{i:04d}")
-    return control
+        names = [f"u{i:04d}" for i in range(index * size, (index + 1) * size)]
+        for name in names:
+            service.provision(settings, name)
+        where.append((database, [f"tenant_{name}" for name in names]))
+    return control, where
 
 
 def _raw_after(databases: list[tuple[BenchDatabase, list[str]]]) -> float:
@@ -124,36 +147,34 @@ def run(
     tenants: int = TENANTS,
     runs: int = RUNS,
     children: int = 1,
+    spread: bool = True,
 ) -> None:
-    """``runs`` alternating pairs of deployments, each upgraded by one worker with
+    """``runs`` rounds of the deployments (``one`` and ``two``; with ``spread``, ``east`` and
+    ``east_west`` too), their order turned each round, each upgraded by one worker with
     ``children`` engine children (1 in ``make bench``: the per-job cost, not the overlap)."""
-    samples: dict[str, list[float]] = {"one": [], "two": []}
-    pairs: dict[str, list[float]] = {"one": [], "two": []}
+    labels = ["one", "two"] + (["east", "east_west"] if spread else [])
+    samples: dict[str, list[float]] = {label: [] for label in labels}
+    pairs: dict[str, list[float]] = {label: [] for label in labels}
     paths: Counter[str] = Counter()
     sides: dict[str, list[float]] = {"control": [], "server": []}
-    schemas = [f"tenant_u{i:04d}" for i in range(tenants)]
     with t005_tree() as tree:
         for run_no in range(runs):
-            order = ("one", "two") if run_no % 2 == 0 else ("two", "one")
+            order = labels if run_no % 2 == 0 else labels[::-1]
             for label in order:
-                server = cluster.create_database("fs_server") if label == "two" else None
-                control = _deploy(cluster, f"fs_{label}", tenants, server)
+                control, where = _deploy(cluster, label, tenants)
                 try:
                     with tenant_tree(tree):
                         seconds = upgrade_by_worker(control, tenants, children, tree)
-                        if server is not None:
+                        if label == "two":
                             paths = _paths(control)
                             for side, ms in _job_to_job(control).items():
                                 sides[side].append(ms)
-                    half = tenants // 2 if server is not None else tenants
-                    where = [(control, schemas[:half])]
-                    if server is not None:
-                        where.append((server, schemas[half:]))
                     raw_seconds = _raw_after(where)
                 finally:
+                    for database in {d.name: d for d, _ in where}.values():
+                        if database is not control:
+                            cluster.drop_database(database)
                     cluster.drop_database(control)
-                    if server is not None:
-                        cluster.drop_database(server)
                 samples[label].append(seconds / tenants * 1000)
                 pairs[label].append(raw_seconds / tenants * 1000)
                 per_tenant, raw_ms = samples[label][-1], pairs[label][-1]
@@ -181,6 +202,28 @@ def run(
             note="per tenant",
         )
     )
+    if spread:
+        results.add(
+            Figure(
+                "fleet_servers_east",
+                f"fleet upgrade t004->t005, {tenants} tenants all on one tenant server, 1 worker",
+                "ms",
+                samples["east"],
+                baseline="fleet_servers_one",
+                note="per tenant: the two commits' cost",
+            )
+        )
+        results.add(
+            Figure(
+                "fleet_servers_east_west",
+                f"fleet upgrade t004->t005, {tenants} tenants half on each of two tenant "
+                "servers, 1 worker",
+                "ms",
+                samples["east_west"],
+                baseline="fleet_servers_east",
+                note="per tenant: the spread's cost",
+            )
+        )
     # Each deployment against raw SQL on its own schemas, then the two ratios' ratio.
     one = [w / r for w, r in zip(samples["one"], pairs["one"], strict=True)]
     two = [w / r for w, r in zip(samples["two"], pairs["two"], strict=True)]

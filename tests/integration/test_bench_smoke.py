@@ -86,7 +86,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     ),
     "fleet-servers": (
         "--only fleet-servers --fleet-servers-tenants 2 --fleet-servers-runs 1",
-        "fleet_servers_one fleet_servers_two",
+        "fleet_servers_one fleet_servers_two fleet_servers_east fleet_servers_east_west",
     ),
     "server-jobs": (
         "--only server-jobs --server-jobs-tenants 1",

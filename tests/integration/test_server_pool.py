@@ -6,13 +6,10 @@ prefers a server with a spare to spare."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from provisioner import db, pool, service
 from provisioner.control import heartbeats
@@ -22,6 +19,7 @@ from provisioner.models import JobStatus, TenantId
 from provisioner.settings import Settings
 from provisioner.tenant.fingerprint import fingerprint
 from tests.conftest import Database, run_cli
+from tests.extra_clusters import create_database, drop_database
 from tests.job_server import TenantServerDb
 from tests.workers import Workers, job_row, wait_until
 
@@ -44,17 +42,14 @@ def placed(settings: Settings, database: Database, jobs_server: TenantServerDb) 
 
 @pytest.fixture
 def second_server(jobs_server: TenantServerDb) -> Iterator[TenantServerDb]:
-    """Another fresh database on the second cluster, as a second tenant server."""
-    name = f"ts_{uuid.uuid4().hex[:12]}"
-    admin = jobs_server.cluster.superuser_url()
-    local_pg.bootstrap_database(admin, name)
+    """Another fresh database on the second cluster, as a second tenant server. Its roles are
+    bootstrapped under the suite's lock, as every test database's: a bootstrap beside another
+    xdist worker's on the same cluster met its role statements (a setup error, now and then)."""
+    name = create_database(jobs_server.cluster, "ts")
     try:
         yield TenantServerDb(jobs_server.cluster, name)
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+        drop_database(jobs_server.cluster, name)
 
 
 def fill(settings: Settings, server: TenantServerDb, name: str, size: int) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
+from provisioner.db.plans import keeping_prepared_statements
 from provisioner.errors import GrantVerificationFailed, PermanentError
 from provisioner.roles import AppRole, AppRoles
 from provisioner.tenant import app_role as app_role_standing
@@ -324,7 +325,9 @@ def grant_app_roles(conn: Conn, schema: str, roles: AppRoles) -> None:
     """
     tables, sequences = relations(conn, schema)
     statements = [s for r in roles for s in grant_statements(schema, r, tables, sequences)]
-    with conn.cursor() as cur:
+    # ALTER DEFAULT PRIVILEGES would have psycopg forget every statement the session prepared
+    # (the queue's, the fingerprint's), at every sign-up: they change only this schema.
+    with conn.cursor() as cur, keeping_prepared_statements(conn):
         # No parameters: psycopg sends the statements as one simple query.
         cur.execute(sql.SQL("; ").join(statements))
     verify_app_grants(conn, schema, roles)

@@ -19,6 +19,7 @@ from provisioner.roles import DEFAULT_APP_ROLES
 from provisioner.settings import Settings
 from provisioner.storage import store_from_settings
 from provisioner.templates import migrations
+from provisioner.tenant import schema as tenant_schema
 from provisioner.testing import Tenant
 from tests.conftest import Database, downgrade_tenant, fingerprint, run_cli, settings_env
 from tests.unit.test_models import BAD_TENANT_IDS
@@ -278,6 +279,24 @@ def test_a_worker_childs_start_plans_the_fingerprint_on_its_steps_session(
                 "WHERE statement LIKE '%%AS default_privileges%%'"
             ).fetchall()
     assert rows == [(1, 0)]
+
+
+def test_the_grant_step_leaves_the_sessions_prepared_statements_prepared(
+    settings: Settings, database: Database
+) -> None:
+    """tenant/schema.py (``grant_app_roles``): the grant step's ALTER DEFAULT PRIVILEGES no
+    longer has psycopg deallocate every statement the session prepared. A worker's steps
+    session kept none from one sign-up to the next: the queue's statements and the
+    fingerprint's catalog query were planned again at every one."""
+    assert service.provision(settings, "granted").job.status is JobStatus.SUCCEEDED
+    with psycopg.connect(database.owner_url) as conn:
+        conn.execute("SELECT %s::int AS kept", [1], prepare=True)
+        tenant_schema.grant_app_roles(conn, "tenant_granted", settings.app_roles)
+        prepared = conn.execute(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%kept%%'"
+        ).fetchall()
+        conn.rollback()
+    assert prepared == [("SELECT $1::int AS kept",)]
 
 
 def test_a_failing_step_schedules_a_retry_with_a_readable_error(

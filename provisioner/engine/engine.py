@@ -45,7 +45,6 @@ from uuid import UUID
 import psycopg
 
 from provisioner import db, kinds, queue
-from provisioner.db.plans import prepare_ahead
 from provisioner.engine import remote
 from provisioner.engine.events import (
     ProgressCallback,
@@ -128,13 +127,12 @@ class Engine:
         self.sessions = EngineSessions(
             owner_url, holder=holder, stale_after_seconds=stale_after_seconds
         )
-        #: the owner's pools on the tenant servers, opened on first use (engine/remote.py),
-        #: each with the fingerprint's read planned (every verified replay there binds it)
+        #: the owner's pools on the tenant servers, opened on first use (engine/remote.py)
         self.servers = ServerSessions(
             owner_url,
             holder=holder,
             idle_in_transaction_timeout_ms=self.sessions.idle_ms,
-            plans=(fingerprint.PLAN_AHEAD,),
+            plans=(fingerprint.PLAN_AHEAD,),  # every verified replay there binds it
         )
         #: the next job, claimed by the last step of the previous one (``claim_next``)
         self._claimed: HandOff | None = None
@@ -172,8 +170,8 @@ class Engine:
         self.sessions.refresh()
 
     def warm(self) -> None:
-        """Warm the idle sessions after a spare build, best effort
-        (:meth:`EngineSessions.warm`), with every kind's plans made ahead."""
+        """Warm the idle sessions as a worker child starts and after a spare build, best
+        effort (:meth:`EngineSessions.warm`), with every kind's plans made ahead."""
         self.sessions.warm(self.kinds.prepared_plans, self.kinds.warm_touches)
 
     def load_tree(self) -> None:
@@ -181,16 +179,11 @@ class Engine:
         reference (read, or computed and stored the first time the database meets this tree
         state). A worker child does it before it says it is ready, so that neither its first
         job nor its sibling children, waiting on the reference's lock, pay for it inside a
-        burst. A tree or reference that cannot be had is left for the job to report. The
-        steps session plans the fingerprint's catalog query ahead too (as a tenant server's
-        does when its pool opens: :data:`provisioner.tenant.fingerprint.PLAN_AHEAD`)."""
+        burst. A tree or reference that cannot be had is left for the job to report."""
         with suppress(Exception):
             tree = migrations.tenant_tree_state()
             with self.sessions.transaction() as tx:
                 self.templates.reference(tx, tree)
-        # After the reference: computing one rolls back, and psycopg forgets its plans then.
-        with suppress(Exception), self.sessions.transaction() as tx:
-            prepare_ahead(tx.pg, (fingerprint.PLAN_AHEAD,))
 
     def open_servers(self) -> None:
         """Open the pool of every tenant server in service now (a login, the driver's set-up and

@@ -30,7 +30,6 @@ from provisioner.models import Job, TenantId
 from provisioner.servers.directory import CONTROL_PLACEMENT
 from provisioner.templates import migrations, seeds
 from provisioner.templates.upgrade import UPGRADE_TO
-from provisioner.tenant import fingerprint
 from provisioner.tenant import row as tenants
 from provisioner.tenant import schema as tenant_schema
 from provisioner.tenant.state import INACTIVE
@@ -224,7 +223,7 @@ JOB_KINDS: tuple[JobKind, ...] = (
         description="create, migrate, grant, seed, check storage, start onboarding",
         scope=upgrade_scope,
         memo=SpareMemo,
-        prepared_plans=(*pool.TAKE_PLANS, fingerprint.PLAN_AHEAD),  # a replay's check
+        prepared_plans=pool.TAKE_PLANS,
         warm_touches=pool.WARM_TOUCHES,
         placed_steps_ref="provisioner.kinds.placed:PROVISION_PLACED",
     ),

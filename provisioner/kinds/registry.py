@@ -94,8 +94,8 @@ class JobKind:
     scope: Callable[[Job], Scope] = every_step
     #: a new memo for each run of a job: what its steps tell the later ones
     memo: Callable[[], RunMemo] = RunMemo
-    #: statements its steps run, prepared ahead on the steps' idle session as a worker child
-    #: starts and after a spare build (values that match nothing: :mod:`provisioner.db.plans`)
+    #: statements its steps run first, prepared ahead on the steps' idle session after a spare
+    #: build (values that match nothing: see :mod:`provisioner.db.plans`)
     prepared_plans: tuple[PlanAhead, ...] = ()
     #: statements touching the tables its steps read (``SELECT 1 FROM t WHERE key IS NULL``),
     #: run with the queue's own in the idle sessions' warm-up (:func:`provisioner.queue.warm`)

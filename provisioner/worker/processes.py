@@ -204,7 +204,6 @@ def child_main(conn: Connection, settings: Settings, parent_pid: int) -> None:
     try:
         engine.load_tree()  # Alembic imported before the child says it is ready
         engine.open_servers()  # and a session open on each tenant server in service
-        engine.warm()  # and the statements of its jobs planned ahead (the kinds', the claim's)
         child = _ChildLoop(conn, engine)
         child.send(Ready(holder))
         child.serve()

@@ -264,13 +264,13 @@ def test_a_sign_up_reads_the_tenant_trees_state_once_in_each_step_that_uses_it(
 def test_a_worker_childs_start_plans_the_fingerprint_on_its_steps_session(
     settings: Settings, database: Database
 ) -> None:
-    """worker/processes.py (a child's start: ``load_tree``, then ``warm`` with the kinds'
-    plans), kinds/provision.py: the steps session has the fingerprint's catalog query prepared
-    with a generic plan before the child says it is ready, so that its first jobs bind it
-    instead of planning it (psycopg would prepare it at the sixth run)."""
+    """engine/engine.py (``load_tree``, a worker child's start): the steps session has the
+    fingerprint's catalog query prepared with a generic plan before the child says it is
+    ready, so that its first jobs bind it instead of planning it (psycopg would prepare it at
+    the sixth run). Not the kinds' other plans: the take's would wait on a lock a build holds
+    (the child then never ready: tests/crash/test_pool_crash.py)."""
     with Engine.from_settings(settings, "planning") as engine:
         engine.load_tree()
-        engine.warm()
         with engine.sessions.transaction() as tx:
             rows = tx.pg.execute(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements "

@@ -45,7 +45,6 @@ from uuid import UUID
 import psycopg
 
 from provisioner import db, kinds, queue
-from provisioner.db.plans import prepare_ahead
 from provisioner.engine import remote
 from provisioner.engine.events import (
     ProgressCallback,
@@ -180,15 +179,14 @@ class Engine:
         reference (read, or computed and stored the first time the database meets this tree
         state). A worker child does it before it says it is ready, so that neither its first
         job nor its sibling children, waiting on the reference's lock, pay for it inside a
-        burst. A tree or reference that cannot be had is left for the job to report. Then
-        the fingerprint's plan (a catalog read: it waits on no lock a migration or a build
-        could hold, unlike the kinds' plans of :meth:`warm`) on the idle steps session."""
+        burst. A tree or reference that cannot be had is left for the job to report. Then the
+        fingerprint's plan: a catalog read, it waits on no lock a build holds (:meth:`warm`'s)."""
         with suppress(Exception):
             tree = migrations.tenant_tree_state()
             with self.sessions.transaction() as tx:
                 self.templates.reference(tx, tree)
-        with suppress(Exception):  # after the reference, which rolls back: psycopg forgets then
-            self.sessions.db.on_idle_session(lambda c: prepare_ahead(c, (fingerprint.PLAN_AHEAD,)))
+        # after the reference, whose computation rolls back: psycopg forgets its plans then
+        self.sessions.plan_ahead((fingerprint.PLAN_AHEAD,))
 
     def open_servers(self) -> None:
         """Open the pool of every tenant server in service now (a login, the driver's set-up and

@@ -124,6 +124,12 @@ class EngineSessions:
                     queue.warm(self.control, (), touches)
             self.db.on_idle_session(warm_steps_session)
 
+    def plan_ahead(self, plans: Sequence[PlanAhead]) -> None:
+        """Prepare ``plans`` on the steps' idle session (none opened for it), best effort, as
+        :meth:`warm` does with the kinds' plans."""
+        with suppress(ProvisionerError):
+            self.db.on_idle_session(lambda conn: prepare_ahead(conn, plans))
+
     def connect_ahead(self, prepare: Callable[[db.Transaction], object]) -> threading.Thread:
         """The steps' session opened in a thread, and ``prepare`` run on it (see
         :meth:`db.Database.connect_ahead`)."""

@@ -22,14 +22,17 @@ and steps sessions) therefore
   planned once per session (~4 ms), then bound (~1 ms) for every spare. Invariant: only
   statements that neither alter nor drop run there
   (``tests/integration/test_pool_builders.py::test_a_builders_checks_are_planned_once_per_session_not_per_spare``);
-* **keep their prepared statements** through a replayed script and the grant step's
-  ``ALTER DEFAULT PRIVILEGES`` (:func:`keeping_prepared_statements`): psycopg would otherwise
-  forget them all after any ``ALTER`` or ``DROP``, at every sign-up. Invariant: the script
-  changes only a tenant schema, which no prepared statement names
+* **keep their prepared statements** through a replayed script, the grant step's
+  ``ALTER DEFAULT PRIVILEGES`` and a rollout's reference build (Alembic on a scratch schema,
+  rolled back) (:func:`keeping_prepared_statements`): psycopg would otherwise forget them all
+  after any ``ALTER``, ``DROP`` or ``ROLLBACK``, at every sign-up. Invariant: the script
+  changes only a tenant (or scratch) schema, which no prepared statement names
   (``tests/integration/test_fleet_upgrade.py::
   test_a_replay_keeps_the_sessions_prepared_statements_and_search_path``,
   ``tests/integration/test_provision.py::
-  test_the_grant_step_leaves_the_sessions_prepared_statements_prepared``).
+  test_the_grant_step_leaves_the_sessions_prepared_statements_prepared``,
+  ``tests/integration/test_fleet_upgrade.py::
+  test_computing_the_upgrade_reference_keeps_the_sessions_prepared_statements``).
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ from psycopg.types.json import Jsonb
 
 from provisioner import naming, roles
 from provisioner.db import Transaction, kept_alive, translated
+from provisioner.db.plans import keeping_prepared_statements, preparing_again
 from provisioner.errors import NotReplayable
 from provisioner.roles import AppRoles
 from provisioner.templates import migrations, recording
@@ -324,10 +325,14 @@ def _compute_reference(
 ) -> UpgradeReference:
     """Alembic builds a scratch schema at ``start``, it is granted like a tenant, Alembic
     upgrades it to the head (recorded: :mod:`provisioner.templates.recording`), and its
-    fingerprint is taken; the savepoint rolls all of it back."""
+    fingerprint is taken; the savepoint rolls all of it back. The session keeps its prepared
+    statements through it (:func:`keeping_prepared_statements`: Alembic's ``ALTER``s and the
+    rollback would have psycopg forget them all, and a worker's next five jobs plan the
+    queue's statements and the fingerprint again); only the scratch schema changes, which no
+    prepared statement names."""
     scratch = naming.scratch_name("upgrade")
     savepoint = sql.Identifier(SCRATCH_SAVEPOINT)
-    with tx.pg.cursor() as cur:
+    with tx.pg.cursor() as cur, keeping_prepared_statements(tx.pg):
         cur.execute(sql.SQL("SAVEPOINT {}").format(savepoint))
         try:
             tenant_schema.create_schema(tx.pg, scratch)
@@ -341,7 +346,8 @@ def _compute_reference(
             # Read as the replay reads a tenant: under the session's search_path, not the
             # scratch schema Alembic left in it (it changes how names are printed).
             cur.execute("SET LOCAL search_path TO DEFAULT")
-            return UpgradeReference(fingerprint(tx.pg, scratch), refused)
+            with preparing_again(tx.pg):  # the fingerprint's plan, made ahead, is bound
+                return UpgradeReference(fingerprint(tx.pg, scratch), refused)
         finally:
             cur.execute(sql.SQL("ROLLBACK TO SAVEPOINT {}").format(savepoint))
             cur.execute(sql.SQL("RELEASE SAVEPOINT {}").format(savepoint))

@@ -508,8 +508,8 @@ def test_a_replay_keeps_the_sessions_prepared_statements_and_search_path(
     tenants = ["keep_a", "keep_b"]
     provision_fleet(settings, ["keep_ref", *tenants])
     use_tree(monkeypatch, make_tree(tmp_path))
-    # The first upgrade stores the reference (Alembic on a scratch schema, which psycopg does
-    # see: computing it may deallocate; using it must not).
+    # The first upgrade stores the reference (Alembic on a scratch schema: the test below
+    # pins that computing it keeps them too).
     assert service.provision(settings, "keep_ref").job.status is JobStatus.SUCCEEDED
     upgrades, templates = UpgradeCache(), TemplateCache()
     owner = db.Database(database.owner_url)
@@ -536,6 +536,42 @@ def test_a_replay_keeps_the_sessions_prepared_statements_and_search_path(
     for tenant in tenants:
         assert versions(database, tenant) == ["t005"]
         assert fingerprint(database, tenant) == fingerprint(database, "keep_ref")
+
+
+def test_computing_the_upgrade_reference_keeps_the_sessions_prepared_statements(
+    settings: Settings,
+    database: Database,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provision_fleet: Fleet,
+) -> None:
+    """A rollout's first job builds the reference (Alembic's ALTERs on a scratch schema, then
+    its rollback): psycopg forgot every prepared statement of the worker's session there, and
+    its next five jobs planned the queue's statements and the fingerprint again."""
+    provision_fleet(settings, ["first"])
+    use_tree(monkeypatch, make_tree(tmp_path))
+    owner = db.Database(database.owner_url)
+    try:
+        with owner.transaction() as tx:
+            tx.pg.execute("SELECT %s::int AS kept", [1], prepare=True)
+            detail = UpgradeCache().migrate(
+                tx,
+                "tenant_first",
+                lock_timeout_ms=5000,
+                templates=TemplateCache(),
+                app_roles=settings.app_roles,
+            )
+            computed = tx.pg.execute(
+                "SELECT count(*) FROM control.tenant_upgrade_references"
+            ).fetchone()
+            prepared = tx.pg.execute(
+                "SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%kept%%'"
+            ).fetchall()
+    finally:
+        owner.close()
+    assert detail == "path=replay from=t004 head=t005", detail
+    assert computed == (1,)  # built by this call, not read
+    assert prepared == [("SELECT $1::int AS kept",)]
 
 
 def test_suspended_and_archived_tenants_are_left_alone(

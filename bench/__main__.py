@@ -503,6 +503,15 @@ def goals(results: Results, *, scale_ran: bool) -> list[Goal]:
                 "fleet upgrade across two servers <= 1x one server (ms per tenant)",
             )
         )
+        if "fleet_servers_east_west" in results.figures:
+            out.append(
+                goal_ratio(
+                    results,
+                    "fleet_servers_east_west",
+                    1.0,
+                    "the spread alone: two tenant servers <= 1x one tenant server (ms per tenant)",
+                )
+            )
         info = results.extra["fleet_servers_paired"]
         paired = info["two_over_one"]
         each = [t / o for t, o in zip(info["two_over_raw"], info["one_over_raw"], strict=True)]

@@ -295,6 +295,7 @@ class Session:
         *,
         then: sql.Composable | None = None,
         before: sql.Composable | None = None,
+        deferred: bool = False,
     ) -> Iterator[Transaction]:
         """Commit on success, roll back on any exception (which leaves translated).
 
@@ -314,12 +315,22 @@ class Session:
         the same round trip (``before; COMMIT; BEGIN; first``); its first row is the
         transaction's ``before_row``. When it fails, nothing else runs. (The step engine opens
         a job's first journal row so.)
+
+        ``deferred`` (with neither ``first`` nor ``before``) sends nothing now: psycopg begins
+        the transaction with its first statement, in the same round trip (in a pipeline, with
+        the pipeline's statements). A transaction whose first statement is known only later
+        costs no round trip for its ``BEGIN`` (a step's close on control after its work on a
+        tenant server: :mod:`provisioner.engine.remote`).
         """
+        assert not deferred or (first is None and before is None), "deferred: nothing to send"
         with translated(), self.conn.begin():
             driver = self.driver
             before_row = None
             first_results = None
-            if before is not None or driver.chained is None or driver.chained != first:
+            if deferred:
+                if driver.chained is not None:  # begun for a first statement: not this one
+                    driver.rollback()
+            elif before is not None or driver.chained is None or driver.chained != first:
                 if driver.chained is not None:  # begun for another first statement
                     driver.rollback()
                 begin = BEGIN if first is None else sql.SQL("BEGIN; {}").format(first)

@@ -23,7 +23,9 @@ For one run of such a job (:func:`run_placed`):
    transaction with the tenant's lock runs the step's control side and closes the step with
    its fenced checkpoint (the job's last step completes the job there, and claims a worker
    child's next job as on control: :mod:`provisioner.engine.handoff`; a step's close opens the
-   next step's row in control's journal, the claim's row serves the first step). Between the
+   next step's row in control's journal, the claim's row serves the first step). A step with
+   no control side sends that transaction's BEGIN and the lock with its close: one round trip
+   before the COMMIT (``deferred``: :meth:`provisioner.db.Session.transaction`). Between the
    two commits the engine reports :attr:`StepOutcome.ON_SERVER` (the crash tests' seam).
 
 A job whose one missing step runs on the server thus commits twice: its server transaction and
@@ -279,7 +281,11 @@ def _run_step(
                 writer = journal.FencedRun(tenant, job.id, job.run, token)
                 journal.end_step(stx, writer, step.name, detail)  # sent with the COMMIT
             run.on_progress(StepEvent(job, step.name, StepOutcome.ON_SERVER, 0.0, detail))
-        with engine.sessions.transaction(run.lock) as tx:
+        # A step with no control side sends the tenant's lock, and the BEGIN, with its close:
+        # one round trip (db/sessions.py, ``deferred``); one with a control side takes the
+        # lock first, sent with the BEGIN.
+        deferred = step.control is None
+        with engine.sessions.transaction(None if deferred else run.lock, deferred=deferred) as tx:
             if step.control is not None:
                 detail = step.control(tx.pg, ctx) or detail
             done = kind.ordered([*job.steps_completed, step.name])
@@ -298,6 +304,7 @@ def _run_step(
                 claim_next=run.claim_next if last else (),
                 open_next=None if following is None else queue.NextStep(tenant.value, following),
                 first_steps=run.first_steps,
+                begin_with=run.lock if deferred else None,
             )
         if claim_sent:
             engine._claimed = HandOff.of(closed)

@@ -12,6 +12,7 @@ from typing import Any
 from uuid import UUID
 
 from psycopg.rows import dict_row
+from psycopg.sql import Composed
 from psycopg.types.json import Jsonb
 
 from provisioner.db.pipelines import pipeline
@@ -277,6 +278,7 @@ def close_step(
     claim_next: Sequence[str] = (),
     open_next: NextStep | None = None,
     first_steps: Mapping[str, Sequence[str]] | None = None,
+    begin_with: Composed | None = None,
 ) -> ClosedStep:
     """End a step inside its own transaction: close its journal row and record the fenced
     checkpoint (``last``: and complete the job) in one statement, and, with ``claim_next``,
@@ -285,7 +287,10 @@ def close_step(
     With ``open_next`` (a step that is not the last), the same statement opens the journal row
     of the job's next step (:data:`CLOSE_STEP_OPEN_NEXT`). With ``first_steps`` too (each
     kind's steps), the claim also opens the claimed job's first step's journal row
-    (:data:`provisioner.queue.handoff.CLAIM_NEXT_OPENING`).
+    (:data:`provisioner.queue.handoff.CLAIM_NEXT_OPENING`). With ``begin_with``, the caller's
+    transaction was begun deferred (nothing sent yet: :meth:`provisioner.db.Session.transaction`):
+    its ``BEGIN`` and that first statement (the tenant's lock, values as literals) go first, in
+    the same round trip.
 
     Raises :class:`LeaseLost` when the fence matched nothing: the caller's transaction then
     rolls back, the step's work, its journal close and the claim with it.
@@ -320,12 +325,17 @@ def close_step(
             )
             with conn.cursor(row_factory=dict_row) as claim:
                 with pipeline(conn):
+                    _begin(conn, begin_with)
                     record.execute(statement, params)
                     # in a savepoint: the claim's id of its own is the run's token (fence.py)
                     conn.execute(CLAIM_SAVEPOINT)
                     claim.execute(claiming, claiming_params)
                     conn.execute(CLAIM_RELEASE)
                 claimed_row = claim.fetchone()
+        elif begin_with is not None:
+            with pipeline(conn):
+                _begin(conn, begin_with)
+                record.execute(statement, params)
         else:
             record.execute(statement, params)
         row = record.fetchone()
@@ -338,6 +348,15 @@ def close_step(
         None if next_run is None else int(next_run),
         opened_run(claimed_row),
     )
+
+
+def _begin(conn: Conn, first: Composed | None) -> None:
+    """In a pipeline, the ``BEGIN`` of a transaction begun deferred, and its first statement
+    (the session is in autocommit: the ``BEGIN`` keeps the transaction open past the Sync).
+    Neither is prepared: the lock names its tenant, a statement of its own for each."""
+    if first is not None:
+        conn.execute("BEGIN", prepare=False)
+        conn.execute(first, prepare=False)
 
 
 def complete(conn: Conn, lease: Lease) -> Job:

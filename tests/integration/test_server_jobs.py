@@ -256,6 +256,57 @@ def test_a_placed_job_takes_its_token_from_its_claim_and_raises_its_fence_with_i
     assert len(commits) == len(SERVER_STEPS), server_sent
 
 
+def test_a_server_steps_close_on_control_sends_its_begin_and_lock_with_it(
+    settings: Settings, database: Database, jobs_server: TenantServerDb
+) -> None:
+    """engine/remote.py, db/sessions.py (``deferred``), queue/lease.py (``begin_with``): a
+    step whose work is all on the tenant server (migrations, grants, seeds) closes on control
+    in one round trip before its COMMIT, its BEGIN and the tenant's lock sent in the close's
+    pipeline (three round trips before); a step with a control side (create_schema's mark,
+    storage, activation) takes the lock with its BEGIN first, as before. Every step closes
+    once, in order."""
+    jobs_server.add_to(database)
+    assert run_cli(settings, "migrate").returncode == 0
+    for tenant in ("first", "traced"):
+        service.enqueue(settings, tenant)
+    claims: list[queue.Claim] = []
+    with Engine.from_settings(settings, "drainer") as engine:
+        assert isinstance(_drain_once(engine, claims), runner.Settled)  # the references
+        with engine.sessions.db.session() as session:  # the pool's one session: the job's
+            wire = session.driver.pgconn
+        with _traced(wire) as on_control:
+            outcome = _drain_once(engine, claims)
+            sent = _sent(on_control)
+    assert isinstance(outcome, runner.Settled), outcome
+    assert outcome.job.status is JobStatus.SUCCEEDED, outcome.job.error_detail
+    kinds = [line.split("\t")[2] for line in sent]
+    texts = [line.split("\t")[3].lstrip(' "') if len(line.split("\t")) > 3 else "" for line in sent]
+    deferred = [
+        i
+        for i, (k, t) in enumerate(zip(kinds, texts, strict=True))
+        if k == "Parse" and t.startswith('BEGIN"')
+    ]
+    begun = [
+        i
+        for i, (k, t) in enumerate(zip(kinds, texts, strict=True))
+        if k == "Query" and t.startswith("BEGIN;")
+    ]
+    assert len(deferred) == 3, sent  # run_tenant_migrations, grant_app_rw, seed_role_profiles
+    assert len(begun) == 3, sent  # create_schema, verify_object_storage, activate_onboarding
+    for at in deferred:
+        commit = next(i for i in range(at, len(sent)) if texts[i].startswith("COMMIT"))
+        assert kinds[at:commit].count("Sync") == 1, sent[at : commit + 1]
+        parsed = [texts[i] for i in range(at + 1, commit) if kinds[i] == "Parse"]
+        assert "tenant_locks" in parsed[0], sent[at : commit + 1]  # the lock, then the close
+        assert kinds[at:commit].count("Query") == 0, sent[at : commit + 1]
+    with database.owner() as conn:
+        closed = conn.execute(
+            "SELECT step, outcome FROM control.job_step_runs WHERE tenant_id = 'traced' ORDER BY id"
+        ).fetchall()
+    assert closed == [(step, "succeeded") for step in STEPS]
+    assert outcome.job.steps_completed == list(STEPS)
+
+
 def test_a_hand_offs_claim_token_is_its_own_and_a_placed_claim_commits_durably(
     settings: Settings, database: Database, jobs_server: TenantServerDb
 ) -> None:

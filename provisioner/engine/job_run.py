@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from provisioner import queue
 from provisioner.engine.events import ProgressCallback, StopRequested
 from provisioner.kinds import JobKind, Step, StepContext
 from provisioner.models import Job, Lease
@@ -47,6 +48,36 @@ class JobRun:
     first_steps: Mapping[str, Sequence[str]]
     #: every step transaction's first statement: the tenant's lock, the commit mode
     lock: sql.Composed
+
+    def close(
+        self,
+        conn: psycopg.Connection[Any],
+        run_id: int,
+        detail: str | None,
+        done: list[str],
+        following: str | None,
+        *,
+        last: bool,
+        begin_with: sql.Composed | None = None,
+    ) -> queue.ClosedStep:
+        """A step's close in its transaction on control (:func:`queue.close_step`): its journal
+        row, its fenced checkpoint (``done``), the next step's row opened (``following``); for
+        the job's ``last`` step, the job completed and the holder's next job claimed."""
+        return queue.close_step(
+            conn,
+            run_id,
+            detail,
+            self.lease,
+            done,
+            self.kind.progress(done),
+            last=last,
+            claim_next=self.claim_next if last else (),
+            open_next=(
+                None if following is None else queue.NextStep(self.context.tenant.value, following)
+            ),
+            first_steps=self.first_steps,
+            begin_with=begin_with,
+        )
 
 
 @dataclass

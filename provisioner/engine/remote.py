@@ -293,18 +293,9 @@ def _run_step(
             # The last step's close claims this holder's next job, as on control
             # (engine/handoff.py): the claim commits with it, no round trip of its own.
             claim_sent = last and bool(run.claim_next)
-            closed = queue.close_step(
-                tx.pg,
-                run_id,
-                detail,
-                run.lease,
-                done,
-                kind.progress(done),
-                last=last,
-                claim_next=run.claim_next if last else (),
-                open_next=None if following is None else queue.NextStep(tenant.value, following),
-                first_steps=run.first_steps,
-                begin_with=run.lock if deferred else None,
+            begin_with = run.lock if deferred else None
+            closed = run.close(
+                tx.pg, run_id, detail, done, following, last=last, begin_with=begin_with
             )
         if claim_sent:
             engine._claimed = HandOff.of(closed)

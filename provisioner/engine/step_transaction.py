@@ -130,19 +130,7 @@ def _step_in(tx: db.Transaction, run: JobRun, turn: Turn) -> tuple[queue.ClosedS
         )
     done = kind.ordered([*job.steps_completed, step.name])
     following = turn.following
-    last = following is None
-    closed = queue.close_step(
-        tx.pg,
-        turn.run_id,
-        detail,
-        run.lease,
-        done,
-        kind.progress(done),
-        last=last,
-        claim_next=run.claim_next if last else (),
-        open_next=None if following is None else queue.NextStep(ctx.tenant.value, following),
-        first_steps=run.first_steps,
-    )
+    closed = run.close(tx.pg, turn.run_id, detail, done, following, last=following is None)
     return closed, detail
 
 

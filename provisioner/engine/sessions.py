@@ -180,6 +180,7 @@ class EngineSessions:
         if self._session is not None:
             return self._session.transaction(first, then=then, before=before, deferred=deferred)
         assert before is None, "a step's journal row is opened on the job's session"
+        assert not deferred, "a step's close on control is on the job's session"
         return self.db.transaction(first)
 
     def close(self) -> None:

@@ -262,9 +262,9 @@ def test_a_server_steps_close_on_control_sends_its_begin_and_lock_with_it(
     """engine/remote.py, db/sessions.py (``deferred``), queue/lease.py (``begin_with``): a
     step whose work is all on the tenant server (migrations, grants, seeds) closes on control
     in one round trip before its COMMIT, its BEGIN and the tenant's lock sent in the close's
-    pipeline (two before it: the BEGIN with the lock, then the close); a step with a control side (create_schema's mark,
-    storage, activation) takes the lock with its BEGIN first, as before. Every step closes
-    once, in order."""
+    pipeline (two before it: the BEGIN with the lock, then the close); a step with a control
+    side (create_schema's mark, storage, activation) takes the lock with its BEGIN first, as
+    before. Every step closes once, in order."""
     jobs_server.add_to(database)
     assert run_cli(settings, "migrate").returncode == 0
     for tenant in ("first", "traced"):

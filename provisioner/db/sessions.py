@@ -316,11 +316,12 @@ class Session:
         transaction's ``before_row``. When it fails, nothing else runs. (The step engine opens
         a job's first journal row so.)
 
-        ``deferred`` (with neither ``first`` nor ``before``) sends nothing now: psycopg begins
-        the transaction with its first statement, in the same round trip (in a pipeline, with
-        the pipeline's statements). A transaction whose first statement is known only later
-        costs no round trip for its ``BEGIN`` (a step's close on control after its work on a
-        tenant server: :mod:`provisioner.engine.remote`).
+        ``deferred`` (with neither ``first`` nor ``before``) sends nothing now: the session is
+        in autocommit, so the caller sends the ``BEGIN`` itself, with its first statement, in
+        the same round trip (``begin_with`` of :func:`provisioner.queue.close_step`, in its
+        pipeline). A transaction whose first statement is known only later costs no round trip
+        for its ``BEGIN`` (a step's close on control after its work on a tenant server:
+        :mod:`provisioner.engine.remote`).
         """
         assert not deferred or (first is None and before is None), "deferred: nothing to send"
         with translated(), self.conn.begin():

@@ -175,7 +175,7 @@ class EngineSessions:
         """A transaction on the running job's session, or on a session of its own outside one.
         On the job's session, ``then`` is the first statement of its next transaction, begun
         by this one's commit; ``before`` is committed on its own just before this one begins;
-        ``deferred``: its ``BEGIN`` is sent with its first statement
+        ``deferred``: its ``BEGIN`` is left to the caller, sent with its first statement
         (:meth:`db.Session.transaction`; steps run only on the job's session)."""
         if self._session is not None:
             return self._session.transaction(first, then=then, before=before, deferred=deferred)
